@@ -1,0 +1,50 @@
+# o41-training-data: `make demo` sets everything up and runs the demo; `make test` sets everything
+# up and runs every test and lint. `make help` lists the rest.
+
+.DEFAULT_GOAL := help
+SHELL := /bin/bash
+PYTHON ?= python3
+# One Rust target directory and one uv cache outside the clone, so fresh clones reuse builds.
+export CARGO_TARGET_DIR ?= $(HOME)/.cache/o41/target
+export UV_CACHE_DIR ?= $(HOME)/.cache/uv
+export UV_LINK_MODE ?= copy
+UV = $(shell command -v uv 2>/dev/null || echo "$(PYTHON) -m uv")
+
+.PHONY: help bootstrap sync demo test test-rust test-python lint fmt bench
+
+help: ## list the targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
+
+bootstrap: ## install uv from PyPI when it is missing
+	@command -v uv >/dev/null 2>&1 || $(PYTHON) -m uv --version >/dev/null 2>&1 \
+	  || $(PYTHON) -m pip install --quiet uv \
+	  || $(PYTHON) -m pip install --quiet --break-system-packages uv
+
+sync: bootstrap ## build the Rust engine and install every package and dev tool into .venv
+	$(UV) sync --all-packages --group dev
+
+demo: sync ## write a synthetic corpus and stream it
+	$(UV) run o41 demo
+
+test: sync lint test-rust test-python ## run every lint, the Rust tests and the Python tests
+
+test-rust: ## Rust unit and property tests
+	cd rust && cargo test --release -p o41-engine
+
+test-python: sync ## Python tests
+	$(UV) run pytest
+
+lint: sync ## clippy, rustfmt, ruff, mypy
+	cd rust && cargo fmt --all -- --check
+	cd rust && cargo clippy --release --workspace --all-targets -- -D warnings
+	$(UV) run ruff check .
+	$(UV) run ruff format --check .
+	$(UV) run mypy
+
+fmt: sync ## format Rust and Python sources
+	cd rust && cargo fmt --all
+	$(UV) run ruff format .
+	$(UV) run ruff check --fix .
+
+bench: sync ## run the benchmarks and rewrite benchmarks/RESULTS.md
+	$(UV) run python benchmarks/run.py

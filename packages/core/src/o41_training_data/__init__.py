@@ -1,0 +1,75 @@
+"""o41-training-data: deterministic, resumable training-data streams.
+
+A Rust engine reads Parquet, JSON Lines and framed MessagePack shards, projects each record
+onto fixed-shape numeric columns, and hands batches to Python as zero-copy Arrow/NumPy arrays.
+
+Example:
+    >>> from o41_training_data import (
+    ...     BatchStreamConfig, FileSource, ProjectedField, Stage, open_batch_stream,
+    ... )
+    >>> config = BatchStreamConfig(
+    ...     fields=[ProjectedField(name="tokens", source="input_ids", dtype="i32", length=2048)],
+    ...     stages=[Stage(sources=[FileSource(files=["part-000.parquet"])], batch_size=32)],
+    ... )
+    >>> with open_batch_stream(config) as stream:  # doctest: +SKIP
+    ...     for batch in stream:
+    ...         tokens = batch.arrays()["tokens"]  # int32 (32, 2048)
+"""
+
+from ._config import (
+    DTYPES,
+    ENCODINGS,
+    BatchStreamConfig,
+    DType,
+    Encoding,
+    FileSource,
+    ProjectedField,
+    Shuffle,
+    Stage,
+)
+from ._core import __version__
+from ._errors import (
+    ConfigError,
+    DataError,
+    MalformedShardError,
+    O41Error,
+    ObjectNotFoundError,
+    ProjectionError,
+    StorageError,
+    StreamClosedError,
+)
+from ._stream import (
+    Batch,
+    BatchStream,
+    MemoryBound,
+    StreamStats,
+    open_batch_stream,
+    resolve_batch_stream_config,
+)
+
+__all__ = [
+    "DTYPES",
+    "ENCODINGS",
+    "Batch",
+    "BatchStream",
+    "BatchStreamConfig",
+    "ConfigError",
+    "DType",
+    "DataError",
+    "Encoding",
+    "FileSource",
+    "MalformedShardError",
+    "MemoryBound",
+    "O41Error",
+    "ObjectNotFoundError",
+    "ProjectedField",
+    "ProjectionError",
+    "Shuffle",
+    "Stage",
+    "StorageError",
+    "StreamClosedError",
+    "StreamStats",
+    "__version__",
+    "open_batch_stream",
+    "resolve_batch_stream_config",
+]

@@ -1,0 +1,25 @@
+"""The ``o41`` command line."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+__all__ = ["main"]
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the ``o41`` console script."""
+    parser = argparse.ArgumentParser(prog="o41", description="o41-training-data tools")
+    commands = parser.add_subparsers(dest="command", required=True)
+    demo = commands.add_parser("demo", help="write a synthetic corpus and stream it")
+    demo.add_argument("--dir", type=Path, default=None, help="where to write the corpus (default: a temp dir)")
+    demo.add_argument("--rows-per-shard", type=int, default=2000)
+    demo.add_argument("--shards", type=int, default=4)
+    demo.add_argument("--seq-len", type=int, default=1024)
+    args = parser.parse_args(argv)
+    if args.command == "demo":
+        from ._demo import run_demo
+
+        run_demo(args.dir, rows_per_shard=args.rows_per_shard, shards=args.shards, seq_len=args.seq_len)
+    return 0

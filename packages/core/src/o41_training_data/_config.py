@@ -1,0 +1,205 @@
+"""Stream configuration: projected fields, sources, stages and the stream config itself.
+
+These are plain frozen dataclasses. They are checked lightly here (types that Python can
+catch early) and fully by the engine at open; both raise :class:`ConfigError` naming the
+option at fault.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from ._errors import ConfigError
+
+__all__ = [
+    "DTYPES",
+    "ENCODINGS",
+    "BatchStreamConfig",
+    "DType",
+    "Encoding",
+    "FileSource",
+    "ProjectedField",
+    "Shuffle",
+    "Stage",
+]
+
+DType = Literal["i32", "i64", "f32", "f64", "bool"]
+"""Element type of a projected column; ``bool`` is delivered as ``uint8`` 0/1."""
+
+Encoding = Literal["parquet", "jsonl", "jsonl.gz", "msgpack"]
+"""Shard encoding; framed MessagePack is specified in ``docs/formats.md``."""
+
+DTYPES: tuple[str, ...] = ("i32", "i64", "f32", "f64", "bool")
+ENCODINGS: tuple[str, ...] = ("parquet", "jsonl", "jsonl.gz", "msgpack")
+
+
+@dataclass(frozen=True)
+class ProjectedField:
+    """One fixed-shape column read from a record field.
+
+    Give ``length`` for a 1-D column, ``shape`` for a nested one, or neither for a scalar.
+    Every axis truncates longer lists and pads shorter ones with ``pad``.
+
+    Example:
+        >>> ProjectedField(name="tokens", source="input_ids", dtype="i32", length=2048, pad=0).shape
+        (2048,)
+    """
+
+    name: str
+    source: str
+    dtype: DType
+    length: int | None = None
+    shape: tuple[int, ...] | None = None
+    pad: int | float | bool = 0
+
+    def __post_init__(self) -> None:
+        if self.dtype not in DTYPES:
+            raise ConfigError(
+                f"invalid field '{self.name}'.dtype: unknown dtype {self.dtype!r}; "
+                f"expected one of {', '.join(DTYPES)}"
+            )
+        if self.length is not None and self.shape is not None:
+            raise ConfigError(f"invalid field '{self.name}': give length or shape, not both")
+        if self.shape is not None:
+            object.__setattr__(self, "shape", tuple(int(d) for d in self.shape))
+        elif self.length is not None:
+            object.__setattr__(self, "shape", (int(self.length),))
+        else:
+            object.__setattr__(self, "shape", ())
+
+    def to_dict(self) -> dict[str, Any]:
+        """The field as the engine's JSON document expects it."""
+        return {
+            "name": self.name,
+            "source": self.source,
+            "dtype": self.dtype,
+            "shape": list(self.shape or ()),
+            "pad": self.pad,
+        }
+
+
+@dataclass(frozen=True)
+class FileSource:
+    """A plain list of shard files, read in the listed order.
+
+    ``encoding`` may be omitted when every file name ends in ``.parquet``, ``.jsonl``,
+    ``.jsonl.gz`` or ``.msgpack``. ``weight`` is the source's relative share of its stage.
+
+    Example:
+        >>> FileSource(files=["part-000.parquet"], weight=3.0).encoding is None
+        True
+    """
+
+    files: Sequence[str]
+    encoding: Encoding | None = None
+    weight: float = 1.0
+
+    def __post_init__(self) -> None:
+        if isinstance(self.files, str):
+            raise ConfigError("invalid FileSource.files: expected a list of paths, got one string")
+        object.__setattr__(self, "files", tuple(str(f) for f in self.files))
+
+    def to_dict(self) -> dict[str, Any]:
+        """The source as the engine's JSON document expects it."""
+        return {
+            "kind": "files",
+            "files": list(self.files),
+            "encoding": self.encoding,
+            "weight": self.weight,
+        }
+
+
+@dataclass(frozen=True)
+class Shuffle:
+    """Row shuffling within a window of about ``buffer_rows`` rows."""
+
+    buffer_rows: int
+
+    def to_dict(self) -> dict[str, Any]:
+        """The shuffle as the engine's JSON document expects it."""
+        return {"buffer_rows": self.buffer_rows}
+
+
+@dataclass(frozen=True)
+class Stage:
+    """One curriculum stage: a weighted mix of sources cut into global batches.
+
+    A finite stage (``infinite=False``) reads each source once and then ends the stream; an
+    infinite stage repeats its sources in epochs.
+
+    Example:
+        >>> Stage(sources=[FileSource(files=["a.parquet"])], batch_size=32).infinite
+        False
+    """
+
+    sources: Sequence[FileSource]
+    batch_size: int
+    shuffle: Shuffle | None = None
+    infinite: bool = False
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "sources", tuple(self.sources))
+
+    def to_dict(self) -> dict[str, Any]:
+        """The stage as the engine's JSON document expects it."""
+        return {
+            "sources": [s.to_dict() for s in self.sources],
+            "batch_size": self.batch_size,
+            "shuffle": self.shuffle.to_dict() if self.shuffle else None,
+            "infinite": self.infinite,
+        }
+
+
+@dataclass(frozen=True)
+class BatchStreamConfig:
+    """Everything a batch stream needs: projected fields, stages, seed and resources.
+
+    ``threads`` decode threads run in Rust; ``prefetch_batches`` batches are assembled ahead
+    of the consumer. ``rank``/``world_size`` select this process's slice of the global batch
+    sequence. ``memory_limit_bytes`` bounds the working set (default: half of host memory).
+
+    Example:
+        >>> config = BatchStreamConfig(
+        ...     fields=[ProjectedField(name="x", source="x", dtype="f32")],
+        ...     stages=[Stage(sources=[FileSource(files=["a.parquet"])], batch_size=8)],
+        ... )
+        >>> config.world_size
+        1
+    """
+
+    fields: Sequence[ProjectedField]
+    stages: Sequence[Stage]
+    seed: int = 0
+    threads: int = 4
+    prefetch_batches: int = 2
+    rank: int = 0
+    world_size: int = 1
+    memory_limit_bytes: int | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "fields", tuple(self.fields))
+        object.__setattr__(self, "stages", tuple(self.stages))
+        for name in ("seed", "threads", "prefetch_batches", "rank", "world_size"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ConfigError(f"invalid {name}: expected a non-negative integer, got {value!r}")
+
+    def to_dict(self) -> dict[str, Any]:
+        """The config as the engine's JSON document expects it."""
+        return {
+            "fields": [f.to_dict() for f in self.fields],
+            "stages": [s.to_dict() for s in self.stages],
+            "seed": self.seed,
+            "threads": self.threads,
+            "prefetch_batches": self.prefetch_batches,
+            "rank": self.rank,
+            "world_size": self.world_size,
+            "memory_limit_bytes": self.memory_limit_bytes,
+        }
+
+    def to_json(self) -> str:
+        """The config as JSON for the engine."""
+        return json.dumps(self.to_dict())

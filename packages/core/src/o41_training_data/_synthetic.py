@@ -1,0 +1,61 @@
+"""Synthetic tokenised corpora for the demo and the benchmarks.
+
+Rows look like a language-model corpus: ``input_ids`` (variable-length int32 tokens) and a
+``loss_mask`` of the same length. Generation is seeded, so a corpus is reproducible.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+__all__ = ["token_table", "write_jsonl_gz", "write_parquet"]
+
+
+def token_table(
+    rows: int,
+    *,
+    seed: int,
+    mean_length: int = 1500,
+    max_length: int = 4096,
+    vocab: int = 50_000,
+    first_id: int = 0,
+) -> pa.Table:
+    """A table of ``rows`` tokenised documents with an ``id`` column counting from ``first_id``.
+
+    Lengths are drawn around ``mean_length`` and clipped to ``[1, max_length]``.
+    """
+    rng = np.random.default_rng(seed)
+    lengths = np.clip(rng.normal(mean_length, mean_length / 3, rows), 1, max_length).astype(np.int64)
+    offsets = np.zeros(rows + 1, dtype=np.int32)
+    np.cumsum(lengths, out=offsets[1:])
+    tokens = rng.integers(0, vocab, int(offsets[-1]), dtype=np.int32)
+    mask = rng.random(int(offsets[-1])) < 0.9
+    offsets_arr = pa.array(offsets, type=pa.int32())
+    return pa.table(
+        {
+            "id": pa.array(np.arange(first_id, first_id + rows, dtype=np.int64)),
+            "input_ids": pa.ListArray.from_arrays(offsets_arr, pa.array(tokens)),
+            "loss_mask": pa.ListArray.from_arrays(offsets_arr, pa.array(mask)),
+        }
+    )
+
+
+def write_parquet(table: pa.Table, path: Path, *, row_group_rows: int = 1024) -> Path:
+    """Writes ``table`` as a zstd Parquet shard with row groups of ``row_group_rows``."""
+    pq.write_table(table, path, compression="zstd", row_group_size=row_group_rows)
+    return path
+
+
+def write_jsonl_gz(table: pa.Table, path: Path) -> Path:
+    """Writes ``table`` as gzip-compressed JSON Lines, one record per line."""
+    with gzip.open(path, "wt", encoding="utf-8", compresslevel=1) as out:
+        for record in table.to_pylist():
+            out.write(json.dumps(record, separators=(",", ":")))
+            out.write("\n")
+    return path

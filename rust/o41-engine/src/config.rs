@@ -1,0 +1,393 @@
+//! The stream configuration as the engine receives it (JSON from the Python face), its
+//! validation, and the resolved form that pins every shard and its row count.
+//!
+//! The resolved document is what a checkpoint will store, so it carries a version and no
+//! credentials: only locations, row counts and the user's own settings.
+
+use serde::{Deserialize, Serialize};
+
+use crate::dtype::{DType, Scalar};
+use crate::error::{Error, Result};
+use crate::formats::Encoding;
+
+/// Version of the resolved-config document.
+pub const RESOLVED_CONFIG_VERSION: u32 = 1;
+
+/// One projected column: which record field it reads and the fixed shape it is delivered in.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FieldSpec {
+    /// Column name in delivered batches.
+    pub name: String,
+    /// Record field the column is read from.
+    pub source: String,
+    /// Element type.
+    pub dtype: DType,
+    /// Fixed shape of one row's value; empty for a scalar.
+    #[serde(default)]
+    pub shape: Vec<usize>,
+    /// Value used where a record's list is shorter than the shape.
+    #[serde(default = "default_pad")]
+    pub pad: serde_json::Value,
+}
+
+fn default_pad() -> serde_json::Value {
+    serde_json::Value::from(0)
+}
+
+impl FieldSpec {
+    /// Elements per row (product of the shape; 1 for a scalar).
+    pub fn row_width(&self) -> usize {
+        self.shape.iter().product()
+    }
+
+    /// The pad value as a scalar, validated against the dtype.
+    pub fn pad_scalar(&self, option: &str) -> Result<Scalar> {
+        let scalar = match &self.pad {
+            serde_json::Value::Bool(b) => Scalar::Bool(*b),
+            serde_json::Value::Number(n) => {
+                if let Some(i) = n.as_i64() {
+                    Scalar::Int(i)
+                } else if let Some(f) = n.as_f64() {
+                    Scalar::Float(f)
+                } else {
+                    return Err(Error::config(option, format!("pad {n} is out of range")));
+                }
+            }
+            other => {
+                return Err(Error::config(
+                    option,
+                    format!("pad must be a number or a bool, got {other}"),
+                ))
+            }
+        };
+        let fits = match self.dtype {
+            DType::I32 => <i32 as crate::dtype::Element>::from_scalar(scalar).is_some(),
+            DType::I64 => <i64 as crate::dtype::Element>::from_scalar(scalar).is_some(),
+            DType::F32 | DType::F64 => !matches!(scalar, Scalar::Bool(_)),
+            DType::Bool => <u8 as crate::dtype::Element>::from_scalar(scalar).is_some(),
+        };
+        if fits {
+            Ok(scalar)
+        } else {
+            Err(Error::config(
+                option,
+                format!(
+                    "pad {} ({}) does not fit dtype {}",
+                    self.pad,
+                    scalar.kind(),
+                    self.dtype.name()
+                ),
+            ))
+        }
+    }
+}
+
+/// A weighted source of records within a stage.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
+pub enum SourceSpec {
+    /// A plain list of shard files of one encoding.
+    Files {
+        /// Shard locations, read in this order.
+        files: Vec<String>,
+        /// Encoding name; `None` infers it from each file's suffix.
+        #[serde(default)]
+        encoding: Option<String>,
+        /// Relative share of the stage's rows.
+        #[serde(default = "default_weight")]
+        weight: f64,
+    },
+}
+
+fn default_weight() -> f64 {
+    1.0
+}
+
+/// Row shuffling with a locality window.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ShuffleSpec {
+    /// Window size in rows.
+    pub buffer_rows: u64,
+}
+
+/// One curriculum stage: a weighted mix of sources cut into batches.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StageSpec {
+    /// Sources mixed in this stage.
+    pub sources: Vec<SourceSpec>,
+    /// Rows per global batch.
+    pub batch_size: usize,
+    /// Row shuffling; `None` keeps source order.
+    #[serde(default)]
+    pub shuffle: Option<ShuffleSpec>,
+    /// Repeat sources endlessly (epochs) instead of reading each once.
+    #[serde(default)]
+    pub infinite: bool,
+}
+
+/// The stream configuration users write.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StreamConfig {
+    /// Projected columns.
+    pub fields: Vec<FieldSpec>,
+    /// Ordered curriculum stages.
+    pub stages: Vec<StageSpec>,
+    /// Seed of every random choice.
+    #[serde(default)]
+    pub seed: u64,
+    /// Decode threads.
+    #[serde(default = "default_threads")]
+    pub threads: usize,
+    /// Batches assembled ahead of the consumer.
+    #[serde(default = "default_prefetch")]
+    pub prefetch_batches: usize,
+    /// This process's rank.
+    #[serde(default)]
+    pub rank: usize,
+    /// Number of ranks sharing the global batch sequence.
+    #[serde(default = "default_world_size")]
+    pub world_size: usize,
+    /// Upper bound on the stream's working set; `None` means half the host's memory.
+    #[serde(default)]
+    pub memory_limit_bytes: Option<u64>,
+}
+
+fn default_threads() -> usize {
+    4
+}
+fn default_prefetch() -> usize {
+    2
+}
+fn default_world_size() -> usize {
+    1
+}
+
+impl StreamConfig {
+    /// Parses a config from JSON, naming the offending option on failure.
+    pub fn from_json(text: &str) -> Result<Self> {
+        let config: StreamConfig =
+            serde_json::from_str(text).map_err(|e| Error::config("config", e.to_string()))?;
+        config.validate()?;
+        Ok(config)
+    }
+
+    /// Checks everything that can be checked without touching storage.
+    pub fn validate(&self) -> Result<()> {
+        if self.fields.is_empty() {
+            return Err(Error::config(
+                "fields",
+                "at least one projected field is required",
+            ));
+        }
+        for (i, field) in self.fields.iter().enumerate() {
+            let option = format!("fields[{i}]");
+            if field.name.is_empty() {
+                return Err(Error::config(format!("{option}.name"), "must not be empty"));
+            }
+            if field.source.is_empty() {
+                return Err(Error::config(
+                    format!("{option}.source"),
+                    "must not be empty",
+                ));
+            }
+            if field.shape.contains(&0) {
+                return Err(Error::config(
+                    format!("{option}.shape"),
+                    format!("every axis must be at least 1, got {:?}", field.shape),
+                ));
+            }
+            field.pad_scalar(&format!("{option}.pad"))?;
+            for (j, other) in self.fields[..i].iter().enumerate() {
+                if other.name == field.name {
+                    return Err(Error::config(
+                        format!("{option}.name"),
+                        format!("'{}' is already the name of fields[{j}]", field.name),
+                    ));
+                }
+                if other.source == field.source {
+                    return Err(Error::config(
+                        format!("{option}.source"),
+                        format!(
+                            "'{}' is already projected by fields[{j}] ('{}'); project each record field once",
+                            field.source, other.name
+                        ),
+                    ));
+                }
+            }
+        }
+        if self.stages.is_empty() {
+            return Err(Error::config("stages", "at least one stage is required"));
+        }
+        for (s, stage) in self.stages.iter().enumerate() {
+            let option = format!("stages[{s}]");
+            if stage.batch_size == 0 {
+                return Err(Error::config(
+                    format!("{option}.batch_size"),
+                    "must be at least 1",
+                ));
+            }
+            if stage.sources.is_empty() {
+                return Err(Error::config(
+                    format!("{option}.sources"),
+                    "at least one source is required",
+                ));
+            }
+            if let Some(shuffle) = stage.shuffle {
+                if shuffle.buffer_rows == 0 {
+                    return Err(Error::config(
+                        format!("{option}.shuffle.buffer_rows"),
+                        "must be at least 1",
+                    ));
+                }
+                return Err(Error::config(
+                    format!("{option}.shuffle"),
+                    "shuffled streams are not available in this release yet; omit shuffle",
+                ));
+            }
+            for (j, source) in stage.sources.iter().enumerate() {
+                let SourceSpec::Files {
+                    files,
+                    weight,
+                    encoding,
+                } = source;
+                if let Some(name) = encoding {
+                    Encoding::parse(name, &format!("{option}.sources[{j}].encoding"))?;
+                }
+                if files.is_empty() {
+                    return Err(Error::config(
+                        format!("{option}.sources[{j}].files"),
+                        "at least one file is required",
+                    ));
+                }
+                if !(weight.is_finite() && *weight > 0.0) {
+                    return Err(Error::config(
+                        format!("{option}.sources[{j}].weight"),
+                        format!("must be a positive finite number, got {weight}"),
+                    ));
+                }
+            }
+        }
+        if self.threads == 0 {
+            return Err(Error::config("threads", "must be at least 1"));
+        }
+        if self.world_size == 0 {
+            return Err(Error::config("world_size", "must be at least 1"));
+        }
+        if self.rank >= self.world_size {
+            return Err(Error::config(
+                "rank",
+                format!("{} is not below world_size {}", self.rank, self.world_size),
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// A shard pinned at resolution time.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ResolvedShard {
+    /// Location.
+    pub path: String,
+    /// Encoding.
+    pub encoding: Encoding,
+    /// Number of records.
+    pub rows: u64,
+}
+
+/// A source with its shard list pinned.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ResolvedSource {
+    /// Relative share of the stage's rows.
+    pub weight: f64,
+    /// Shards in reading order.
+    pub shards: Vec<ResolvedShard>,
+}
+
+impl ResolvedSource {
+    /// Total records over all shards.
+    pub fn rows(&self) -> u64 {
+        self.shards.iter().map(|s| s.rows).sum()
+    }
+}
+
+/// A stage with its sources resolved.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ResolvedStage {
+    /// Resolved sources.
+    pub sources: Vec<ResolvedSource>,
+    /// Rows per global batch.
+    pub batch_size: usize,
+    /// Row shuffling.
+    pub shuffle: Option<ShuffleSpec>,
+    /// Endless epochs.
+    pub infinite: bool,
+}
+
+/// The resolved document: what a stream opens and what a checkpoint stores.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ResolvedConfig {
+    /// Document version.
+    pub version: u32,
+    /// Projected columns.
+    pub fields: Vec<FieldSpec>,
+    /// Resolved stages.
+    pub stages: Vec<ResolvedStage>,
+    /// Seed.
+    pub seed: u64,
+    /// Decode threads.
+    pub threads: usize,
+    /// Prefetched batches.
+    pub prefetch_batches: usize,
+    /// Rank.
+    pub rank: usize,
+    /// World size.
+    pub world_size: usize,
+    /// Working-set limit in bytes.
+    pub memory_limit_bytes: Option<u64>,
+}
+
+impl ResolvedConfig {
+    /// Serialises the document as JSON.
+    pub fn to_json(&self) -> String {
+        serde_json::to_string(self).expect("a resolved config always serialises")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn minimal(extra: &str) -> String {
+        format!(
+            r#"{{"fields":[{{"name":"t","source":"x","dtype":"i32","shape":[4]}}],
+                "stages":[{{"sources":[{{"kind":"files","files":["a.parquet"]}}],"batch_size":2}}]{extra}}}"#
+        )
+    }
+
+    #[test]
+    fn defaults_apply() {
+        let config = StreamConfig::from_json(&minimal("")).unwrap();
+        assert_eq!(config.threads, 4);
+        assert_eq!(config.world_size, 1);
+        assert_eq!(config.fields[0].pad, serde_json::Value::from(0));
+    }
+
+    #[test]
+    fn errors_name_the_option() {
+        let err = StreamConfig::from_json(&minimal(r#","rank":2,"world_size":2"#)).unwrap_err();
+        assert!(err.to_string().starts_with("invalid rank"), "{err}");
+        let err = StreamConfig::from_json(&minimal(r#","threads":0"#)).unwrap_err();
+        assert!(err.to_string().contains("threads"), "{err}");
+    }
+
+    #[test]
+    fn pad_must_fit_the_dtype() {
+        let text = minimal("").replace(r#""shape":[4]"#, r#""shape":[4],"pad":1.5"#);
+        let err = StreamConfig::from_json(&text).unwrap_err();
+        assert!(err.to_string().contains("fields[0].pad"), "{err}");
+    }
+}

@@ -1,0 +1,101 @@
+//! The engine's one error type. Every variant names the option, shard, row or field at fault so
+//! that the message alone tells a user what to fix; the Python binding maps each variant to one
+//! class of the documented exception hierarchy.
+
+use std::fmt;
+
+/// Result alias used across the engine.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Everything the engine can fail with.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// A configuration value is invalid; `option` is its path in the config (`stages[0].batch_size`).
+    #[error("invalid {option}: {message}")]
+    Config {
+        /// Dotted path of the option at fault.
+        option: String,
+        /// What is wrong with it and what is accepted.
+        message: String,
+    },
+    /// A shard, manifest or other object does not exist.
+    #[error("{path}: not found")]
+    NotFound {
+        /// Location of the missing object.
+        path: String,
+    },
+    /// Reading or writing an object failed for a reason other than its absence.
+    #[error("{path}: {source}")]
+    Io {
+        /// Location of the object.
+        path: String,
+        /// The underlying failure.
+        #[source]
+        source: std::io::Error,
+    },
+    /// A shard is malformed: it cannot be decoded as its declared encoding.
+    #[error("{path}{}: malformed {encoding} shard: {message}", RowSuffix(*row))]
+    Format {
+        /// Location of the shard.
+        path: String,
+        /// Encoding the shard was read as.
+        encoding: &'static str,
+        /// Row (record index within the shard) where decoding failed, when known.
+        row: Option<u64>,
+        /// What was wrong.
+        message: String,
+    },
+    /// A record's value does not fit the projected field (wrong type, too deeply nested, null).
+    #[error("{path}, row {row}, field '{field}' (source '{source_field}'): {message}")]
+    Projection {
+        /// Location of the shard.
+        path: String,
+        /// Row (record index within the shard).
+        row: u64,
+        /// Projected field name.
+        field: String,
+        /// Record field the projection reads.
+        source_field: String,
+        /// What was wrong.
+        message: String,
+    },
+    /// The stream was used after `close()`.
+    #[error("the batch stream is closed")]
+    Closed,
+}
+
+struct RowSuffix(Option<u64>);
+
+impl fmt::Display for RowSuffix {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.0 {
+            Some(row) => write!(f, ", row {row}"),
+            None => Ok(()),
+        }
+    }
+}
+
+impl Error {
+    /// Builds a [`Error::Config`] error.
+    pub fn config(option: impl Into<String>, message: impl Into<String>) -> Self {
+        Error::Config {
+            option: option.into(),
+            message: message.into(),
+        }
+    }
+
+    /// Maps an I/O error on `path`, keeping "not found" distinct so callers can fail closed on it.
+    pub fn io(path: &str, source: std::io::Error) -> Self {
+        if source.kind() == std::io::ErrorKind::NotFound {
+            Error::NotFound {
+                path: path.to_owned(),
+            }
+        } else {
+            Error::Io {
+                path: path.to_owned(),
+                source,
+            }
+        }
+    }
+}

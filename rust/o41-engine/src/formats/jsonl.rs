@@ -1,0 +1,206 @@
+//! JSON Lines shards, plain or gzip-compressed. One object per line; blank lines are not
+//! records. Plain files keep a sparse byte-offset index so a read can seek near its first row;
+//! gzip streams are read forward, skipping lines before the range without parsing them.
+
+use std::fs::File;
+use std::io::{BufRead, BufReader, Read, Seek, SeekFrom};
+use std::ops::Range;
+use std::sync::Arc;
+
+use flate2::read::MultiGzDecoder;
+
+use super::{Encoding, ShardIndex, ShardMeta, ShardReader, INDEX_STRIDE};
+use crate::columns::Chunk;
+use crate::error::{Error, Result};
+use crate::projection::Projection;
+use crate::record::project_record;
+
+const BUF_BYTES: usize = 1 << 20;
+
+fn is_blank(line: &[u8]) -> bool {
+    line.iter().all(u8::is_ascii_whitespace)
+}
+
+/// Reads lines of one shard, tracking the record number of the next line.
+pub struct Reader {
+    path: String,
+    encoding: Encoding,
+    offsets: Option<Arc<Vec<u64>>>,
+    lines: Option<Box<dyn BufRead + Send>>,
+    /// Record number the next non-blank line holds.
+    next_row: u64,
+    line: Vec<u8>,
+}
+
+impl Reader {
+    pub fn open(path: &str, encoding: Encoding, offsets: Option<Arc<Vec<u64>>>) -> Result<Self> {
+        let mut reader = Reader {
+            path: path.to_owned(),
+            encoding,
+            offsets,
+            lines: None,
+            next_row: 0,
+            line: Vec::new(),
+        };
+        reader.rewind(0)?;
+        Ok(reader)
+    }
+
+    /// Positions the reader at or before `row`: at the nearest indexed offset for plain files,
+    /// at the start for compressed ones.
+    fn rewind(&mut self, row: u64) -> Result<()> {
+        let mut file = File::open(&self.path).map_err(|e| Error::io(&self.path, e))?;
+        let (offset, first_row) = match &self.offsets {
+            Some(offsets) => {
+                let k = (row / INDEX_STRIDE) as usize;
+                (offsets[k], k as u64 * INDEX_STRIDE)
+            }
+            None => (0, 0),
+        };
+        file.seek(SeekFrom::Start(offset))
+            .map_err(|e| Error::io(&self.path, e))?;
+        let inner: Box<dyn Read + Send> = if self.encoding == Encoding::JsonlGz {
+            Box::new(MultiGzDecoder::new(BufReader::with_capacity(
+                BUF_BYTES, file,
+            )))
+        } else {
+            Box::new(file)
+        };
+        self.lines = Some(Box::new(BufReader::with_capacity(BUF_BYTES, inner)));
+        self.next_row = first_row;
+        Ok(())
+    }
+
+    /// Reads the next non-blank line into `self.line`; false at end of file.
+    fn next_line(&mut self) -> Result<bool> {
+        let lines = self.lines.as_mut().expect("opened");
+        loop {
+            self.line.clear();
+            let n = lines
+                .read_until(b'\n', &mut self.line)
+                .map_err(|e| read_error(&self.path, self.encoding, self.next_row, &e))?;
+            if n == 0 {
+                return Ok(false);
+            }
+            if !is_blank(&self.line) {
+                return Ok(true);
+            }
+        }
+    }
+
+    fn seek_row(&mut self, row: u64) -> Result<()> {
+        let jump_helps = self
+            .offsets
+            .as_ref()
+            .is_some_and(|_| row / INDEX_STRIDE > self.next_row / INDEX_STRIDE);
+        if row < self.next_row || jump_helps {
+            self.rewind(row)?;
+        }
+        while self.next_row < row {
+            if !self.next_line()? {
+                return Err(truncated(&self.path, self.encoding, self.next_row));
+            }
+            self.next_row += 1;
+        }
+        Ok(())
+    }
+}
+
+fn read_error(path: &str, encoding: Encoding, row: u64, e: &std::io::Error) -> Error {
+    Error::Format {
+        path: path.to_owned(),
+        encoding: encoding.name(),
+        row: Some(row),
+        message: e.to_string(),
+    }
+}
+
+fn truncated(path: &str, encoding: Encoding, row: u64) -> Error {
+    Error::Format {
+        path: path.to_owned(),
+        encoding: encoding.name(),
+        row: Some(row),
+        message: "the shard ended before this row; it changed since the stream was opened"
+            .to_owned(),
+    }
+}
+
+fn project_line(
+    line: &[u8],
+    projection: &Projection,
+    chunk: &mut Chunk,
+    out_row: usize,
+    path: &str,
+    encoding: Encoding,
+    row: u64,
+) -> Result<()> {
+    let mut de = serde_json::Deserializer::from_slice(line);
+    project_record(&mut de, projection, &mut chunk.columns, out_row)
+        .and_then(|()| {
+            de.end()
+                .map_err(|e| crate::record::RecordError::Malformed(e.to_string()))
+        })
+        .map_err(|e| e.into_error(projection, path, encoding.name(), row))
+}
+
+impl ShardReader for Reader {
+    fn read_into(
+        &mut self,
+        range: Range<u64>,
+        projection: &Projection,
+        chunk: &mut Chunk,
+    ) -> Result<()> {
+        self.seek_row(range.start)?;
+        for out_row in 0..(range.end - range.start) as usize {
+            if !self.next_line()? {
+                return Err(truncated(&self.path, self.encoding, self.next_row));
+            }
+            project_line(
+                &self.line,
+                projection,
+                chunk,
+                out_row,
+                &self.path,
+                self.encoding,
+                self.next_row,
+            )?;
+            self.next_row += 1;
+        }
+        Ok(())
+    }
+}
+
+pub fn inspect(path: &str, encoding: Encoding, projection: &Projection) -> Result<ShardMeta> {
+    let mut reader = Reader::open(path, encoding, None)?;
+    let plain = encoding == Encoding::Jsonl;
+    let mut offsets = Vec::new();
+    let mut offset = 0u64;
+    let mut rows = 0u64;
+    loop {
+        let lines = reader.lines.as_mut().expect("opened");
+        reader.line.clear();
+        let n = lines
+            .read_until(b'\n', &mut reader.line)
+            .map_err(|e| read_error(path, encoding, rows, &e))?;
+        if n == 0 {
+            break;
+        }
+        if !is_blank(&reader.line) {
+            if plain && rows % INDEX_STRIDE == 0 {
+                offsets.push(offset);
+            }
+            if rows == 0 {
+                let mut chunk = Chunk::padded(projection, 1);
+                project_line(&reader.line, projection, &mut chunk, 0, path, encoding, 0)?;
+            }
+            rows += 1;
+        }
+        offset += n as u64;
+    }
+    let index = if plain {
+        ShardIndex::Offsets(Arc::new(offsets))
+    } else {
+        ShardIndex::Sequential
+    };
+    Ok(ShardMeta { rows, index })
+}

@@ -1,0 +1,170 @@
+//! Shard encodings and their readers.
+//!
+//! Each encoding opens in two steps. [`inspect`] runs once at stream open: it counts rows, builds
+//! whatever index lets later reads start mid-shard, and projects the first record so a bad
+//! field fails at open. A [`ShardReader`] then decodes row ranges into column chunks.
+
+mod jsonl;
+mod msgpack;
+mod parquet;
+
+use std::ops::Range;
+use std::sync::Arc;
+
+use serde::{Deserialize, Serialize};
+
+use crate::columns::Chunk;
+use crate::error::{Error, Result};
+use crate::projection::Projection;
+
+pub use msgpack::FRAME_HEADER_BYTES;
+
+/// Records per entry of the sparse row index kept for JSON Lines and MessagePack shards.
+pub const INDEX_STRIDE: u64 = 1024;
+
+/// How a shard's records are stored.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum Encoding {
+    /// Apache Parquet.
+    #[serde(rename = "parquet")]
+    Parquet,
+    /// JSON Lines, one object per line.
+    #[serde(rename = "jsonl")]
+    Jsonl,
+    /// Gzip-compressed JSON Lines.
+    #[serde(rename = "jsonl.gz")]
+    JsonlGz,
+    /// Framed MessagePack: a little-endian u32 length before each map (docs/formats.md).
+    #[serde(rename = "msgpack")]
+    Msgpack,
+}
+
+impl Encoding {
+    /// Every encoding, for messages.
+    pub const ALL: [Encoding; 4] = [
+        Encoding::Parquet,
+        Encoding::Jsonl,
+        Encoding::JsonlGz,
+        Encoding::Msgpack,
+    ];
+
+    /// The name used in configs and manifests.
+    pub fn name(self) -> &'static str {
+        match self {
+            Encoding::Parquet => "parquet",
+            Encoding::Jsonl => "jsonl",
+            Encoding::JsonlGz => "jsonl.gz",
+            Encoding::Msgpack => "msgpack",
+        }
+    }
+
+    /// Parses a configured encoding name; `option` names it in the error.
+    pub fn parse(name: &str, option: &str) -> Result<Self> {
+        Self::ALL
+            .into_iter()
+            .find(|e| e.name() == name)
+            .ok_or_else(|| {
+                Error::config(
+                    option,
+                    format!(
+                        "unknown encoding '{name}'; expected one of {}",
+                        Self::names()
+                    ),
+                )
+            })
+    }
+
+    /// Infers the encoding from a file name's suffix.
+    pub fn from_path(path: &str, option: &str) -> Result<Self> {
+        // Longest suffix first so `.jsonl.gz` is not taken for something else.
+        let by_suffix = [
+            (".jsonl.gz", Encoding::JsonlGz),
+            (".jsonl", Encoding::Jsonl),
+            (".parquet", Encoding::Parquet),
+            (".msgpack", Encoding::Msgpack),
+        ];
+        by_suffix
+            .iter()
+            .find(|(suffix, _)| path.ends_with(suffix))
+            .map(|(_, e)| *e)
+            .ok_or_else(|| {
+                Error::config(
+                    option,
+                    format!(
+                        "cannot infer the encoding of '{path}' from its suffix; set encoding to one of {}",
+                        Self::names()
+                    ),
+                )
+            })
+    }
+
+    fn names() -> String {
+        Self::ALL
+            .iter()
+            .map(|e| e.name())
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
+}
+
+/// What [`inspect`] learns about a shard: its row count and the index later reads use.
+#[derive(Debug, Clone)]
+pub struct ShardMeta {
+    /// Records in the shard.
+    pub rows: u64,
+    index: ShardIndex,
+}
+
+#[derive(Debug, Clone)]
+enum ShardIndex {
+    Parquet(Arc<parquet::ParquetIndex>),
+    /// Byte offset of record `k * INDEX_STRIDE`, for seekable line- or frame-based shards.
+    Offsets(Arc<Vec<u64>>),
+    /// Compressed streams can only be read forward.
+    Sequential,
+}
+
+/// Counts a shard's rows, indexes it, and checks the projection against its first record.
+pub fn inspect(path: &str, encoding: Encoding, projection: &Projection) -> Result<ShardMeta> {
+    match encoding {
+        Encoding::Parquet => parquet::inspect(path, projection),
+        Encoding::Jsonl | Encoding::JsonlGz => jsonl::inspect(path, encoding, projection),
+        Encoding::Msgpack => msgpack::inspect(path, projection),
+    }
+}
+
+/// Decodes row ranges of one shard. Readers keep their position, so reading ranges in
+/// increasing order never re-reads a compressed stream from its start.
+pub trait ShardReader: Send {
+    /// Decodes rows `range` of the shard into `chunk` rows `0..range.len()`.
+    fn read_into(
+        &mut self,
+        range: Range<u64>,
+        projection: &Projection,
+        chunk: &mut Chunk,
+    ) -> Result<()>;
+}
+
+/// Opens a reader over a shard that [`inspect`] has seen.
+pub fn open(path: &str, encoding: Encoding, meta: &ShardMeta) -> Result<Box<dyn ShardReader>> {
+    Ok(match (&meta.index, encoding) {
+        (ShardIndex::Parquet(index), _) => Box::new(parquet::Reader::open(path, index.clone())?),
+        (ShardIndex::Offsets(offsets), Encoding::Msgpack) => {
+            Box::new(msgpack::Reader::open(path, offsets.clone())?)
+        }
+        (ShardIndex::Offsets(offsets), _) => {
+            Box::new(jsonl::Reader::open(path, encoding, Some(offsets.clone()))?)
+        }
+        (ShardIndex::Sequential, _) => Box::new(jsonl::Reader::open(path, encoding, None)?),
+    })
+}
+
+/// Splits `0..rows` into ranges of at most `unit_rows`, the unit of parallel decoding.
+pub fn unit_ranges(meta: &ShardMeta, unit_rows: u64) -> Vec<Range<u64>> {
+    if let ShardIndex::Parquet(index) = &meta.index {
+        return index.unit_ranges(unit_rows);
+    }
+    (0..meta.rows.div_ceil(unit_rows))
+        .map(|u| u * unit_rows..((u + 1) * unit_rows).min(meta.rows))
+        .collect()
+}

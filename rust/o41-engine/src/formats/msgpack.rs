@@ -1,0 +1,227 @@
+//! Framed MessagePack shards: each record is a MessagePack map preceded by its length as a
+//! little-endian u32 (docs/formats.md). Frames before a read's first row are skipped by their
+//! length alone, never decoded.
+
+use std::fs::File;
+use std::io::{BufReader, Read, Seek, SeekFrom};
+use std::ops::Range;
+use std::sync::Arc;
+
+use super::{ShardIndex, ShardMeta, ShardReader, INDEX_STRIDE};
+use crate::columns::Chunk;
+use crate::error::{Error, Result};
+use crate::projection::Projection;
+use crate::record::project_record;
+
+/// Bytes of the length prefix before every frame.
+pub const FRAME_HEADER_BYTES: usize = 4;
+const ENCODING: &str = "msgpack";
+const BUF_BYTES: usize = 1 << 20;
+
+fn format_error(path: &str, row: u64, message: impl Into<String>) -> Error {
+    Error::Format {
+        path: path.to_owned(),
+        encoding: ENCODING,
+        row: Some(row),
+        message: message.into(),
+    }
+}
+
+/// Reads frames of one shard, tracking the record number of the next frame.
+pub struct Reader {
+    path: String,
+    offsets: Arc<Vec<u64>>,
+    file: BufReader<File>,
+    next_row: u64,
+    frame: Vec<u8>,
+}
+
+impl Reader {
+    pub fn open(path: &str, offsets: Arc<Vec<u64>>) -> Result<Self> {
+        let file = File::open(path).map_err(|e| Error::io(path, e))?;
+        Ok(Reader {
+            path: path.to_owned(),
+            offsets,
+            file: BufReader::with_capacity(BUF_BYTES, file),
+            next_row: 0,
+            frame: Vec::new(),
+        })
+    }
+
+    /// Reads the next frame's length; `None` at a clean end of file.
+    fn next_len(&mut self) -> Result<Option<usize>> {
+        let mut header = [0u8; FRAME_HEADER_BYTES];
+        let mut got = 0;
+        while got < FRAME_HEADER_BYTES {
+            let n = self
+                .file
+                .read(&mut header[got..])
+                .map_err(|e| Error::io(&self.path, e))?;
+            if n == 0 {
+                if got == 0 {
+                    return Ok(None);
+                }
+                return Err(format_error(
+                    &self.path,
+                    self.next_row,
+                    "truncated frame header",
+                ));
+            }
+            got += n;
+        }
+        Ok(Some(u32::from_le_bytes(header) as usize))
+    }
+
+    fn skip_frame(&mut self) -> Result<bool> {
+        let Some(len) = self.next_len()? else {
+            return Ok(false);
+        };
+        self.file
+            .seek_relative(len as i64)
+            .map_err(|e| Error::io(&self.path, e))?;
+        Ok(true)
+    }
+
+    fn read_frame(&mut self) -> Result<bool> {
+        let Some(len) = self.next_len()? else {
+            return Ok(false);
+        };
+        self.frame.resize(len, 0);
+        self.file.read_exact(&mut self.frame).map_err(|e| {
+            if e.kind() == std::io::ErrorKind::UnexpectedEof {
+                format_error(
+                    &self.path,
+                    self.next_row,
+                    format!("truncated frame: expected {len} bytes"),
+                )
+            } else {
+                Error::io(&self.path, e)
+            }
+        })?;
+        Ok(true)
+    }
+
+    fn seek_row(&mut self, row: u64) -> Result<()> {
+        if row < self.next_row || row / INDEX_STRIDE > self.next_row / INDEX_STRIDE {
+            let k = (row / INDEX_STRIDE) as usize;
+            self.file
+                .seek(SeekFrom::Start(self.offsets[k]))
+                .map_err(|e| Error::io(&self.path, e))?;
+            self.next_row = k as u64 * INDEX_STRIDE;
+        }
+        while self.next_row < row {
+            if !self.skip_frame()? {
+                return Err(format_error(
+                    &self.path,
+                    self.next_row,
+                    "the shard ended before this row",
+                ));
+            }
+            self.next_row += 1;
+        }
+        Ok(())
+    }
+}
+
+fn project_frame(
+    frame: &[u8],
+    projection: &Projection,
+    chunk: &mut Chunk,
+    out_row: usize,
+    path: &str,
+    row: u64,
+) -> Result<()> {
+    let mut de = rmp_serde::Deserializer::from_read_ref(frame);
+    project_record(&mut de, projection, &mut chunk.columns, out_row)
+        .map_err(|e| e.into_error(projection, path, ENCODING, row))
+}
+
+impl ShardReader for Reader {
+    fn read_into(
+        &mut self,
+        range: Range<u64>,
+        projection: &Projection,
+        chunk: &mut Chunk,
+    ) -> Result<()> {
+        self.seek_row(range.start)?;
+        for out_row in 0..(range.end - range.start) as usize {
+            if !self.read_frame()? {
+                return Err(format_error(
+                    &self.path,
+                    self.next_row,
+                    "the shard ended before this row",
+                ));
+            }
+            project_frame(
+                &self.frame,
+                projection,
+                chunk,
+                out_row,
+                &self.path,
+                self.next_row,
+            )?;
+            self.next_row += 1;
+        }
+        Ok(())
+    }
+}
+
+pub fn inspect(path: &str, projection: &Projection) -> Result<ShardMeta> {
+    let mut reader = Reader::open(path, Arc::new(vec![0]))?;
+    let size = reader
+        .file
+        .get_ref()
+        .metadata()
+        .map_err(|e| Error::io(path, e))?
+        .len();
+    let mut offsets = Vec::new();
+    let mut offset = 0u64;
+    let mut rows = 0u64;
+    loop {
+        if rows % INDEX_STRIDE == 0 {
+            offsets.push(offset);
+        }
+        let got = if rows == 0 {
+            reader.read_frame()?
+        } else {
+            reader.skip_frame()?
+        };
+        if !got {
+            break;
+        }
+        if rows == 0 {
+            project_frame(
+                &reader.frame,
+                projection,
+                &mut Chunk::padded(projection, 1),
+                0,
+                path,
+                0,
+            )?;
+        }
+        rows += 1;
+        reader.next_row = rows;
+        offset = reader
+            .file
+            .stream_position()
+            .map_err(|e| Error::io(path, e))?;
+        if offset > size {
+            return Err(format_error(
+                path,
+                rows - 1,
+                "truncated frame: it runs past the end of the file",
+            ));
+        }
+    }
+    if rows % INDEX_STRIDE == 0 {
+        // The loop pushed an entry for a row that does not exist.
+        offsets.pop();
+        if offsets.is_empty() {
+            offsets.push(0);
+        }
+    }
+    Ok(ShardMeta {
+        rows,
+        index: ShardIndex::Offsets(Arc::new(offsets)),
+    })
+}

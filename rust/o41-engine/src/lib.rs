@@ -1,0 +1,20 @@
+//! The o41-training-data engine: shard formats, projection to fixed-shape columns, the order of
+//! rows and batches, and the threaded pipeline that produces them. Pure Rust; the Python binding
+//! lives in the `o41-python` crate.
+
+pub mod columns;
+pub mod config;
+pub mod dtype;
+pub mod error;
+pub mod formats;
+pub mod memory;
+pub mod mix;
+pub mod plan;
+pub mod projection;
+pub mod record;
+pub mod resolve;
+pub mod stream;
+
+pub use config::{ResolvedConfig, StreamConfig};
+pub use error::{Error, Result};
+pub use stream::{Batch, BatchStream, Next, StreamStats};

@@ -1,0 +1,87 @@
+//! The stream's working-set bound, computed at open from the declared shapes and the pipeline's
+//! sizes, and checked against `memory_limit_bytes` (default: half the host's physical memory).
+
+use std::fmt;
+
+use crate::config::ResolvedConfig;
+use crate::error::{Error, Result};
+use crate::projection::Projection;
+
+/// Decode units are sized to about this many bytes of projected rows.
+pub const UNIT_TARGET_BYTES: usize = 16 << 20;
+/// Buffered bytes an open shard reader may hold (read buffers, decompressor state).
+const READER_BYTES: u64 = 3 << 20;
+/// Open readers per decode worker.
+const READERS_PER_WORKER: u64 = 4;
+
+/// The terms of the bound, each in bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MemoryBound {
+    /// Batches queued for the consumer plus the one being assembled and the one held by it.
+    pub batches: u64,
+    /// Decoded units in flight or waiting to be consumed.
+    pub decode_units: u64,
+    /// Open shard readers' buffers.
+    pub readers: u64,
+    /// The limit it was checked against.
+    pub limit: u64,
+}
+
+impl MemoryBound {
+    /// Sum of the terms.
+    pub fn total(&self) -> u64 {
+        self.batches + self.decode_units + self.readers
+    }
+
+    /// Computes the bound and refuses a config that exceeds its limit.
+    pub fn compute(
+        config: &ResolvedConfig,
+        projection: &Projection,
+        unit_rows: u64,
+        max_units: usize,
+    ) -> Result<Self> {
+        let row_bytes = projection.row_bytes() as u64;
+        let batch_rows = config
+            .stages
+            .iter()
+            .map(|s| s.batch_size as u64)
+            .max()
+            .unwrap_or(0);
+        let bound = MemoryBound {
+            batches: (config.prefetch_batches as u64 + 2) * batch_rows * row_bytes,
+            decode_units: max_units as u64 * unit_rows * row_bytes,
+            readers: config.threads as u64 * READERS_PER_WORKER * READER_BYTES,
+            limit: config.memory_limit_bytes.unwrap_or_else(default_limit),
+        };
+        if bound.total() > bound.limit {
+            return Err(Error::config("memory_limit_bytes", format!("the stream's working set is bounded at {bound}, above the limit of {} bytes; lower batch_size, prefetch_batches, threads or the field shapes, or raise memory_limit_bytes", bound.limit)));
+        }
+        Ok(bound)
+    }
+}
+
+impl fmt::Display for MemoryBound {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{} bytes (batches {}, decode units {}, shard readers {})",
+            self.total(),
+            self.batches,
+            self.decode_units,
+            self.readers
+        )
+    }
+}
+
+/// Half the host's physical memory; unbounded where it cannot be read.
+fn default_limit() -> u64 {
+    host_memory_bytes().map_or(u64::MAX, |b| b / 2)
+}
+
+/// Physical memory from `/proc/meminfo` (Linux).
+pub fn host_memory_bytes() -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = text.lines().find(|l| l.starts_with("MemTotal:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib * 1024)
+}

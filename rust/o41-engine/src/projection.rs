@@ -1,0 +1,258 @@
+//! Projection of record values onto fixed-shape columns, and its Arrow half: turning the
+//! columns a Parquet reader decoded into rows of a [`Chunk`].
+//!
+//! Every axis truncates or pads; pads are written when the buffer is allocated, so projection
+//! only copies the values that exist. Values that do not fit the declared dtype or shape are
+//! errors naming the shard, row and field.
+
+use std::ops::Range;
+
+use arrow_array::cast::AsArray;
+use arrow_array::types::{
+    Float32Type, Float64Type, Int16Type, Int32Type, Int64Type, Int8Type, UInt16Type, UInt32Type,
+    UInt64Type, UInt8Type,
+};
+use arrow_array::{Array, ArrowPrimitiveType, OffsetSizeTrait};
+use arrow_schema::DataType;
+
+use crate::columns::ColumnBuf;
+use crate::config::FieldSpec;
+use crate::dtype::{DType, Element, Scalar};
+use crate::error::{Error, Result};
+
+/// A validated projected field.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ProjectedColumn {
+    /// Column name in batches.
+    pub name: String,
+    /// Record field read.
+    pub source: String,
+    /// Element type.
+    pub dtype: DType,
+    /// Fixed shape of one row (empty for scalars).
+    pub shape: Vec<usize>,
+    /// Elements per row.
+    pub width: usize,
+    /// Pad value.
+    pub pad: Scalar,
+}
+
+impl ProjectedColumn {
+    /// Validates a field spec; `option` names it in errors.
+    pub fn new(spec: &FieldSpec, option: &str) -> Result<Self> {
+        Ok(ProjectedColumn {
+            name: spec.name.clone(),
+            source: spec.source.clone(),
+            dtype: spec.dtype,
+            shape: spec.shape.clone(),
+            width: spec.row_width(),
+            pad: spec.pad_scalar(&format!("{option}.pad"))?,
+        })
+    }
+
+    /// Describes the declared shape for messages, e.g. `i32[2048]`.
+    pub fn describe(&self) -> String {
+        if self.shape.is_empty() {
+            self.dtype.name().to_owned()
+        } else {
+            let dims: Vec<String> = self.shape.iter().map(ToString::to_string).collect();
+            format!("{}[{}]", self.dtype.name(), dims.join(", "))
+        }
+    }
+}
+
+/// All projected columns of a stream.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Projection {
+    /// Columns in config order.
+    pub columns: Vec<ProjectedColumn>,
+}
+
+impl Projection {
+    /// Validates the field specs.
+    pub fn new(fields: &[FieldSpec]) -> Result<Self> {
+        let columns = fields
+            .iter()
+            .enumerate()
+            .map(|(i, f)| ProjectedColumn::new(f, &format!("fields[{i}]")))
+            .collect::<Result<Vec<_>>>()?;
+        Ok(Projection { columns })
+    }
+
+    /// Bytes of one projected row across all columns.
+    pub fn row_bytes(&self) -> usize {
+        self.columns
+            .iter()
+            .map(|c| c.width * c.dtype.byte_width())
+            .sum()
+    }
+
+    /// Source field names, in column order.
+    pub fn sources(&self) -> Vec<&str> {
+        self.columns.iter().map(|c| c.source.as_str()).collect()
+    }
+}
+
+/// Projects `rows` of an Arrow column into `out`, starting at `out_row`.
+///
+/// `row_base` is the shard row of `array`'s first element, used only for error messages.
+pub fn project_arrow_column(
+    array: &dyn Array,
+    column: &ProjectedColumn,
+    rows: Range<usize>,
+    out: &mut ColumnBuf,
+    out_row: usize,
+    path: &str,
+    row_base: u64,
+) -> Result<()> {
+    let w = column.width;
+    crate::with_column!(out, buf => {
+        for (k, i) in rows.enumerate() {
+            let dst = &mut buf[(out_row + k) * w..(out_row + k + 1) * w];
+            project_value(array, i, &column.shape, dst, column.dtype).map_err(|message| {
+                Error::Projection {
+                    path: path.to_owned(),
+                    row: row_base + i as u64,
+                    field: column.name.clone(),
+                    source_field: column.source.clone(),
+                    message,
+                }
+            })?;
+        }
+        Ok(())
+    })
+}
+
+/// Projects value `i` of `array` (a scalar or a nested list) into `out`, which is pre-padded.
+fn project_value<T: Element>(
+    array: &dyn Array,
+    i: usize,
+    shape: &[usize],
+    out: &mut [T],
+    dtype: DType,
+) -> Result<(), String> {
+    if array.is_null(i) {
+        return Err("value is null".to_owned());
+    }
+    let Some((&dim, inner)) = shape.split_first() else {
+        return leaf_values(array, i..i + 1, out, dtype);
+    };
+    let (child, range) = list_range(array, i).ok_or_else(|| {
+        format!(
+            "expected a list for a field shaped {shape:?}, found {}",
+            array.data_type()
+        )
+    })?;
+    let n = range.len().min(dim);
+    if inner.is_empty() {
+        return leaf_values(child, range.start..range.start + n, &mut out[..n], dtype);
+    }
+    let w: usize = inner.iter().product();
+    for j in 0..n {
+        project_value(
+            child,
+            range.start + j,
+            inner,
+            &mut out[j * w..(j + 1) * w],
+            dtype,
+        )?;
+    }
+    Ok(())
+}
+
+fn offsets_range<O: OffsetSizeTrait>(offsets: &[O], i: usize) -> Range<usize> {
+    offsets[i].as_usize()..offsets[i + 1].as_usize()
+}
+
+/// The child array and element range of list value `i`, or `None` if `array` is not a list.
+fn list_range(array: &dyn Array, i: usize) -> Option<(&dyn Array, Range<usize>)> {
+    match array.data_type() {
+        DataType::List(_) => {
+            let l = array.as_list::<i32>();
+            Some((l.values().as_ref(), offsets_range(l.value_offsets(), i)))
+        }
+        DataType::LargeList(_) => {
+            let l = array.as_list::<i64>();
+            Some((l.values().as_ref(), offsets_range(l.value_offsets(), i)))
+        }
+        DataType::FixedSizeList(_, size) => {
+            let l = array.as_fixed_size_list();
+            let size = *size as usize;
+            Some((l.values().as_ref(), i * size..(i + 1) * size))
+        }
+        _ => None,
+    }
+}
+
+fn convert_slice<A, T>(
+    array: &dyn Array,
+    range: Range<usize>,
+    out: &mut [T],
+    dtype: DType,
+    convert: impl Fn(A::Native) -> Option<T>,
+) -> Result<(), String>
+where
+    A: ArrowPrimitiveType,
+    A::Native: std::fmt::Display,
+{
+    let values = array.as_primitive::<A>();
+    let start = range.start;
+    let has_nulls = values.null_count() > 0;
+    for (k, (o, v)) in out.iter_mut().zip(&values.values()[range]).enumerate() {
+        if has_nulls && values.is_null(start + k) {
+            return Err(format!("element {k} is null"));
+        }
+        *o = convert(*v).ok_or_else(|| {
+            format!(
+                "value {v} ({}) does not fit dtype {}",
+                A::DATA_TYPE,
+                dtype.name()
+            )
+        })?;
+    }
+    Ok(())
+}
+
+/// Converts the leaf values `range` of a primitive or boolean array into `out`.
+fn leaf_values<T: Element>(
+    array: &dyn Array,
+    range: Range<usize>,
+    out: &mut [T],
+    dtype: DType,
+) -> Result<(), String> {
+    macro_rules! ints {
+        ($a:ty) => {
+            convert_slice::<$a, T>(array, range, out, dtype, |v| T::from_i64(i64::from(v)))
+        };
+    }
+    match array.data_type() {
+        DataType::Int8 => ints!(Int8Type),
+        DataType::Int16 => ints!(Int16Type),
+        DataType::Int32 => ints!(Int32Type),
+        DataType::Int64 => ints!(Int64Type),
+        DataType::UInt8 => ints!(UInt8Type),
+        DataType::UInt16 => ints!(UInt16Type),
+        DataType::UInt32 => ints!(UInt32Type),
+        DataType::UInt64 => convert_slice::<UInt64Type, T>(array, range, out, dtype, T::from_u64),
+        DataType::Float32 => {
+            convert_slice::<Float32Type, T>(array, range, out, dtype, |v| T::from_f64(f64::from(v)))
+        }
+        DataType::Float64 => convert_slice::<Float64Type, T>(array, range, out, dtype, T::from_f64),
+        DataType::Boolean => {
+            let values = array.as_boolean();
+            for (k, o) in out.iter_mut().enumerate() {
+                let idx = range.start + k;
+                if values.is_null(idx) {
+                    return Err(format!("element {k} is null"));
+                }
+                *o = T::from_bool(values.value(idx))
+                    .ok_or_else(|| format!("found bool where {} is declared", dtype.name()))?;
+            }
+            Ok(())
+        }
+        DataType::List(_) | DataType::LargeList(_) | DataType::FixedSizeList(..) => {
+            Err("nested list is deeper than the declared shape".to_owned())
+        }
+        other => Err(format!("found {other} where {} is declared", dtype.name())),
+    }
+}

@@ -1,0 +1,147 @@
+//! Resolution: from the user's config to the pinned document a stream opens, with every shard's
+//! encoding and row count, after checking each shard's first record against the projection.
+
+use std::path::Path;
+
+use crate::config::{
+    ResolvedConfig, ResolvedShard, ResolvedSource, ResolvedStage, SourceSpec, StreamConfig,
+    RESOLVED_CONFIG_VERSION,
+};
+use crate::error::{Error, Result};
+use crate::formats::{self, Encoding, ShardMeta};
+use crate::projection::Projection;
+
+/// A resolved config with what inspection learnt about each shard.
+#[derive(Debug, Clone)]
+pub struct Resolved {
+    /// The pinned document.
+    pub config: ResolvedConfig,
+    /// Validated projection.
+    pub projection: Projection,
+    /// Per stage, per source, per shard: row count and read index.
+    pub metas: Vec<Vec<Vec<ShardMeta>>>,
+}
+
+struct Job {
+    stage: usize,
+    source: usize,
+    path: String,
+    encoding: Encoding,
+}
+
+/// Local paths are made absolute so a resolved document does not depend on the working directory.
+fn absolute(path: &str) -> String {
+    std::path::absolute(Path::new(path))
+        .map_or_else(|_| path.to_owned(), |p| p.to_string_lossy().into_owned())
+}
+
+/// Resolves `config`: infers encodings, counts rows, indexes and checks every shard.
+pub fn resolve(config: &StreamConfig) -> Result<Resolved> {
+    config.validate()?;
+    let projection = Projection::new(&config.fields)?;
+    let mut jobs = Vec::new();
+    for (s, stage) in config.stages.iter().enumerate() {
+        for (j, source) in stage.sources.iter().enumerate() {
+            let SourceSpec::Files {
+                files, encoding, ..
+            } = source;
+            for (f, file) in files.iter().enumerate() {
+                let option = format!("stages[{s}].sources[{j}].files[{f}]");
+                let encoding = match encoding {
+                    Some(name) => {
+                        Encoding::parse(name, &format!("stages[{s}].sources[{j}].encoding"))?
+                    }
+                    None => Encoding::from_path(file, &option)?,
+                };
+                jobs.push(Job {
+                    stage: s,
+                    source: j,
+                    path: absolute(file),
+                    encoding,
+                });
+            }
+        }
+    }
+    let metas = inspect_all(&jobs, &projection, config.threads)?;
+
+    let mut stages = Vec::with_capacity(config.stages.len());
+    let mut all_metas = Vec::with_capacity(config.stages.len());
+    let mut next = jobs.iter().zip(metas);
+    for (s, stage) in config.stages.iter().enumerate() {
+        let mut sources = Vec::new();
+        let mut stage_metas = Vec::new();
+        for (j, source) in stage.sources.iter().enumerate() {
+            let SourceSpec::Files { files, weight, .. } = source;
+            let mut shards = Vec::with_capacity(files.len());
+            let mut source_metas = Vec::with_capacity(files.len());
+            for _ in files {
+                let (job, meta) = next.next().expect("one inspection per file");
+                debug_assert_eq!((job.stage, job.source), (s, j));
+                shards.push(ResolvedShard {
+                    path: job.path.clone(),
+                    encoding: job.encoding,
+                    rows: meta.rows,
+                });
+                source_metas.push(meta);
+            }
+            let resolved = ResolvedSource {
+                weight: *weight,
+                shards,
+            };
+            if resolved.rows() == 0 {
+                return Err(Error::config(
+                    format!("stages[{s}].sources[{j}]"),
+                    "the source's shards hold no records",
+                ));
+            }
+            sources.push(resolved);
+            stage_metas.push(source_metas);
+        }
+        stages.push(ResolvedStage {
+            sources,
+            batch_size: stage.batch_size,
+            shuffle: stage.shuffle,
+            infinite: stage.infinite,
+        });
+        all_metas.push(stage_metas);
+    }
+    Ok(Resolved {
+        config: ResolvedConfig {
+            version: RESOLVED_CONFIG_VERSION,
+            fields: config.fields.clone(),
+            stages,
+            seed: config.seed,
+            threads: config.threads,
+            prefetch_batches: config.prefetch_batches,
+            rank: config.rank,
+            world_size: config.world_size,
+            memory_limit_bytes: config.memory_limit_bytes,
+        },
+        projection,
+        metas: all_metas,
+    })
+}
+
+/// Inspects shards on up to `threads` threads; results keep the jobs' order, and the first
+/// failure in that order is reported so errors do not depend on timing.
+fn inspect_all(jobs: &[Job], projection: &Projection, threads: usize) -> Result<Vec<ShardMeta>> {
+    let threads = threads.clamp(1, jobs.len().max(1));
+    let per = jobs.len().div_ceil(threads).max(1);
+    let results: Vec<Vec<Result<ShardMeta>>> = std::thread::scope(|scope| {
+        let handles: Vec<_> = jobs
+            .chunks(per)
+            .map(|part| {
+                scope.spawn(move || {
+                    part.iter()
+                        .map(|job| formats::inspect(&job.path, job.encoding, projection))
+                        .collect::<Vec<_>>()
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().expect("inspection does not panic"))
+            .collect()
+    });
+    results.into_iter().flatten().collect()
+}

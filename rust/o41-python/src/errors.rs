@@ -1,0 +1,74 @@
+//! The one conversion from engine errors to the Python exception hierarchy, which is defined in
+//! `o41_training_data._errors` so that it can subclass built-ins like `FileNotFoundError`.
+
+use o41_engine::Error;
+use pyo3::prelude::*;
+
+/// What a Python exception carries besides its message.
+#[derive(Default)]
+struct Context<'a> {
+    option: Option<&'a str>,
+    path: Option<&'a str>,
+    row: Option<u64>,
+    field: Option<&'a str>,
+}
+
+/// Converts an engine error into the matching `o41_training_data` exception, with the option,
+/// path, row and field at fault as attributes (None where they do not apply).
+pub fn to_py(py: Python<'_>, err: &Error) -> PyErr {
+    build(py, err).unwrap_or_else(|e| e)
+}
+
+fn build(py: Python<'_>, err: &Error) -> PyResult<PyErr> {
+    let (class, context) = match err {
+        Error::Config { option, .. } => (
+            "ConfigError",
+            Context {
+                option: Some(option),
+                ..Context::default()
+            },
+        ),
+        Error::NotFound { path } => (
+            "ObjectNotFoundError",
+            Context {
+                path: Some(path),
+                ..Context::default()
+            },
+        ),
+        Error::Io { path, .. } => (
+            "StorageError",
+            Context {
+                path: Some(path),
+                ..Context::default()
+            },
+        ),
+        Error::Format { path, row, .. } => (
+            "MalformedShardError",
+            Context {
+                path: Some(path),
+                row: *row,
+                ..Context::default()
+            },
+        ),
+        Error::Projection {
+            path, row, field, ..
+        } => (
+            "ProjectionError",
+            Context {
+                path: Some(path),
+                row: Some(*row),
+                field: Some(field),
+                ..Context::default()
+            },
+        ),
+        Error::Closed => ("StreamClosedError", Context::default()),
+        _ => ("O41Error", Context::default()),
+    };
+    let module = py.import("o41_training_data._errors")?;
+    let exc = module.getattr(class)?.call1((err.to_string(),))?;
+    exc.setattr("option", context.option)?;
+    exc.setattr("path", context.path)?;
+    exc.setattr("row", context.row)?;
+    exc.setattr("field", context.field)?;
+    Ok(PyErr::from_value(exc))
+}

@@ -1,0 +1,139 @@
+//! `_core.Stream`: the engine's batch stream, driven from Python one batch at a time.
+
+use std::sync::Mutex;
+use std::time::Duration;
+
+use arrow_pyarrow::ToPyArrow;
+use o41_engine::resolve::resolve;
+use o41_engine::{BatchStream, Next, StreamConfig};
+use pyo3::exceptions::PyRuntimeError;
+use pyo3::prelude::*;
+use pyo3::types::PyDict;
+
+use crate::errors::to_py;
+
+/// How long one GIL-free wait lasts before Python gets a chance to see Ctrl-C.
+const SIGNAL_POLL: Duration = Duration::from_millis(100);
+
+/// Parses and resolves a config with the GIL released.
+fn parse(py: Python<'_>, config_json: &str) -> PyResult<StreamConfig> {
+    let json = config_json.to_owned();
+    py.detach(move || StreamConfig::from_json(&json))
+        .map_err(|e| to_py(py, &e))
+}
+
+/// Resolves a stream config (JSON) and returns the resolved document (JSON).
+#[pyfunction]
+pub fn resolve_config(py: Python<'_>, config_json: &str) -> PyResult<String> {
+    let config = parse(py, config_json)?;
+    py.detach(move || resolve(&config).map(|r| r.config.to_json()))
+        .map_err(|e| to_py(py, &e))
+}
+
+/// Physical memory of the host in bytes, or None where it cannot be read.
+#[pyfunction]
+pub fn host_memory_bytes() -> Option<u64> {
+    o41_engine::memory::host_memory_bytes()
+}
+
+/// An open batch stream. Use `o41_training_data.open_batch_stream`, not this class.
+#[pyclass(module = "o41_training_data._core")]
+pub struct Stream {
+    inner: Mutex<Option<BatchStream>>,
+}
+
+impl Stream {
+    fn with<T>(&self, f: impl FnOnce(&mut BatchStream) -> T) -> PyResult<T> {
+        let mut guard = self
+            .inner
+            .lock()
+            .map_err(|_| PyRuntimeError::new_err("the stream's lock is poisoned"))?;
+        match guard.as_mut() {
+            Some(stream) => Ok(f(stream)),
+            None => Python::attach(|py| Err(to_py(py, &o41_engine::Error::Closed))),
+        }
+    }
+}
+
+#[pymethods]
+impl Stream {
+    /// Resolves the config (JSON) and starts the stream; raises at open on any bad input.
+    #[new]
+    fn new(py: Python<'_>, config_json: &str) -> PyResult<Self> {
+        let config = parse(py, config_json)?;
+        let stream = py
+            .detach(move || BatchStream::open(&config))
+            .map_err(|e| to_py(py, &e))?;
+        Ok(Stream {
+            inner: Mutex::new(Some(stream)),
+        })
+    }
+
+    /// The next batch as `(pyarrow.RecordBatch, stage, batch_index)`, or None at the end.
+    fn next_batch<'py>(
+        &self,
+        py: Python<'py>,
+    ) -> PyResult<Option<(Bound<'py, PyAny>, usize, u64)>> {
+        loop {
+            let next = self.with(|stream| py.detach(|| stream.next_timeout(SIGNAL_POLL)))?;
+            match next.map_err(|e| to_py(py, &e))? {
+                Next::Batch(batch) => {
+                    let columns = batch.columns.to_pyarrow(py)?;
+                    return Ok(Some((columns, batch.stage, batch.batch_index)));
+                }
+                Next::End => return Ok(None),
+                Next::Pending => py.check_signals()?,
+            }
+        }
+    }
+
+    /// Stops the stream's threads, waiting for reads in flight. Idempotent.
+    fn close(&self, py: Python<'_>) -> PyResult<()> {
+        let taken = self
+            .inner
+            .lock()
+            .map_err(|_| PyRuntimeError::new_err("the stream's lock is poisoned"))?
+            .take();
+        if let Some(mut stream) = taken {
+            py.detach(move || stream.close());
+        }
+        Ok(())
+    }
+
+    /// True once closed.
+    #[getter]
+    fn closed(&self) -> PyResult<bool> {
+        Ok(self
+            .inner
+            .lock()
+            .map_err(|_| PyRuntimeError::new_err("the stream's lock is poisoned"))?
+            .is_none())
+    }
+
+    /// The resolved config document (JSON).
+    fn resolved_json(&self) -> PyResult<String> {
+        self.with(|s| s.resolved().to_json())
+    }
+
+    /// Delivery counters: batches_yielded, rows_yielded, dropped_rows.
+    fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let stats = self.with(|s| s.stats())?;
+        let d = PyDict::new(py);
+        d.set_item("batches_yielded", stats.batches_yielded)?;
+        d.set_item("rows_yielded", stats.rows_yielded)?;
+        d.set_item("dropped_rows", stats.dropped_rows)?;
+        Ok(d)
+    }
+
+    /// The working-set bound computed at open, by term, in bytes.
+    fn memory_bound<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let bound = self.with(|s| *s.memory_bound())?;
+        let d = PyDict::new(py);
+        d.set_item("batches", bound.batches)?;
+        d.set_item("decode_units", bound.decode_units)?;
+        d.set_item("readers", bound.readers)?;
+        d.set_item("total", bound.total())?;
+        d.set_item("limit", bound.limit)?;
+        Ok(d)
+    }
+}
