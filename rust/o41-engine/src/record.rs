@@ -1,4 +1,4 @@
-//! Projection of self-describing records (JSON Lines, MessagePack) straight into column buffers.
+//! Projection of self-describing records (JSON Lines, `MessagePack`) straight into column buffers.
 //!
 //! A record is deserialised with a seed that writes each projected value into its row slot as it
 //! is parsed; fields that are not projected are skipped with `IgnoredAny`, so no values are built
@@ -150,7 +150,7 @@ impl<'de> DeserializeSeed<'de> for KeySeed<'_> {
     }
 }
 
-impl<'de> Visitor<'de> for KeySeed<'_> {
+impl Visitor<'_> for KeySeed<'_> {
     type Value = Option<usize>;
     fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
         f.write_str("a field name")
@@ -192,7 +192,13 @@ impl<'de, T: Element> DeserializeSeed<'de> for Slot<'_, '_, T> {
 }
 
 impl<T: Element> Slot<'_, '_, T> {
-    fn scalar<E: serde::de::Error>(self, value: Option<T>, found: fmt::Arguments) -> Result<(), E> {
+    /// Writes a converted scalar; `refused` says why when the conversion returned `None`.
+    fn scalar<E: serde::de::Error>(
+        self,
+        value: Option<T>,
+        found: fmt::Arguments,
+        refused: &str,
+    ) -> Result<(), E> {
         if !self.shape.is_empty() {
             return Err(self.ctx.fail(format!(
                 "expected a list for a field shaped {:?}, found {found}",
@@ -204,10 +210,9 @@ impl<T: Element> Slot<'_, '_, T> {
                 self.out[0] = v;
                 Ok(())
             }
-            None => Err(self.ctx.fail(format!(
-                "found {found} where {} is declared",
-                self.ctx.dtype.name()
-            ))),
+            None => Err(self
+                .ctx
+                .fail(format!("{found} {refused} {}", self.ctx.dtype.name()))),
         }
     }
 
@@ -227,16 +232,24 @@ impl<'de, T: Element> Visitor<'de> for Slot<'_, '_, T> {
     }
 
     fn visit_bool<E: serde::de::Error>(self, v: bool) -> Result<(), E> {
-        self.scalar(T::from_bool(v), format_args!("bool {v}"))
+        self.scalar(
+            T::from_bool(v),
+            format_args!("bool {v}"),
+            "is not allowed in",
+        )
     }
     fn visit_i64<E: serde::de::Error>(self, v: i64) -> Result<(), E> {
-        self.scalar(T::from_i64(v), format_args!("integer {v}"))
+        self.scalar(T::from_i64(v), format_args!("integer {v}"), "does not fit")
     }
     fn visit_u64<E: serde::de::Error>(self, v: u64) -> Result<(), E> {
-        self.scalar(T::from_u64(v), format_args!("integer {v}"))
+        self.scalar(T::from_u64(v), format_args!("integer {v}"), "does not fit")
     }
     fn visit_f64<E: serde::de::Error>(self, v: f64) -> Result<(), E> {
-        self.scalar(T::from_f64(v), format_args!("float {v}"))
+        self.scalar(
+            T::from_f64(v),
+            format_args!("float {v}"),
+            "is not allowed in",
+        )
     }
     fn visit_str<E: serde::de::Error>(self, _: &str) -> Result<(), E> {
         self.refuse("a string")

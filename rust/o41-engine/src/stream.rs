@@ -15,7 +15,7 @@ use arrow_array::RecordBatch;
 use arrow_schema::SchemaRef;
 
 use crate::columns::{batch_schema, Chunk};
-use crate::config::{ResolvedConfig, StreamConfig};
+use crate::config::{ResolvedConfig, ResolvedSource, StreamConfig};
 use crate::error::{Error, Result};
 use crate::formats::{self, ShardMeta, ShardReader};
 use crate::memory::{MemoryBound, UNIT_TARGET_BYTES};
@@ -107,7 +107,7 @@ impl BatchStream {
         let max_units = config.threads * 2 + stage.sources.len();
         let bound = MemoryBound::compute(&config, &projection, unit_rows, max_units)?;
 
-        let total_rows: u64 = stage.sources.iter().map(|s| s.rows()).sum();
+        let total_rows: u64 = stage.sources.iter().map(ResolvedSource::rows).sum();
         let world = config.world_size as u64;
         let (batch_limit, dropped_rows) = if stage.infinite {
             (None, 0)
@@ -257,15 +257,16 @@ impl Iterator for BatchStream {
     }
 }
 
+/// Open readers of one worker, most recently used first, keyed by (source, shard).
+type ReaderCache = Vec<((usize, usize), Box<dyn ShardReader>)>;
+
 fn decode_worker(shared: &Shared, jobs: &Mutex<Receiver<Job>>, results: &Sender<UnitResult>) {
-    let mut readers: Vec<((usize, usize), Box<dyn ShardReader>)> = Vec::new();
+    let mut readers: ReaderCache = Vec::new();
     loop {
         let job = {
             let Ok(rx) = jobs.lock() else { return };
-            match rx.recv() {
-                Ok(job) => job,
-                Err(_) => return,
-            }
+            let Ok(job) = rx.recv() else { return };
+            job
         };
         if shared.stop.load(Ordering::Relaxed) {
             return;
@@ -277,27 +278,21 @@ fn decode_worker(shared: &Shared, jobs: &Mutex<Receiver<Job>>, results: &Sender<
     }
 }
 
-fn decode_unit(
-    shared: &Shared,
-    readers: &mut Vec<((usize, usize), Box<dyn ShardReader>)>,
-    unit: &UnitSpec,
-) -> Result<Chunk> {
+fn decode_unit(shared: &Shared, readers: &mut ReaderCache, unit: &UnitSpec) -> Result<Chunk> {
     let key = (unit.source, unit.shard);
-    let pos = match readers.iter().position(|(k, _)| *k == key) {
-        Some(pos) => pos,
-        None => {
-            let (path, encoding) = &shared.paths[unit.source][unit.shard];
-            let reader = formats::open(path, *encoding, &shared.metas[unit.source][unit.shard])?;
-            if readers.len() == READERS_PER_WORKER {
-                readers.pop();
-            }
-            readers.insert(0, (key, reader));
-            0
+    if let Some(pos) = readers.iter().position(|(k, _)| *k == key) {
+        readers[..=pos].rotate_right(1);
+    } else {
+        let (path, encoding) = &shared.paths[unit.source][unit.shard];
+        let reader = formats::open(path, *encoding, &shared.metas[unit.source][unit.shard])?;
+        if readers.len() == READERS_PER_WORKER {
+            readers.pop();
         }
-    };
+        readers.insert(0, (key, reader));
+    }
     let rows = (unit.rows.end - unit.rows.start) as usize;
     let mut chunk = Chunk::padded(&shared.projection, rows);
-    readers[pos]
+    readers[0]
         .1
         .read_into(unit.rows.clone(), &shared.projection, &mut chunk)?;
     Ok(chunk)

@@ -1,4 +1,4 @@
-//! The compiled module `o41_training_data._core`: a thin PyO3 face over `o41-engine`.
+//! The compiled module `o41_training_data._core`: a thin `PyO3` face over `o41-engine`.
 //!
 //! Everything here converts: JSON config in, Arrow batches out through the C data interface,
 //! engine errors to the Python exception hierarchy. Blocking calls release the GIL.

@@ -115,7 +115,7 @@ impl Stream {
         self.with(|s| s.resolved().to_json())
     }
 
-    /// Delivery counters: batches_yielded, rows_yielded, dropped_rows.
+    /// Delivery counters: `batches_yielded`, `rows_yielded`, `dropped_rows`.
     fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         let stats = self.with(|s| s.stats())?;
         let d = PyDict::new(py);

@@ -14,6 +14,7 @@ Example:
     >>> with open_batch_stream(config) as stream:  # doctest: +SKIP
     ...     for batch in stream:
     ...         tokens = batch.arrays()["tokens"]  # int32 (32, 2048)
+
 """
 
 from ._config import (

@@ -13,7 +13,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="o41", description="o41-training-data tools")
     commands = parser.add_subparsers(dest="command", required=True)
     demo = commands.add_parser("demo", help="write a synthetic corpus and stream it")
-    demo.add_argument("--dir", type=Path, default=None, help="where to write the corpus (default: a temp dir)")
+    demo.add_argument(
+        "--dir", type=Path, default=None, help="where to write the corpus (default: a temp dir)"
+    )
     demo.add_argument("--rows-per-shard", type=int, default=2000)
     demo.add_argument("--shards", type=int, default=4)
     demo.add_argument("--seq-len", type=int, default=1024)

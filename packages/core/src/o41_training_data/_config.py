@@ -46,6 +46,7 @@ class ProjectedField:
     Example:
         >>> ProjectedField(name="tokens", source="input_ids", dtype="i32", length=2048, pad=0).shape
         (2048,)
+
     """
 
     name: str
@@ -91,6 +92,7 @@ class FileSource:
     Example:
         >>> FileSource(files=["part-000.parquet"], weight=3.0).encoding is None
         True
+
     """
 
     files: Sequence[str]
@@ -133,6 +135,7 @@ class Stage:
     Example:
         >>> Stage(sources=[FileSource(files=["a.parquet"])], batch_size=32).infinite
         False
+
     """
 
     sources: Sequence[FileSource]
@@ -168,6 +171,7 @@ class BatchStreamConfig:
         ... )
         >>> config.world_size
         1
+
     """
 
     fields: Sequence[ProjectedField]

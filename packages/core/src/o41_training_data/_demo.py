@@ -29,7 +29,11 @@ def run_demo(
     if directory is None:
         with tempfile.TemporaryDirectory(prefix="o41-demo-") as tmp:
             return run_demo(
-                Path(tmp), rows_per_shard=rows_per_shard, shards=shards, seq_len=seq_len, batch_size=batch_size
+                Path(tmp),
+                rows_per_shard=rows_per_shard,
+                shards=shards,
+                seq_len=seq_len,
+                batch_size=batch_size,
             )
     directory.mkdir(parents=True, exist_ok=True)
     print(f"writing a synthetic corpus to {directory}")
@@ -40,7 +44,10 @@ def run_demo(
             parquet_files.append(str(write_parquet(table, directory / f"part-{i:03d}.parquet")))
         else:
             jsonl_files.append(str(write_jsonl_gz(table, directory / f"part-{i:03d}.jsonl.gz")))
-    print(f"  {len(parquet_files)} Parquet shards, {len(jsonl_files)} jsonl.gz shards, {rows_per_shard} rows each")
+    print(
+        f"  {len(parquet_files)} Parquet shards, {len(jsonl_files)} jsonl.gz shards,"
+        f" {rows_per_shard} rows each"
+    )
 
     config = BatchStreamConfig(
         fields=[

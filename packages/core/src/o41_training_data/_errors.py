@@ -32,6 +32,7 @@ class O41Error(Exception):
         ... except O41Error as err:
         ...     print(type(err).__name__)
         ConfigError
+
     """
 
     option: str | None = None

@@ -31,7 +31,7 @@ def _numpy_view(column: pa.Array, rows: int) -> np.ndarray:
         dims.append(values.type.list_size)
         # The engine builds columns without offsets, so the child covers exactly these rows.
         values = values.values
-    flat = values.to_numpy(zero_copy_only=True)
+    flat: np.ndarray = values.to_numpy(zero_copy_only=True)
     return flat.reshape((rows, *dims))
 
 
@@ -66,6 +66,7 @@ class Batch:
         Example:
             >>> batch.arrays()["tokens"].shape  # doctest: +SKIP
             (32, 2048)
+
         """
         if self._arrays is None:
             rows = self.num_rows
@@ -115,6 +116,7 @@ class BatchStream:
         >>> with open_batch_stream(config) as stream:  # doctest: +SKIP
         ...     for batch in stream:
         ...         tokens = batch.arrays()["tokens"]
+
     """
 
     def __init__(self, core: _core.Stream) -> None:
@@ -175,18 +177,22 @@ def open_batch_stream(config: BatchStreamConfig) -> BatchStream:
 
     Example:
         >>> stream = open_batch_stream(config)  # doctest: +SKIP
+
     """
     return BatchStream(_core.Stream(config.to_json()))
 
 
 def resolve_batch_stream_config(config: BatchStreamConfig) -> dict[str, Any]:
-    """The resolved document a stream over ``config`` would run: every shard's absolute path,
-    encoding and row count, plus the config's own settings. It holds no credentials.
+    """The resolved document a stream over ``config`` would run.
+
+    It pins every shard's absolute path, encoding and row count, plus the config's own
+    settings; it holds no credentials. A checkpoint stores the same document.
 
     Example:
         >>> resolved = resolve_batch_stream_config(config)  # doctest: +SKIP
         >>> [s["rows"] for s in resolved["stages"][0]["sources"][0]["shards"]]  # doctest: +SKIP
         [1000, 1000]
+
     """
     result: dict[str, Any] = json.loads(_core.resolve_config(config.to_json()))
     return result

@@ -186,7 +186,7 @@ pub fn inspect(path: &str, encoding: Encoding, projection: &Projection) -> Resul
             break;
         }
         if !is_blank(&reader.line) {
-            if plain && rows % INDEX_STRIDE == 0 {
+            if plain && rows.is_multiple_of(INDEX_STRIDE) {
                 offsets.push(offset);
             }
             if rows == 0 {

@@ -19,7 +19,7 @@ use crate::projection::Projection;
 
 pub use msgpack::FRAME_HEADER_BYTES;
 
-/// Records per entry of the sparse row index kept for JSON Lines and MessagePack shards.
+/// Records per entry of the sparse row index kept for JSON Lines and `MessagePack` shards.
 pub const INDEX_STRIDE: u64 = 1024;
 
 /// How a shard's records are stored.
@@ -34,7 +34,7 @@ pub enum Encoding {
     /// Gzip-compressed JSON Lines.
     #[serde(rename = "jsonl.gz")]
     JsonlGz,
-    /// Framed MessagePack: a little-endian u32 length before each map (docs/formats.md).
+    /// Framed `MessagePack`: a little-endian u32 length before each map (`docs/formats.md`).
     #[serde(rename = "msgpack")]
     Msgpack,
 }

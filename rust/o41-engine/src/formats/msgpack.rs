@@ -1,5 +1,5 @@
-//! Framed MessagePack shards: each record is a MessagePack map preceded by its length as a
-//! little-endian u32 (docs/formats.md). Frames before a read's first row are skipped by their
+//! Framed `MessagePack` shards: each record is a `MessagePack` map preceded by its length as a
+//! little-endian u32 (`docs/formats.md`). Frames before a read's first row are skipped by their
 //! length alone, never decoded.
 
 use std::fs::File;
@@ -178,7 +178,7 @@ pub fn inspect(path: &str, projection: &Projection) -> Result<ShardMeta> {
     let mut offset = 0u64;
     let mut rows = 0u64;
     loop {
-        if rows % INDEX_STRIDE == 0 {
+        if rows.is_multiple_of(INDEX_STRIDE) {
             offsets.push(offset);
         }
         let got = if rows == 0 {
@@ -213,7 +213,7 @@ pub fn inspect(path: &str, projection: &Projection) -> Result<ShardMeta> {
             ));
         }
     }
-    if rows % INDEX_STRIDE == 0 {
+    if rows.is_multiple_of(INDEX_STRIDE) {
         // The loop pushed an entry for a row that does not exist.
         offsets.pop();
         if offsets.is_empty() {
