@@ -6,8 +6,6 @@ import struct
 from pathlib import Path
 
 import pytest
-from conftest import ShardWriter
-from helpers import config_for
 from o41_training_data import (
     ConfigError,
     FileSource,
@@ -19,6 +17,9 @@ from o41_training_data import (
     Shuffle,
     open_batch_stream,
 )
+
+from conftest import ShardWriter
+from helpers import config_for
 
 ID = ProjectedField("id", "id", "i64")
 

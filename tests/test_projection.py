@@ -5,9 +5,10 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 import pytest
+from o41_training_data import FileSource, ProjectedField, ProjectionError
+
 from conftest import ShardWriter
 from helpers import collect, config_for
-from o41_training_data import FileSource, ProjectedField, ProjectionError
 
 
 def one_batch(shard: ShardWriter, encoding: str, records: list[dict], *fields: ProjectedField, **kw):

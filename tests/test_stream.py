@@ -5,8 +5,6 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 import pytest
-from conftest import ShardWriter
-from helpers import collect, config_for, rows_of
 from o41_training_data import (
     Batch,
     FileSource,
@@ -15,6 +13,9 @@ from o41_training_data import (
     open_batch_stream,
     resolve_batch_stream_config,
 )
+
+from conftest import ShardWriter
+from helpers import collect, config_for, rows_of
 
 ID = ProjectedField("id", "id", "i64")
 TOKENS = ProjectedField("tokens", "tokens", "i32", length=8, pad=0)

@@ -194,21 +194,40 @@ fn convert_slice<A, T>(
 where
     A: ArrowPrimitiveType,
     A::Native: std::fmt::Display,
+    T: Element,
 {
-    let values = array.as_primitive::<A>();
-    let start = range.start;
-    let has_nulls = values.null_count() > 0;
-    for (k, (o, v)) in out.iter_mut().zip(&values.values()[range]).enumerate() {
-        if has_nulls && values.is_null(start + k) {
+    check_nulls(array, &range)?;
+    let values = &array.as_primitive::<A>().values()[range];
+    // Branch-free first pass so widening copies vectorise; a failure is located afterwards.
+    let mut ok = true;
+    for (o, v) in out.iter_mut().zip(values) {
+        let converted = convert(*v);
+        ok &= converted.is_some();
+        *o = converted.unwrap_or_default();
+    }
+    if ok {
+        return Ok(());
+    }
+    let v = values
+        .iter()
+        .find(|v| convert(**v).is_none())
+        .expect("a value failed to convert");
+    Err(format!(
+        "value {v} ({}) does not fit dtype {}",
+        A::DATA_TYPE,
+        dtype.name()
+    ))
+}
+
+fn check_nulls(array: &dyn Array, range: &Range<usize>) -> Result<(), String> {
+    if let Some(nulls) = array.logical_nulls() {
+        let nulls = nulls.slice(range.start, range.len());
+        if nulls.null_count() > 0 {
+            let k = (0..range.len())
+                .find(|&k| nulls.is_null(k))
+                .expect("a null exists");
             return Err(format!("element {k} is null"));
         }
-        *o = convert(*v).ok_or_else(|| {
-            format!(
-                "value {v} ({}) does not fit dtype {}",
-                A::DATA_TYPE,
-                dtype.name()
-            )
-        })?;
     }
     Ok(())
 }
@@ -239,14 +258,13 @@ fn leaf_values<T: Element>(
         }
         DataType::Float64 => convert_slice::<Float64Type, T>(array, range, out, dtype, T::from_f64),
         DataType::Boolean => {
-            let values = array.as_boolean();
-            for (k, o) in out.iter_mut().enumerate() {
-                let idx = range.start + k;
-                if values.is_null(idx) {
-                    return Err(format!("element {k} is null"));
-                }
-                *o = T::from_bool(values.value(idx))
-                    .ok_or_else(|| format!("found bool where {} is declared", dtype.name()))?;
+            check_nulls(array, &range)?;
+            let (Some(t), Some(f)) = (T::from_bool(true), T::from_bool(false)) else {
+                return Err(format!("found bool where {} is declared", dtype.name()));
+            };
+            let bits = array.as_boolean().values().slice(range.start, range.len());
+            for (o, b) in out.iter_mut().zip(bits.iter()) {
+                *o = if b { t } else { f };
             }
             Ok(())
         }
