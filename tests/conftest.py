@@ -30,6 +30,8 @@ def write_shard(
     path: Path, encoding: str, records: Records, schema: pa.Schema | None = None, row_group_rows: int = 1000
 ) -> Path:
     """Writes ``records`` to ``path`` in ``encoding``; framed MessagePack is u32-LE length + map."""
+    if encoding == "parquet" and schema is None and not records:
+        raise ValueError("an empty Parquet shard needs a schema")
     if encoding == "parquet":
         table = pa.Table.from_pylist(list(records), schema=schema)
         pq.write_table(table, path, row_group_size=row_group_rows)

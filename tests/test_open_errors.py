@@ -95,6 +95,7 @@ def test_malformed_shards(tmp_path: Path) -> None:
         ({"threads": 0}, "threads"),
         ({"rank": 2, "world_size": 2}, "rank"),
         ({"shuffle": Shuffle(buffer_rows=0)}, "stages[0].shuffle.buffer_rows"),
+        ({"shuffle": Shuffle(buffer_rows=8, unit_rows=0)}, "stages[0].shuffle.unit_rows"),
     ],
 )
 def test_config_errors_name_the_option(shard: ShardWriter, kwargs: dict, option: str) -> None:

@@ -157,7 +157,7 @@ def test_content_does_not_depend_on_threads_or_prefetch(
         config_for(sources, [ID, TOKENS], batch_size=16, threads=threads, prefetch_batches=prefetch)
     )
     assert len(candidate) == len(reference) == 325
-    for a, b in zip(reference, candidate, strict=False):
+    for a, b in zip(reference, candidate, strict=True):
         np.testing.assert_array_equal(a["id"], b["id"])
         np.testing.assert_array_equal(a["tokens"], b["tokens"])
 
@@ -199,7 +199,8 @@ def test_memory_bound_is_reported_and_enforced(shard: ShardWriter) -> None:
     with open_batch_stream(config_for([FileSource(files=[path])], [TOKENS], batch_size=4)) as stream:
         bound = stream.memory_bound
     assert bound.total == bound.batches + bound.decode_units + bound.readers
-    assert bound.batches == (2 + 2) * 4 * 8 * 4  # (prefetch + 2) batches of 4 rows of 8 int32
+    # (prefetch + 1) batches of 4 rows, plus two planned groups of at least 1024 rows; 8 int32 a row
+    assert bound.batches == ((2 + 1) * 4 + 2 * 1024) * 8 * 4
     with pytest.raises(ConfigError, match="memory_limit_bytes.*decode units") as info:
         open_batch_stream(
             config_for([FileSource(files=[path])], [TOKENS], batch_size=4, memory_limit_bytes=1000)

@@ -72,6 +72,15 @@ impl ColumnBuf {
         self.len() == 0
     }
 
+    /// Sets element `index` of an integer column (synthetic columns are scalar integers).
+    pub fn set_int(&mut self, index: usize, value: i64) {
+        match self {
+            ColumnBuf::I32(v) => v[index] = value as i32,
+            ColumnBuf::I64(v) => v[index] = value,
+            _ => unreachable!("synthetic columns are integers"),
+        }
+    }
+
     /// Copies `rows` rows of `width` elements from `src` (starting at `src_row`) to `dst_row`.
     pub fn copy_rows(
         &mut self,

@@ -110,6 +110,10 @@ fn default_weight() -> f64 {
 pub struct ShuffleSpec {
     /// Window size in rows.
     pub buffer_rows: u64,
+    /// Consecutive rows moved together (default `order::DEFAULT_UNIT_ROWS`); larger units read
+    /// fewer, longer ranges, which keeps each rank's cost flat as the world grows.
+    #[serde(default)]
+    pub unit_rows: Option<u64>,
 }
 
 /// One curriculum stage: a weighted mix of sources cut into batches.
@@ -243,10 +247,12 @@ impl StreamConfig {
                         "must be at least 1",
                     ));
                 }
-                return Err(Error::config(
-                    format!("{option}.shuffle"),
-                    "shuffled streams are not available in this release yet; omit shuffle",
-                ));
+                if shuffle.unit_rows == Some(0) {
+                    return Err(Error::config(
+                        format!("{option}.shuffle.unit_rows"),
+                        "must be at least 1",
+                    ));
+                }
             }
             for (j, source) in stage.sources.iter().enumerate() {
                 let SourceSpec::Files {
@@ -354,6 +360,22 @@ impl ResolvedConfig {
     /// Serialises the document as JSON.
     pub fn to_json(&self) -> String {
         serde_json::to_string(self).expect("a resolved config always serialises")
+    }
+
+    /// A hash of everything that decides the order: fields, stages with their resolved shards,
+    /// and the seed (not rank, world size or resources). FNV-1a over canonical JSON.
+    pub fn fingerprint(&self) -> String {
+        let doc = serde_json::json!({
+            "fields": self.fields,
+            "stages": self.stages,
+            "seed": self.seed,
+        });
+        let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+        for byte in doc.to_string().bytes() {
+            hash ^= u64::from(byte);
+            hash = hash.wrapping_mul(0x0100_0000_01b3);
+        }
+        format!("fnv1a64:{hash:016x}")
     }
 }
 

@@ -60,6 +60,12 @@ pub enum Error {
         /// What was wrong.
         message: String,
     },
+    /// A checkpoint cannot be used: corrupt, from another version, rank or file list.
+    #[error("checkpoint refused: {message}")]
+    Checkpoint {
+        /// Why.
+        message: String,
+    },
     /// The stream was used after `close()`.
     #[error("the batch stream is closed")]
     Closed,

@@ -2,14 +2,14 @@
 //! rows and batches, and the threaded pipeline that produces them. Pure Rust; the Python binding
 //! lives in the `o41-python` crate.
 
+pub mod checkpoint;
 pub mod columns;
 pub mod config;
 pub mod dtype;
 pub mod error;
 pub mod formats;
 pub mod memory;
-pub mod mix;
-pub mod plan;
+pub mod order;
 pub mod projection;
 pub mod record;
 pub mod resolve;

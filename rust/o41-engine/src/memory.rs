@@ -7,8 +7,6 @@ use crate::config::ResolvedConfig;
 use crate::error::{Error, Result};
 use crate::projection::Projection;
 
-/// Decode units are sized to about this many bytes of projected rows.
-pub const UNIT_TARGET_BYTES: usize = 16 << 20;
 /// Buffered bytes an open shard reader may hold (read buffers, decompressor state).
 const READER_BYTES: u64 = 3 << 20;
 /// Open readers per decode worker.
@@ -17,9 +15,10 @@ const READERS_PER_WORKER: u64 = 4;
 /// The terms of the bound, each in bytes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct MemoryBound {
-    /// Batches queued for the consumer plus the one being assembled and the one held by it.
+    /// Batches queued for the consumer, the one it holds, and two planned groups being filled
+    /// (each at least one shuffle window of rows).
     pub batches: u64,
-    /// Decoded units in flight or waiting to be consumed.
+    /// Decoded rows of read jobs in flight.
     pub decode_units: u64,
     /// Open shard readers' buffers.
     pub readers: u64,
@@ -37,8 +36,8 @@ impl MemoryBound {
     pub fn compute(
         config: &ResolvedConfig,
         projection: &Projection,
-        unit_rows: u64,
-        max_units: usize,
+        group_rows: u64,
+        job_rows: usize,
     ) -> Result<Self> {
         let row_bytes = projection.row_bytes() as u64;
         let batch_rows = config
@@ -48,8 +47,9 @@ impl MemoryBound {
             .max()
             .unwrap_or(0);
         let bound = MemoryBound {
-            batches: (config.prefetch_batches as u64 + 2) * batch_rows * row_bytes,
-            decode_units: max_units as u64 * unit_rows * row_bytes,
+            batches: ((config.prefetch_batches as u64 + 1) * batch_rows + 2 * group_rows)
+                * row_bytes,
+            decode_units: job_rows as u64 * row_bytes,
             readers: config.threads as u64 * READERS_PER_WORKER * READER_BYTES,
             limit: config.memory_limit_bytes.unwrap_or_else(default_limit),
         };

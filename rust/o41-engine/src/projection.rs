@@ -20,6 +20,55 @@ use crate::config::FieldSpec;
 use crate::dtype::{DType, Element, Scalar};
 use crate::error::{Error, Result};
 
+/// A value the engine supplies instead of reading it from the record, selected by a reserved
+/// source name; they make exactly-once delivery auditable.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Synthetic {
+    /// `@row_id`: `stage << 56 | source << 40 | row index within the source's listed shards`.
+    RowId,
+    /// `@source`: source index within its stage.
+    Source,
+    /// `@shard`: shard index within its source's listed shards.
+    Shard,
+    /// `@row`: row within the shard.
+    Row,
+    /// `@epoch`: the source pass the row was read in.
+    Epoch,
+    /// `@stage`: the stage the row belongs to (a drained row keeps its old stage).
+    Stage,
+}
+
+impl Synthetic {
+    const ALL: [(&'static str, Synthetic); 6] = [
+        ("@row_id", Synthetic::RowId),
+        ("@source", Synthetic::Source),
+        ("@shard", Synthetic::Shard),
+        ("@row", Synthetic::Row),
+        ("@epoch", Synthetic::Epoch),
+        ("@stage", Synthetic::Stage),
+    ];
+
+    fn parse(source: &str, option: &str) -> Result<Option<Self>> {
+        if !source.starts_with('@') {
+            return Ok(None);
+        }
+        Self::ALL
+            .iter()
+            .find(|(name, _)| *name == source)
+            .map(|(_, s)| Some(*s))
+            .ok_or_else(|| {
+                let names: Vec<&str> = Self::ALL.iter().map(|(n, _)| *n).collect();
+                Error::config(
+                    format!("{option}.source"),
+                    format!(
+                        "'{source}' is not a reserved source; sources starting with '@' are one of {}",
+                        names.join(", ")
+                    ),
+                )
+            })
+    }
+}
+
 /// A validated projected field.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ProjectedColumn {
@@ -35,12 +84,27 @@ pub struct ProjectedColumn {
     pub width: usize,
     /// Pad value.
     pub pad: Scalar,
+    /// Set when the engine supplies the value (a reserved `@` source).
+    pub synthetic: Option<Synthetic>,
 }
 
 impl ProjectedColumn {
     /// Validates a field spec; `option` names it in errors.
     pub fn new(spec: &FieldSpec, option: &str) -> Result<Self> {
+        let synthetic = Synthetic::parse(&spec.source, option)?;
+        if synthetic.is_some()
+            && (!spec.shape.is_empty() || !matches!(spec.dtype, DType::I32 | DType::I64))
+        {
+            return Err(Error::config(
+                option,
+                format!(
+                    "'{}' is a scalar integer: declare dtype i64 (or i32) and no length or shape",
+                    spec.source
+                ),
+            ));
+        }
         Ok(ProjectedColumn {
+            synthetic,
             name: spec.name.clone(),
             source: spec.source.clone(),
             dtype: spec.dtype,
@@ -87,9 +151,16 @@ impl Projection {
             .sum()
     }
 
-    /// Source field names, in column order.
-    pub fn sources(&self) -> Vec<&str> {
-        self.columns.iter().map(|c| c.source.as_str()).collect()
+    /// The columns read from records (no synthetic ones), and for each its index here.
+    pub fn record_columns(&self) -> (Projection, Vec<usize>) {
+        let (map, columns): (Vec<usize>, Vec<ProjectedColumn>) = self
+            .columns
+            .iter()
+            .enumerate()
+            .filter(|(_, c)| c.synthetic.is_none())
+            .map(|(i, c)| (i, c.clone()))
+            .unzip();
+        (Projection { columns }, map)
     }
 }
 

@@ -16,10 +16,58 @@ use crate::projection::Projection;
 pub struct Resolved {
     /// The pinned document.
     pub config: ResolvedConfig,
-    /// Validated projection.
+    /// Validated projection (all columns, synthetic ones included).
     pub projection: Projection,
     /// Per stage, per source, per shard: row count and read index.
     pub metas: Vec<Vec<Vec<ShardMeta>>>,
+}
+
+/// Re-inspects the shards a checkpoint's resolved config pinned, refusing any whose row count
+/// or encoding changed since: a resumed stream must read exactly what the original read.
+pub fn reopen(config: ResolvedConfig) -> Result<Resolved> {
+    let projection = Projection::new(&config.fields)?;
+    let (records, _) = projection.record_columns();
+    let mut jobs = Vec::new();
+    for (s, stage) in config.stages.iter().enumerate() {
+        for (j, source) in stage.sources.iter().enumerate() {
+            for shard in &source.shards {
+                jobs.push(Job {
+                    stage: s,
+                    source: j,
+                    path: shard.path.clone(),
+                    encoding: shard.encoding,
+                });
+            }
+        }
+    }
+    let metas = inspect_all(&jobs, &records, config.threads)?;
+    let mut next = metas.into_iter();
+    let mut all = Vec::with_capacity(config.stages.len());
+    for stage in &config.stages {
+        let mut stage_metas = Vec::with_capacity(stage.sources.len());
+        for source in &stage.sources {
+            let mut source_metas = Vec::with_capacity(source.shards.len());
+            for shard in &source.shards {
+                let meta = next.next().expect("one inspection per shard");
+                if meta.rows != shard.rows {
+                    return Err(Error::Checkpoint {
+                        message: format!(
+                            "{} now holds {} rows, but the checkpoint's stream read it with {}; the file list changed",
+                            shard.path, meta.rows, shard.rows
+                        ),
+                    });
+                }
+                source_metas.push(meta);
+            }
+            stage_metas.push(source_metas);
+        }
+        all.push(stage_metas);
+    }
+    Ok(Resolved {
+        config,
+        projection,
+        metas: all,
+    })
 }
 
 struct Job {
@@ -39,6 +87,7 @@ fn absolute(path: &str) -> String {
 pub fn resolve(config: &StreamConfig) -> Result<Resolved> {
     config.validate()?;
     let projection = Projection::new(&config.fields)?;
+    let (records, _) = projection.record_columns();
     let mut jobs = Vec::new();
     for (s, stage) in config.stages.iter().enumerate() {
         for (j, source) in stage.sources.iter().enumerate() {
@@ -62,7 +111,7 @@ pub fn resolve(config: &StreamConfig) -> Result<Resolved> {
             }
         }
     }
-    let metas = inspect_all(&jobs, &projection, config.threads)?;
+    let metas = inspect_all(&jobs, &records, config.threads)?;
 
     let mut stages = Vec::with_capacity(config.stages.len());
     let mut all_metas = Vec::with_capacity(config.stages.len());

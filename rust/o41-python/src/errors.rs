@@ -62,6 +62,7 @@ fn build(py: Python<'_>, err: &Error) -> PyResult<PyErr> {
             },
         ),
         Error::Closed => ("StreamClosedError", Context::default()),
+        Error::Checkpoint { .. } => ("CheckpointError", Context::default()),
         _ => ("O41Error", Context::default()),
     };
     let module = py.import("o41_training_data._errors")?;

@@ -3,6 +3,7 @@
 //! Everything here converts: JSON config in, Arrow batches out through the C data interface,
 //! engine errors to the Python exception hierarchy. Blocking calls release the GIL.
 
+mod checkpoint;
 mod errors;
 mod stream;
 
@@ -13,6 +14,7 @@ use pyo3::prelude::*;
 fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     m.add_class::<stream::Stream>()?;
+    m.add_class::<checkpoint::Checkpoint>()?;
     m.add_function(wrap_pyfunction!(stream::resolve_config, m)?)?;
     m.add_function(wrap_pyfunction!(stream::host_memory_bytes, m)?)?;
     Ok(())

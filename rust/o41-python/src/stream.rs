@@ -4,12 +4,14 @@ use std::sync::Mutex;
 use std::time::Duration;
 
 use arrow_pyarrow::ToPyArrow;
+use o41_engine::order::{Drain, Segment};
 use o41_engine::resolve::resolve;
 use o41_engine::{BatchStream, Next, StreamConfig};
 use pyo3::exceptions::PyRuntimeError;
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
+use crate::checkpoint::Checkpoint;
 use crate::errors::to_py;
 
 /// How long one GIL-free wait lasts before Python gets a chance to see Ctrl-C.
@@ -35,6 +37,38 @@ pub fn resolve_config(py: Python<'_>, config_json: &str) -> PyResult<String> {
 pub fn host_memory_bytes() -> Option<u64> {
     o41_engine::memory::host_memory_bytes()
 }
+
+/// A segment as a flat tuple: (stage, `start_batch`, `drain_stage`, `drain_from`, `drain_to`), the
+/// drain fields -1 when there is none.
+type SegmentTuple = (usize, u64, i64, i64, i64);
+
+fn segment_tuple(s: &Segment) -> SegmentTuple {
+    match s.drain {
+        Some(d) => (
+            s.stage,
+            s.start_batch,
+            d.stage as i64,
+            d.from as i64,
+            d.to as i64,
+        ),
+        None => (s.stage, s.start_batch, -1, -1, -1),
+    }
+}
+
+fn tuple_segment(t: SegmentTuple) -> Segment {
+    Segment {
+        stage: t.0,
+        start_batch: t.1,
+        drain: (t.2 >= 0).then_some(Drain {
+            stage: t.2 as usize,
+            from: t.3 as u64,
+            to: t.4 as u64,
+        }),
+    }
+}
+
+/// One batch as handed to Python: columns, stage, global index, local index and segment.
+type BatchTuple<'py> = (Bound<'py, PyAny>, usize, u64, u64, SegmentTuple);
 
 /// An open batch stream. Use `o41_training_data.open_batch_stream`, not this class.
 #[pyclass(module = "o41_training_data._core")]
@@ -69,22 +103,72 @@ impl Stream {
         })
     }
 
-    /// The next batch as `(pyarrow.RecordBatch, stage, batch_index)`, or None at the end.
-    fn next_batch<'py>(
-        &self,
-        py: Python<'py>,
-    ) -> PyResult<Option<(Bound<'py, PyAny>, usize, u64)>> {
+    /// Re-opens the stream a checkpoint describes. `offset`/`stride` select a share of the
+    /// rank's local batches (a `DataLoader` worker's).
+    #[staticmethod]
+    #[pyo3(signature = (checkpoint, offset=0, stride=1))]
+    fn resume(py: Python<'_>, checkpoint: &Checkpoint, offset: u64, stride: u64) -> PyResult<Self> {
+        let inner = checkpoint.inner.clone();
+        let stream = py
+            .detach(move || BatchStream::resume_part(&inner, offset, stride))
+            .map_err(|e| to_py(py, &e))?;
+        Ok(Stream {
+            inner: Mutex::new(Some(stream)),
+        })
+    }
+
+    /// The next batch as `(record_batch, stage, batch_index, local_index, segment)`, or None.
+    fn next_batch<'py>(&self, py: Python<'py>) -> PyResult<Option<BatchTuple<'py>>> {
         loop {
             let next = self.with(|stream| py.detach(|| stream.next_timeout(SIGNAL_POLL)))?;
             match next.map_err(|e| to_py(py, &e))? {
                 Next::Batch(batch) => {
                     let columns = batch.columns.to_pyarrow(py)?;
-                    return Ok(Some((columns, batch.stage, batch.batch_index)));
+                    return Ok(Some((
+                        columns,
+                        batch.stage,
+                        batch.batch_index,
+                        batch.local_index,
+                        segment_tuple(&batch.segment),
+                    )));
                 }
                 Next::End => return Ok(None),
                 Next::Pending => py.check_signals()?,
             }
         }
+    }
+
+    /// Switches stage at the next batch boundary (after the batches delivered so far).
+    fn advance(&self, py: Python<'_>, stage: usize) -> PyResult<()> {
+        self.with(|s| py.detach(|| s.advance(stage)))?
+            .map_err(|e| to_py(py, &e))
+    }
+
+    /// Switches stage at rank-level local batch `at` (for streams that yield a share).
+    fn advance_at(&self, py: Python<'_>, stage: usize, at: u64) -> PyResult<()> {
+        self.with(|s| py.detach(|| s.advance_at(stage, at)))?
+            .map_err(|e| to_py(py, &e))
+    }
+
+    /// The checkpoint after the last delivered batch.
+    fn checkpoint(&self) -> PyResult<Checkpoint> {
+        self.with(|s| Checkpoint {
+            inner: s.checkpoint(),
+        })
+    }
+
+    /// The checkpoint once the rank's first `consumed` local batches are consumed, with
+    /// `segment` active.
+    fn checkpoint_at(&self, consumed: u64, segment: SegmentTuple) -> PyResult<Checkpoint> {
+        self.with(|s| Checkpoint {
+            inner: s.checkpoint_at(consumed, Some(tuple_segment(segment))),
+        })
+    }
+
+    /// The active stage.
+    #[getter]
+    fn stage(&self) -> PyResult<usize> {
+        self.with(|s| s.stage())
     }
 
     /// Stops the stream's threads, waiting for reads in flight. Idempotent.

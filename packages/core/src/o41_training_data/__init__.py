@@ -30,6 +30,7 @@ from ._config import (
 )
 from ._core import __version__
 from ._errors import (
+    CheckpointError,
     ConfigError,
     DataError,
     MalformedShardError,
@@ -42,10 +43,12 @@ from ._errors import (
 from ._stream import (
     Batch,
     BatchStream,
+    Checkpoint,
     MemoryBound,
     StreamStats,
     open_batch_stream,
     resolve_batch_stream_config,
+    resume_batch_stream,
 )
 
 __all__ = [
@@ -54,6 +57,8 @@ __all__ = [
     "Batch",
     "BatchStream",
     "BatchStreamConfig",
+    "Checkpoint",
+    "CheckpointError",
     "ConfigError",
     "DType",
     "DataError",
@@ -73,4 +78,5 @@ __all__ = [
     "__version__",
     "open_batch_stream",
     "resolve_batch_stream_config",
+    "resume_batch_stream",
 ]

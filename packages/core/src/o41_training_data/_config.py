@@ -116,13 +116,25 @@ class FileSource:
 
 @dataclass(frozen=True)
 class Shuffle:
-    """Row shuffling within a window of about ``buffer_rows`` rows."""
+    """Row shuffling within a window of ``buffer_rows`` rows (rounded up to whole units).
+
+    Each window of the stage's mixed rows is permuted by a seeded bijection, in units of
+    ``unit_rows`` consecutive rows (default 8): larger units mean fewer, longer reads, which
+    keeps each rank's read cost flat as ``world_size`` grows; ``unit_rows=1`` shuffles single
+    rows. Shard order is also permuted per epoch. See ``docs/order.md``.
+
+    Example:
+        >>> Shuffle(buffer_rows=4096).unit_rows is None
+        True
+
+    """
 
     buffer_rows: int
+    unit_rows: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """The shuffle as the engine's JSON document expects it."""
-        return {"buffer_rows": self.buffer_rows}
+        return {"buffer_rows": self.buffer_rows, "unit_rows": self.unit_rows}
 
 
 @dataclass(frozen=True)

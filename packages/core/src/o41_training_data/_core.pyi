@@ -6,18 +6,82 @@ import pyarrow as pa
 
 __version__: str
 
+_Segment = tuple[int, int, int, int, int]
+
 def resolve_config(config_json: str) -> str:
     """Resolves a stream config (JSON) and returns the resolved document (JSON)."""
 
 def host_memory_bytes() -> int | None:
     """Physical memory of the host in bytes, or None where it cannot be read."""
 
+class Checkpoint:
+    """A rank's position in a batch stream: the resolved config (no credentials), the cursor
+    and the counters ``stage``, ``batches_yielded``, ``rows_yielded`` and ``epochs``.
+
+    Example:
+        >>> text = stream.checkpoint().to_json()  # doctest: +SKIP
+        >>> Checkpoint.from_json(text).batches_yielded  # doctest: +SKIP
+        1000
+    """
+
+    @staticmethod
+    def from_json(text: str) -> Checkpoint:
+        """Parses a checkpoint; raises ``CheckpointError`` if corrupt, altered or of another version."""
+    def to_json(self) -> str:
+        """The checkpoint as a JSON document."""
+    def for_world(self, rank: int, world_size: int) -> Checkpoint:
+        """The same position for another rank and world size (elastic resume)."""
+    @property
+    def version(self) -> int:
+        """Document version."""
+    @property
+    def fingerprint(self) -> str:
+        """Fingerprint of the resolved sources, fields and seed."""
+    @property
+    def stage(self) -> int:
+        """Active stage."""
+    @property
+    def batches_yielded(self) -> int:
+        """Batches this rank has received over the whole run."""
+    @property
+    def rows_yielded(self) -> int:
+        """Rows this rank has received over the whole run."""
+    @property
+    def epochs(self) -> list[int]:
+        """Completed passes over each source of the active stage."""
+    @property
+    def rank(self) -> int:
+        """The rank this checkpoint belongs to."""
+    @property
+    def world_size(self) -> int:
+        """The world size it was taken in."""
+    @property
+    def next_batch(self) -> int:
+        """First global batch of the next round: every earlier one was consumed."""
+    def resolved_json(self) -> str:
+        """The resolved config document (JSON) the checkpoint pins."""
+    def __eq__(self, other: object) -> bool: ...
+
 class Stream:
     """An open batch stream. Use ``o41_training_data.open_batch_stream``, not this class."""
 
     def __new__(cls, config_json: str) -> Stream: ...
-    def next_batch(self) -> tuple[pa.RecordBatch, int, int] | None:
-        """The next batch as ``(record_batch, stage, batch_index)``, or None at the end."""
+    @staticmethod
+    def resume(checkpoint: Checkpoint, offset: int = 0, stride: int = 1) -> Stream:
+        """Re-opens the stream a checkpoint describes; ``offset``/``stride`` select a share."""
+    def next_batch(self) -> tuple[pa.RecordBatch, int, int, int, _Segment] | None:
+        """The next batch as ``(record_batch, stage, batch_index, local_index, segment)``."""
+    def advance(self, stage: int) -> None:
+        """Switches stage at the next batch boundary."""
+    def advance_at(self, stage: int, at: int) -> None:
+        """Switches stage at rank-level local batch ``at``."""
+    def checkpoint(self) -> Checkpoint:
+        """The checkpoint after the last delivered batch."""
+    def checkpoint_at(self, consumed: int, segment: _Segment) -> Checkpoint:
+        """The checkpoint once ``consumed`` local batches are consumed, with ``segment`` active."""
+    @property
+    def stage(self) -> int:
+        """The active stage."""
     def close(self) -> None:
         """Stops the stream's threads, waiting for reads in flight. Idempotent."""
     @property

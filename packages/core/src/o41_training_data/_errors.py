@@ -12,6 +12,7 @@ Each instance carries the thing at fault as attributes, ``None`` where they do n
 from __future__ import annotations
 
 __all__ = [
+    "CheckpointError",
     "ConfigError",
     "DataError",
     "MalformedShardError",
@@ -63,6 +64,14 @@ class StorageError(O41Error, OSError):
 
 class ObjectNotFoundError(StorageError, FileNotFoundError):
     """A shard or other object does not exist."""
+
+
+class CheckpointError(O41Error, ValueError):
+    """A checkpoint cannot be used.
+
+    It is corrupt JSON, of another version, altered, another rank's, or its shards changed
+    since it was taken.
+    """
 
 
 class StreamClosedError(O41Error, RuntimeError):

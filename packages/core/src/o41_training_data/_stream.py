@@ -1,4 +1,4 @@
-"""Batch streams: opening, iterating and closing, and the batches they deliver."""
+"""Batch streams: opening, iterating, advancing, checkpointing and resuming."""
 
 from __future__ import annotations
 
@@ -12,15 +12,21 @@ import pyarrow as pa
 
 from . import _core
 from ._config import BatchStreamConfig
+from ._core import Checkpoint
+from ._errors import CheckpointError
 
 __all__ = [
     "Batch",
     "BatchStream",
+    "Checkpoint",
     "MemoryBound",
     "StreamStats",
     "open_batch_stream",
     "resolve_batch_stream_config",
+    "resume_batch_stream",
 ]
+
+_Segment = tuple[int, int, int, int, int]
 
 
 def _numpy_view(column: pa.Array, rows: int) -> np.ndarray:
@@ -42,15 +48,27 @@ class Batch:
     interface; :meth:`arrays` views its buffers as NumPy arrays without copying.
     """
 
-    __slots__ = ("_arrays", "batch_index", "columns", "stage")
+    __slots__ = ("_arrays", "_segment", "_stream", "batch_index", "columns", "local_index", "stage")
 
-    def __init__(self, columns: pa.RecordBatch, stage: int, batch_index: int) -> None:
+    def __init__(
+        self,
+        columns: pa.RecordBatch,
+        stage: int,
+        batch_index: int,
+        local_index: int,
+        segment: _Segment,
+        stream: BatchStream,
+    ) -> None:
         self.columns: pa.RecordBatch = columns
         """The projected columns; one ``FixedSizeList`` level per axis."""
         self.stage: int = stage
         """Stage that was active when the batch was produced."""
         self.batch_index: int = batch_index
-        """Global batch number, the same on every rank."""
+        """Global batch number, the same on every rank; rank r of W sees g with g % W == r."""
+        self.local_index: int = local_index
+        """This rank's batch number since the stream was opened or resumed."""
+        self._segment = segment
+        self._stream = stream
         self._arrays: dict[str, np.ndarray] | None = None
 
     @property
@@ -76,6 +94,14 @@ class Batch:
             }
         return self._arrays
 
+    def checkpoint(self) -> Checkpoint:
+        """The stream position just after this batch (this batch and all before it consumed).
+
+        Cheap to call for every batch: a trainer that prefetches keeps the checkpoint of the
+        batch it last trained on, not of the last one fetched.
+        """
+        return self._stream._core.checkpoint_at(self.local_index + 1, self._segment)
+
     def __repr__(self) -> str:
         shapes = ", ".join(f"{k}={v.dtype}{list(v.shape)}" for k, v in self.arrays().items())
         return f"Batch(stage={self.stage}, batch_index={self.batch_index}, {shapes})"
@@ -86,12 +112,12 @@ class StreamStats:
     """Delivery counters of a stream."""
 
     batches_yielded: int
-    """Batches this rank has received."""
+    """Batches this rank has received over the run (resumed streams continue the count)."""
     rows_yielded: int
-    """Rows this rank has received."""
+    """Rows this rank has received over the run."""
     dropped_rows: int
-    """Rows of a finite stage that no rank receives: the final round of ``world_size`` global
-    batches that cannot be filled, and any partial batch."""
+    """Rows of the active finite stage that no rank receives: the final round of
+    ``world_size`` global batches that cannot be filled, and any partial batch."""
 
 
 @dataclass(frozen=True)
@@ -108,9 +134,10 @@ class MemoryBound:
 class BatchStream:
     """An open, iterable batch stream; also a context manager.
 
-    Open one with :func:`open_batch_stream`. Iterating yields :class:`Batch` objects; a finite
-    stage ends with ``StopIteration``. ``close()`` stops the engine's threads after the read in
-    flight and is idempotent; using a closed stream raises :class:`StreamClosedError`.
+    Open one with :func:`open_batch_stream` or :func:`resume_batch_stream`. Iterating yields
+    :class:`Batch` objects; a finite stage ends with ``StopIteration``. ``close()`` stops the
+    engine's threads after the read in flight and is idempotent; using a closed stream raises
+    :class:`StreamClosedError`.
 
     Example:
         >>> with open_batch_stream(config) as stream:  # doctest: +SKIP
@@ -129,8 +156,8 @@ class BatchStream:
         item = self._core.next_batch()
         if item is None:
             raise StopIteration
-        columns, stage, batch_index = item
-        return Batch(columns, stage, batch_index)
+        columns, stage, batch_index, local_index, segment = item
+        return Batch(columns, stage, batch_index, local_index, segment, self)
 
     def __enter__(self) -> BatchStream:
         return self
@@ -151,6 +178,26 @@ class BatchStream:
     def closed(self) -> bool:
         """True once :meth:`close` has run."""
         return self._core.closed
+
+    @property
+    def stage(self) -> int:
+        """The active stage."""
+        return self._core.stage
+
+    def advance(self, stage: int) -> None:
+        """Switches to ``stage`` at the next batch boundary.
+
+        Takes effect after the batches already received: prefetched batches of the old stage
+        are discarded (their rows are not lost), rows still in the old stage's shuffle window
+        are delivered first, then the new stage starts. A same-stage advance is a no-op. With
+        several ranks, call it after the same number of local batches on every rank. Waits for
+        the shard read in flight.
+        """
+        self._core.advance(stage)
+
+    def checkpoint(self) -> Checkpoint:
+        """The position after the last delivered batch, which counts as consumed."""
+        return self._core.checkpoint()
 
     @property
     def stats(self) -> StreamStats:
@@ -180,6 +227,48 @@ def open_batch_stream(config: BatchStreamConfig) -> BatchStream:
 
     """
     return BatchStream(_core.Stream(config.to_json()))
+
+
+def resume_batch_stream(
+    checkpoint: Checkpoint,
+    *,
+    rank: int | None = None,
+    world_size: int | None = None,
+    config: BatchStreamConfig | None = None,
+) -> BatchStream:
+    """Re-opens the stream ``checkpoint`` was taken from, eagerly, right after its last batch.
+
+    The checkpoint belongs to one rank: pass this process's ``rank``/``world_size`` to have a
+    mismatch refused (use :meth:`Checkpoint.for_world` to move a position to another world
+    size on purpose). Pass ``config`` to have a checkpoint of a different stream refused. The
+    shards are re-opened; any whose row count changed since is refused.
+
+    Example:
+        >>> checkpoint = Checkpoint.from_json(path.read_text())  # doctest: +SKIP
+        >>> stream = resume_batch_stream(checkpoint, rank=0, world_size=2)  # doctest: +SKIP
+
+    """
+    if (rank is not None and rank != checkpoint.rank) or (
+        world_size is not None and world_size != checkpoint.world_size
+    ):
+        raise CheckpointError(
+            f"checkpoint refused: it belongs to rank {checkpoint.rank} of {checkpoint.world_size}, "
+            f"this process is rank {rank} of {world_size}; resume each rank from its own "
+            "checkpoint, or move the position with checkpoint.for_world(rank, world_size)"
+        )
+    if config is not None:
+        resolved = resolve_batch_stream_config(config)
+        expected = json.loads(checkpoint.resolved_json())
+        if resolved["fields"] != expected["fields"] or resolved["stages"] != expected["stages"]:
+            raise CheckpointError(
+                "checkpoint refused: it was taken from a stream with other sources, fields or "
+                "stages than this config; the file list or projection changed"
+            )
+        if resolved["seed"] != expected["seed"]:
+            raise CheckpointError(
+                f"checkpoint refused: seed {expected['seed']} != config seed {resolved['seed']}"
+            )
+    return BatchStream(_core.Stream.resume(checkpoint))
 
 
 def resolve_batch_stream_config(config: BatchStreamConfig) -> dict[str, Any]:

@@ -144,27 +144,31 @@ fn project_line(
 }
 
 impl ShardReader for Reader {
-    fn read_into(
+    fn read_ranges(
         &mut self,
-        range: Range<u64>,
+        ranges: &[Range<u64>],
         projection: &Projection,
         chunk: &mut Chunk,
     ) -> Result<()> {
-        self.seek_row(range.start)?;
-        for out_row in 0..(range.end - range.start) as usize {
-            if !self.next_line()? {
-                return Err(truncated(&self.path, self.encoding, self.next_row));
+        let mut out_row = 0;
+        for range in ranges {
+            self.seek_row(range.start)?;
+            for _ in range.clone() {
+                if !self.next_line()? {
+                    return Err(truncated(&self.path, self.encoding, self.next_row));
+                }
+                project_line(
+                    &self.line,
+                    projection,
+                    chunk,
+                    out_row,
+                    &self.path,
+                    self.encoding,
+                    self.next_row,
+                )?;
+                self.next_row += 1;
+                out_row += 1;
             }
-            project_line(
-                &self.line,
-                projection,
-                chunk,
-                out_row,
-                &self.path,
-                self.encoding,
-                self.next_row,
-            )?;
-            self.next_row += 1;
         }
         Ok(())
     }

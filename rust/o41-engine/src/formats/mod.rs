@@ -20,7 +20,7 @@ use crate::projection::Projection;
 pub use msgpack::FRAME_HEADER_BYTES;
 
 /// Records per entry of the sparse row index kept for JSON Lines and `MessagePack` shards.
-pub const INDEX_STRIDE: u64 = 1024;
+pub const INDEX_STRIDE: u64 = 64;
 
 /// How a shard's records are stored.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -136,10 +136,10 @@ pub fn inspect(path: &str, encoding: Encoding, projection: &Projection) -> Resul
 /// Decodes row ranges of one shard. Readers keep their position, so reading ranges in
 /// increasing order never re-reads a compressed stream from its start.
 pub trait ShardReader: Send {
-    /// Decodes rows `range` of the shard into `chunk` rows `0..range.len()`.
-    fn read_into(
+    /// Decodes the rows of `ranges` (sorted, disjoint) into consecutive rows of `chunk`.
+    fn read_ranges(
         &mut self,
-        range: Range<u64>,
+        ranges: &[Range<u64>],
         projection: &Projection,
         chunk: &mut Chunk,
     ) -> Result<()>;
@@ -157,14 +157,4 @@ pub fn open(path: &str, encoding: Encoding, meta: &ShardMeta) -> Result<Box<dyn 
         }
         (ShardIndex::Sequential, _) => Box::new(jsonl::Reader::open(path, encoding, None)?),
     })
-}
-
-/// Splits `0..rows` into ranges of at most `unit_rows`, the unit of parallel decoding.
-pub fn unit_ranges(meta: &ShardMeta, unit_rows: u64) -> Vec<Range<u64>> {
-    if let ShardIndex::Parquet(index) = &meta.index {
-        return index.unit_ranges(unit_rows);
-    }
-    (0..meta.rows.div_ceil(unit_rows))
-        .map(|u| u * unit_rows..((u + 1) * unit_rows).min(meta.rows))
-        .collect()
 }

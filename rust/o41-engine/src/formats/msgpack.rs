@@ -16,7 +16,8 @@ use crate::record::project_record;
 /// Bytes of the length prefix before every frame.
 pub const FRAME_HEADER_BYTES: usize = 4;
 const ENCODING: &str = "msgpack";
-const BUF_BYTES: usize = 1 << 20;
+// Small enough that landing on a new position does not read far past what is needed.
+const BUF_BYTES: usize = 64 << 10;
 
 fn format_error(path: &str, row: u64, message: impl Into<String>) -> Error {
     Error::Format {
@@ -137,30 +138,34 @@ fn project_frame(
 }
 
 impl ShardReader for Reader {
-    fn read_into(
+    fn read_ranges(
         &mut self,
-        range: Range<u64>,
+        ranges: &[Range<u64>],
         projection: &Projection,
         chunk: &mut Chunk,
     ) -> Result<()> {
-        self.seek_row(range.start)?;
-        for out_row in 0..(range.end - range.start) as usize {
-            if !self.read_frame()? {
-                return Err(format_error(
+        let mut out_row = 0;
+        for range in ranges {
+            self.seek_row(range.start)?;
+            for _ in range.clone() {
+                if !self.read_frame()? {
+                    return Err(format_error(
+                        &self.path,
+                        self.next_row,
+                        "the shard ended before this row",
+                    ));
+                }
+                project_frame(
+                    &self.frame,
+                    projection,
+                    chunk,
+                    out_row,
                     &self.path,
                     self.next_row,
-                    "the shard ended before this row",
-                ));
+                )?;
+                self.next_row += 1;
+                out_row += 1;
             }
-            project_frame(
-                &self.frame,
-                projection,
-                chunk,
-                out_row,
-                &self.path,
-                self.next_row,
-            )?;
-            self.next_row += 1;
         }
         Ok(())
     }

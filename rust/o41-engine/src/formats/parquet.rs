@@ -29,22 +29,6 @@ pub struct ParquetIndex {
     group_starts: Vec<u64>,
 }
 
-impl ParquetIndex {
-    /// Units never cross a row group, so each decodes one group's pages only.
-    pub fn unit_ranges(&self, unit_rows: u64) -> Vec<Range<u64>> {
-        let mut out = Vec::new();
-        for w in self.group_starts.windows(2) {
-            let mut start = w[0];
-            while start < w[1] {
-                let end = (start + unit_rows).min(w[1]);
-                out.push(start..end);
-                start = end;
-            }
-        }
-        out
-    }
-}
-
 fn format_error(path: &str, row: Option<u64>, e: impl std::fmt::Display) -> Error {
     Error::Format {
         path: path.to_owned(),
@@ -104,7 +88,7 @@ pub fn inspect(path: &str, projection: &Projection) -> Result<ShardMeta> {
             index,
         };
         let mut chunk = Chunk::padded(projection, 1);
-        reader.read_into(0..1, projection, &mut chunk)?;
+        reader.read_ranges(std::slice::from_ref(&(0..1)), projection, &mut chunk)?;
     }
     Ok(meta)
 }
@@ -127,9 +111,9 @@ impl Reader {
 }
 
 impl ShardReader for Reader {
-    fn read_into(
+    fn read_ranges(
         &mut self,
-        range: Range<u64>,
+        ranges: &[Range<u64>],
         projection: &Projection,
         chunk: &mut Chunk,
     ) -> Result<()> {
@@ -138,51 +122,79 @@ impl ShardReader for Reader {
             .file
             .try_clone()
             .map_err(|e| Error::io(&self.path, e))?;
-        read_range(file, &self.index, range, projection, chunk, &self.path)
+        read_ranges(file, &self.index, ranges, projection, chunk, &self.path)
     }
 }
 
-fn read_range(
+/// The row groups overlapping `ranges`, and a selection of exactly those rows within them.
+fn selection(starts: &[u64], ranges: &[Range<u64>]) -> (Vec<usize>, RowSelection) {
+    let group_of = |row: u64| starts.partition_point(|&s| s <= row) - 1;
+    let mut groups: Vec<usize> = Vec::new();
+    for range in ranges {
+        for g in group_of(range.start)..=group_of(range.end - 1) {
+            if groups.last() != Some(&g) {
+                groups.push(g);
+            }
+        }
+    }
+    // Rows of the selected groups, concatenated, are what the selection addresses.
+    let mut concat_start = Vec::with_capacity(groups.len());
+    let mut acc = 0u64;
+    for &g in &groups {
+        concat_start.push(acc);
+        acc += starts[g + 1] - starts[g];
+    }
+    let to_concat = |row: u64| {
+        let k = groups.partition_point(|&g| starts[g] <= row) - 1;
+        concat_start[k] + (row - starts[groups[k]])
+    };
+    let mut selectors = Vec::with_capacity(ranges.len() * 2 + 1);
+    let mut at = 0u64;
+    for range in ranges {
+        let (from, to) = (to_concat(range.start), to_concat(range.end - 1) + 1);
+        if from > at {
+            selectors.push(RowSelector::skip((from - at) as usize));
+        }
+        selectors.push(RowSelector::select((to - from) as usize));
+        at = to;
+    }
+    if acc > at {
+        selectors.push(RowSelector::skip((acc - at) as usize));
+    }
+    (groups, RowSelection::from(selectors))
+}
+
+fn read_ranges(
     file: File,
     index: &ParquetIndex,
-    range: Range<u64>,
+    ranges: &[Range<u64>],
     projection: &Projection,
     chunk: &mut Chunk,
     path: &str,
 ) -> Result<()> {
-    let starts = &index.group_starts;
-    // Row groups overlapping the range, and the selection within them.
-    let first = starts.partition_point(|&s| s <= range.start) - 1;
-    let mut groups = Vec::new();
-    let mut g = first;
-    while g + 1 < starts.len() && starts[g] < range.end {
-        groups.push(g);
-        g += 1;
+    let wanted: u64 = ranges.iter().map(|r| r.end - r.start).sum();
+    if wanted == 0 {
+        return Ok(());
     }
-    let base = starts[first];
-    let covered_end = starts[g];
-    let mut selectors = Vec::with_capacity(3);
-    if range.start > base {
-        selectors.push(RowSelector::skip((range.start - base) as usize));
-    }
-    selectors.push(RowSelector::select((range.end - range.start) as usize));
-    if covered_end > range.end {
-        selectors.push(RowSelector::skip((covered_end - range.end) as usize));
-    }
+    let (groups, selection) = selection(&index.group_starts, ranges);
+    let first_row = ranges[0].start;
     let mask = ProjectionMask::roots(
         index.metadata.metadata().file_metadata().schema_descr(),
         index.roots.iter().copied(),
     );
     let reader = ParquetRecordBatchReaderBuilder::new_with_metadata(file, index.metadata.clone())
         .with_row_groups(groups)
-        .with_row_selection(RowSelection::from(selectors))
+        .with_row_selection(selection)
         .with_projection(mask)
-        .with_batch_size((range.end - range.start) as usize)
+        .with_batch_size(wanted.min(8192) as usize)
         .build()
-        .map_err(|e| format_error(path, Some(range.start), e))?;
+        .map_err(|e| format_error(path, Some(first_row), e))?;
+    // Rows arrive in file order; errors name the shard row, found through this table.
+    let shard_rows: Vec<u64> = ranges.iter().flat_map(Clone::clone).collect();
+    let at = |out_row: usize| shard_rows.get(out_row).copied().unwrap_or(first_row);
     let mut out_row = 0usize;
     for batch in reader {
-        let batch = batch.map_err(|e| format_error(path, Some(range.start + out_row as u64), e))?;
+        let batch = batch.map_err(|e| format_error(path, Some(at(out_row)), e))?;
         let n = batch.num_rows();
         for (k, column) in projection.columns.iter().enumerate() {
             let array = batch
@@ -195,19 +207,32 @@ fn read_range(
                 &mut chunk.columns[k],
                 out_row,
                 path,
-                range.start + out_row as u64,
-            )?;
+                0,
+            )
+            .map_err(|e| match e {
+                Error::Projection {
+                    path,
+                    row,
+                    field,
+                    source_field,
+                    message,
+                } => Error::Projection {
+                    path,
+                    row: at(out_row + row as usize),
+                    field,
+                    source_field,
+                    message,
+                },
+                other => other,
+            })?;
         }
         out_row += n;
     }
-    if out_row as u64 != range.end - range.start {
+    if out_row as u64 != wanted {
         return Err(format_error(
             path,
-            Some(range.start),
-            format!(
-                "expected {} rows, decoded {out_row}",
-                range.end - range.start
-            ),
+            Some(first_row),
+            format!("expected {wanted} rows, decoded {out_row}"),
         ));
     }
     Ok(())

@@ -1,0 +1,110 @@
+//! The checkpoint format (`docs/checkpoint.md`): a small, versioned JSON document holding the
+//! resolved config (no credentials), the cursor, and the counters users read.
+//!
+//! The cursor is positional: the active segment (stage and drained rows) and the first global
+//! batch of the next round. Everything else is recomputed by the order function, so the
+//! document does not grow with the data, the shuffle window or the run's length.
+
+use serde::{Deserialize, Serialize};
+
+use crate::config::ResolvedConfig;
+use crate::error::{Error, Result};
+use crate::order::Segment;
+
+/// Version of the checkpoint document.
+pub const CHECKPOINT_VERSION: u32 = 1;
+
+/// Where a stream stands, rank-independently.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Cursor {
+    /// The active segment.
+    pub segment: Segment,
+    /// Every global batch before this one was delivered to its rank.
+    pub next_batch: u64,
+}
+
+/// A rank's stream position.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Checkpoint {
+    /// Document version.
+    pub version: u32,
+    /// Fingerprint of the resolved sources, fields and seed.
+    pub fingerprint: String,
+    /// Position.
+    pub cursor: Cursor,
+    /// Active stage.
+    pub stage: usize,
+    /// Batches this rank has received, over the whole run.
+    pub batches_yielded: u64,
+    /// Rows this rank has received, over the whole run.
+    pub rows_yielded: u64,
+    /// Completed passes over each source of the active stage.
+    pub epochs: Vec<u64>,
+    /// The resolved config, including this checkpoint's rank and world size.
+    pub resolved: ResolvedConfig,
+}
+
+fn refuse(message: impl Into<String>) -> Error {
+    Error::Checkpoint {
+        message: message.into(),
+    }
+}
+
+impl Checkpoint {
+    /// The JSON document.
+    pub fn to_json(&self) -> String {
+        serde_json::to_string(self).expect("a checkpoint always serialises")
+    }
+
+    /// Parses and checks a checkpoint document.
+    pub fn from_json(text: &str) -> Result<Self> {
+        let value: serde_json::Value =
+            serde_json::from_str(text).map_err(|e| refuse(format!("not valid JSON: {e}")))?;
+        match value.get("version").and_then(serde_json::Value::as_u64) {
+            Some(v) if v == u64::from(CHECKPOINT_VERSION) => {}
+            Some(v) => {
+                return Err(refuse(format!(
+                    "version {v} is not supported (this release reads version {CHECKPOINT_VERSION})"
+                )))
+            }
+            None => return Err(refuse("it has no version field; is it a checkpoint?")),
+        }
+        let checkpoint: Checkpoint =
+            serde_json::from_value(value).map_err(|e| refuse(format!("malformed: {e}")))?;
+        let expected = checkpoint.resolved.fingerprint();
+        if checkpoint.fingerprint != expected {
+            return Err(refuse(format!(
+                "its fingerprint {} does not match its resolved config ({expected}); the document was altered",
+                checkpoint.fingerprint
+            )));
+        }
+        let r = &checkpoint.resolved;
+        if r.world_size == 0 || r.rank >= r.world_size {
+            return Err(refuse(format!(
+                "rank {} of world size {} is invalid",
+                r.rank, r.world_size
+            )));
+        }
+        Ok(checkpoint)
+    }
+
+    /// The same position for rank `rank` of `world_size`.
+    ///
+    /// The global batch sequence does not depend on the world size, so any rank's checkpoint
+    /// taken after the same number of local batches as every other rank's continues the same
+    /// sequence, partitioned over the new ranks.
+    pub fn for_world(&self, rank: usize, world_size: usize) -> Result<Self> {
+        if world_size == 0 || rank >= world_size {
+            return Err(Error::config(
+                "rank",
+                format!("rank {rank} is not below world_size {world_size}"),
+            ));
+        }
+        let mut out = self.clone();
+        out.resolved.rank = rank;
+        out.resolved.world_size = world_size;
+        Ok(out)
+    }
+}

@@ -1,0 +1,219 @@
+//! The order function: which row of which shard fills each slot of each global batch.
+//!
+//! Everything here is a pure function of the resolved config and a small cursor, so a stream
+//! can start at any global batch without replaying what came before (`docs/order.md`).
+//!
+//! - `source`: a source's epochs and per-epoch shard order;
+//! - `mix`: the deterministic weighted interleave of a stage's sources;
+//! - `stage`: the shuffle window over a stage's mixed rows;
+//! - this module: stages joined by `advance` into segments, global batches, the end of a
+//!   finite stage, and the rank partition.
+
+mod keyed;
+mod mix;
+mod source;
+mod stage;
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use serde::{Deserialize, Serialize};
+
+pub use keyed::{key, mix64};
+pub use source::{EpochLayout, SourceRow};
+pub use stage::{StageOrder, StageRow, DEFAULT_UNIT_ROWS};
+
+use crate::config::ResolvedConfig;
+use crate::error::{Error, Result};
+
+/// The rows of an old stage still in its shuffle window when `advance` switched stages; they
+/// fill the first batches after the switch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Drain {
+    /// Stage the rows belong to.
+    pub stage: usize,
+    /// First output position (of that stage) still to deliver.
+    pub from: u64,
+    /// End of the drained range.
+    pub to: u64,
+}
+
+impl Drain {
+    fn len(&self) -> u64 {
+        self.to - self.from
+    }
+}
+
+/// The stretch of the stream between two advances: global batches from `start_batch` on are
+/// cut from the drained rows (if any) followed by `stage`'s rows from its position 0.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Segment {
+    /// Active stage.
+    pub stage: usize,
+    /// First global batch of the segment.
+    pub start_batch: u64,
+    /// Rows of the previous stage drained first.
+    pub drain: Option<Drain>,
+}
+
+impl Segment {
+    /// The segment a fresh stream starts in.
+    pub fn first() -> Self {
+        Segment {
+            stage: 0,
+            start_batch: 0,
+            drain: None,
+        }
+    }
+}
+
+/// One slot of a global batch: the stage row it holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Slot {
+    /// Stage the row belongs to (the drained stage for drained rows).
+    pub stage: usize,
+    /// Source, index and shard row.
+    pub row: StageRow,
+}
+
+/// The order of a whole stream.
+#[derive(Debug, Clone)]
+pub struct Order {
+    stages: Vec<StageOrder>,
+}
+
+/// Caches epoch layouts, which cost O(shards) to build, for a planner's lookups.
+#[derive(Debug, Default)]
+pub struct LayoutCache {
+    layouts: HashMap<(usize, usize, u64), Arc<EpochLayout>>,
+}
+
+impl Order {
+    /// The order of `config`.
+    pub fn new(config: &ResolvedConfig) -> Result<Self> {
+        let stages = config
+            .stages
+            .iter()
+            .enumerate()
+            .map(|(s, stage)| StageOrder::new(stage, s, config.seed))
+            .collect::<Result<Vec<_>>>()?;
+        Ok(Order { stages })
+    }
+
+    /// The stages' orders.
+    pub fn stages(&self) -> &[StageOrder] {
+        &self.stages
+    }
+
+    /// Rows per batch while `segment` is active.
+    pub fn batch_size(&self, segment: &Segment) -> u64 {
+        self.stages[segment.stage].batch_size
+    }
+
+    /// Rows of the segment (drain plus the stage), `None` when the stage is infinite.
+    pub fn segment_rows(&self, segment: &Segment) -> Option<u64> {
+        let drained = segment.drain.map_or(0, |d| d.len());
+        self.stages[segment.stage].total().map(|t| t + drained)
+    }
+
+    /// The first global batch no rank receives: the end of the last complete round of
+    /// `world_size` batches (rounds start at `origin`) that a finite segment can fill.
+    pub fn end_batch(&self, segment: &Segment, origin: u64, world_size: u64) -> Option<u64> {
+        let full = self.segment_rows(segment)? / self.batch_size(segment);
+        let end = segment.start_batch + full;
+        Some(origin + end.saturating_sub(origin) / world_size * world_size)
+    }
+
+    /// Rows of a finite segment that no rank receives, given its end batch.
+    pub fn dropped_rows(&self, segment: &Segment, end_batch: u64) -> u64 {
+        self.segment_rows(segment).map_or(0, |rows| {
+            rows - (end_batch.saturating_sub(segment.start_batch)) * self.batch_size(segment)
+        })
+    }
+
+    /// The stage row in slot `slot` of global batch `g` (which must be in `segment`).
+    pub fn slot(&self, segment: &Segment, g: u64, slot: u64, cache: &mut LayoutCache) -> Slot {
+        let t = (g - segment.start_batch) * self.batch_size(segment) + slot;
+        let (stage, o) = match segment.drain {
+            Some(d) if t < d.len() => (d.stage, d.from + t),
+            Some(d) => (segment.stage, t - d.len()),
+            None => (segment.stage, t),
+        };
+        let order = &self.stages[stage];
+        let row = order.row(o, &mut |source, epoch| {
+            let layouts = &mut cache.layouts;
+            if layouts.len() > 256 {
+                layouts.clear();
+            }
+            layouts
+                .entry((stage, source, epoch))
+                .or_insert_with(|| order.sources()[source].layout(epoch))
+                .clone()
+        });
+        Slot { stage, row }
+    }
+
+    /// The segment that starts at global batch `at` (a round boundary) when the stream switches
+    /// to `stage`: rows left in the current stage's shuffle window drain first.
+    pub fn advance(&self, segment: &Segment, at: u64, stage: usize) -> Result<Segment> {
+        if stage >= self.stages.len() {
+            return Err(Error::config(
+                "stage",
+                format!(
+                    "there is no stage {stage}; the stream has {} stages",
+                    self.stages.len()
+                ),
+            ));
+        }
+        if stage == segment.stage {
+            return Ok(*segment);
+        }
+        let t = (at - segment.start_batch) * self.batch_size(segment);
+        let drain = match segment.drain {
+            Some(d) if t < d.len() => Drain {
+                stage: d.stage,
+                from: d.from + t,
+                to: d.to,
+            },
+            other => {
+                let o = t - other.map_or(0, |d| d.len());
+                let current = &self.stages[segment.stage];
+                let o = current.total().map_or(o, |n| o.min(n));
+                Drain {
+                    stage: segment.stage,
+                    from: o,
+                    to: current.window_end(o),
+                }
+            }
+        };
+        Ok(Segment {
+            stage,
+            start_batch: at,
+            drain: (drain.len() > 0).then_some(drain),
+        })
+    }
+
+    /// Completed epochs of each source of the segment's stage once global batch `g` starts.
+    pub fn epochs(&self, segment: &Segment, g: u64) -> Vec<u64> {
+        let t = (g.max(segment.start_batch) - segment.start_batch) * self.batch_size(segment);
+        let o = t.saturating_sub(segment.drain.map_or(0, |d| d.len()));
+        self.stages[segment.stage].epochs(o)
+    }
+
+    /// Checks that a cursor read from a checkpoint fits this order.
+    pub fn check_segment(&self, segment: &Segment) -> Result<()> {
+        let bad = |m: String| Error::Checkpoint { message: m };
+        if segment.stage >= self.stages.len() {
+            return Err(bad(format!(
+                "cursor stage {} does not exist",
+                segment.stage
+            )));
+        }
+        if let Some(d) = segment.drain {
+            if d.stage >= self.stages.len() || d.from > d.to {
+                return Err(bad(format!("cursor drain {d:?} is invalid")));
+            }
+        }
+        Ok(())
+    }
+}

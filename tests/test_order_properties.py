@@ -1,0 +1,124 @@
+"""Property tests of the order function over random small configs and real shard files."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import numpy as np
+from hypothesis import given
+from hypothesis import strategies as st
+from o41_training_data import open_batch_stream
+
+from order_cases import Case, cases, materialise, run, run_with_stop
+
+LIMIT = 24
+
+
+def advance_schedule(data: st.DataObject, case: Case, limit: int) -> dict[int, int]:
+    """Random advances to later stages at random local batch counts."""
+    schedule: dict[int, int] = {}
+    stage = 0
+    for at in sorted(data.draw(st.lists(st.integers(0, limit), max_size=len(case.stages) - 1, unique=True))):
+        stage = data.draw(st.integers(stage, len(case.stages) - 1))
+        schedule[at] = stage
+    return schedule
+
+
+@given(case=cases(), data=st.data())
+def test_stop_and_resume_gives_the_identical_continuation(case: Case, data: st.DataObject) -> None:
+    with materialise(case):
+        rank = data.draw(st.integers(0, case.world_size - 1))
+        config = case.config(rank=rank)
+        advances = advance_schedule(data, case, LIMIT)
+        reference = run(config, LIMIT, advances)
+        stop = data.draw(st.integers(0, len(reference)))
+        assert run_with_stop(config, LIMIT, stop, advances) == reference
+
+
+@given(case=cases(), data=st.data())
+def test_ranks_together_are_exactly_the_single_rank_sequence(case: Case, data: st.DataObject) -> None:
+    with materialise(case):
+        world = case.world_size
+        rounds = LIMIT // world + 1
+        schedule = advance_schedule(data, case, rounds)
+        per_rank = [run(case.config(rank=r), rounds, schedule) for r in range(world)]
+        assert len({len(batches) for batches in per_rank}) == 1, (
+            "every rank yields the same number of batches"
+        )
+        merged = sorted((b for batches in per_rank for b in batches), key=lambda b: b[0])
+        single = run(
+            case.config(rank=0, world_size=1), len(merged), {at * world: s for at, s in schedule.items()}
+        )
+        assert merged == single
+        for r, batches in enumerate(per_rank):
+            assert all(index % world == r for index, _, _ in batches)
+
+
+@given(case=cases(max_stages=1, infinite=False))
+def test_a_finite_stage_delivers_every_row_once_apart_from_the_dropped_round(case: Case) -> None:
+    with materialise(case):
+        delivered: list[int] = []
+        dropped = set()
+        for rank in range(case.world_size):
+            with open_batch_stream(case.config(rank=rank)) as stream:
+                for batch in stream:
+                    delivered.extend(batch.arrays()["v"].tolist())
+                dropped.add(stream.stats.dropped_rows)
+        total = case.rows(0)
+        assert len(dropped) == 1
+        assert len(delivered) + dropped.pop() == total
+        assert len(set(delivered)) == len(delivered), "no row is delivered twice"
+        bs = case.stages[0].batch_size
+        assert total - len(delivered) < bs * case.world_size + bs
+
+
+@given(case=cases(max_stages=1, infinite=True))
+def test_mix_proportions_hold_within_one_row_on_every_prefix(case: Case) -> None:
+    case.stages[0].shuffle = None
+    with materialise(case):
+        batches = run(case.config(rank=0, world_size=1), 12)
+        sources = np.array([s for _, _, arrays in batches for s in arrays["src"]])
+        weights = np.array([s.weight for s in case.stages[0].sources])
+        share = weights / weights.sum()
+        positions = np.arange(1, len(sources) + 1)[:, None]
+        counts = np.cumsum(sources[:, None] == np.arange(len(weights))[None, :], axis=0)
+        assert np.all(np.abs(counts - positions * share) <= 1.0 + 1e-9)
+
+
+@given(case=cases(), data=st.data())
+def test_results_do_not_depend_on_threads_or_prefetch(case: Case, data: st.DataObject) -> None:
+    with materialise(case):
+        rank = data.draw(st.integers(0, case.world_size - 1))
+        advances = advance_schedule(data, case, LIMIT)
+        base = run(case.config(rank=rank, threads=1, prefetch=0), LIMIT, advances)
+        other = run(case.config(rank=rank, threads=8, prefetch=8), LIMIT, advances)
+        assert base == other
+
+
+@given(case=cases(max_stages=2), data=st.data())
+def test_drained_rows_are_neither_lost_nor_repeated(case: Case, data: st.DataObject) -> None:
+    case.stages[0].infinite = False
+    if len(case.stages) == 1:
+        case.stages.append(case.stages[0])
+    with materialise(case):
+        config = case.config(rank=0, world_size=1)
+        at = data.draw(st.integers(1, 12))
+        batches = run(config, at + 40, {at: 1})
+        stage0 = [
+            i for _, _, arrays in batches for i, s in zip(arrays["id"], arrays["stg"], strict=True) if s == 0
+        ]
+        assert len(stage0) == len(set(stage0)), "a drained row came twice"
+        first_stage = case.stages[0]
+        total = case.rows(0)
+        consumed = min(at * first_stage.batch_size, total)
+        if first_stage.shuffle and len(batches) >= at:
+            buffer_rows, unit = first_stage.shuffle
+            unit = min(unit, buffer_rows)
+            window = -(-buffer_rows // unit) * unit
+            expected = min(-(-consumed // window) * window, total)
+        else:
+            expected = consumed
+        # Rows of stage 0 after the advance come only from its open window, and all of it.
+        assert len(stage0) == expected or len(batches) < at + 40
+        assert all(stage == 1 for _, stage, _ in batches[at:])
+        assert Counter(stage for _, stage, _ in batches[:at]) == Counter({0: min(at, len(batches))})
