@@ -198,9 +198,10 @@ def test_memory_bound_is_reported_and_enforced(shard: ShardWriter) -> None:
     path = shard("parquet", records(0, 8))
     with open_batch_stream(config_for([FileSource(files=[path])], [TOKENS], batch_size=4)) as stream:
         bound = stream.memory_bound
-    assert bound.total == bound.batches + bound.decode_units + bound.readers
-    # (prefetch + 1) batches of 4 rows, plus two planned groups of at least 1024 rows; 8 int32 a row
-    assert bound.batches == ((2 + 1) * 4 + 2 * 1024) * 8 * 4
+    assert bound.total == bound.batches + bound.decode_units + bound.readers + bound.decode_scratch
+    assert bound.decode_scratch > 0
+    # (prefetch + 1) batches of 4 rows, plus two planned groups of at least 4096 rows; 8 int32 a row
+    assert bound.batches == ((2 + 1) * 4 + 2 * 4096) * 8 * 4
     with pytest.raises(ConfigError, match="memory_limit_bytes.*decode units") as info:
         open_batch_stream(
             config_for([FileSource(files=[path])], [TOKENS], batch_size=4, memory_limit_bytes=1000)

@@ -22,6 +22,8 @@ pub struct MemoryBound {
     pub decode_units: u64,
     /// Open shard readers' buffers.
     pub readers: u64,
+    /// Decoders' working memory: per decode thread, the largest any shard needs for one job.
+    pub decode_scratch: u64,
     /// The limit it was checked against.
     pub limit: u64,
 }
@@ -29,7 +31,7 @@ pub struct MemoryBound {
 impl MemoryBound {
     /// Sum of the terms.
     pub fn total(&self) -> u64 {
-        self.batches + self.decode_units + self.readers
+        self.batches + self.decode_units + self.readers + self.decode_scratch
     }
 
     /// Computes the bound and refuses a config that exceeds its limit.
@@ -38,6 +40,7 @@ impl MemoryBound {
         projection: &Projection,
         group_rows: u64,
         job_rows: usize,
+        scratch_bytes: u64,
     ) -> Result<Self> {
         let row_bytes = projection.row_bytes() as u64;
         let batch_rows = config
@@ -51,6 +54,7 @@ impl MemoryBound {
                 * row_bytes,
             decode_units: job_rows as u64 * row_bytes,
             readers: config.threads as u64 * READERS_PER_WORKER * READER_BYTES,
+            decode_scratch: config.threads as u64 * scratch_bytes,
             limit: config.memory_limit_bytes.unwrap_or_else(default_limit),
         };
         if bound.total() > bound.limit {
@@ -64,11 +68,12 @@ impl fmt::Display for MemoryBound {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "{} bytes (batches {}, decode units {}, shard readers {})",
+            "{} bytes (batches {}, decode units {}, shard readers {}, decode scratch {})",
             self.total(),
             self.batches,
             self.decode_units,
-            self.readers
+            self.readers,
+            self.decode_scratch
         )
     }
 }

@@ -32,7 +32,7 @@ use crate::resolve::{reopen, resolve, Resolved};
 /// Most unique rows one read job decodes.
 const MAX_JOB_ROWS: usize = 1024;
 /// Rows planned together at least (a group reads each shard range once).
-const MIN_GROUP_ROWS: u64 = 1024;
+const MIN_GROUP_ROWS: u64 = 4096;
 /// Open shard readers each worker keeps, so consecutive jobs on a shard continue in place.
 const READERS_PER_WORKER: usize = 4;
 /// How often blocked threads look at the stop flag.
@@ -165,8 +165,18 @@ impl Shared {
             .unwrap_or(1);
         let group_rows = largest_window.max(MIN_GROUP_ROWS).div_ceil(largest_batch) * largest_batch;
         let max_jobs = config.threads * 2;
-        let bound =
-            MemoryBound::compute(&config, &projection, group_rows, max_jobs * MAX_JOB_ROWS)?;
+        let scratch = shards
+            .iter()
+            .map(|s| s.meta.scratch_bytes)
+            .max()
+            .unwrap_or(0);
+        let bound = MemoryBound::compute(
+            &config,
+            &projection,
+            group_rows,
+            max_jobs * MAX_JOB_ROWS,
+            scratch,
+        )?;
         Ok(Shared {
             schema: batch_schema(&projection),
             resolved: config,
@@ -755,7 +765,9 @@ impl Assembler {
                     return Ok(());
                 }
             }
-            while pending.front().is_some_and(|p| p.missing == 0) {
+            // One batch at a time, topping up reads in between, so workers never wait for the
+            // consumer to drain a whole group.
+            if pending.front().is_some_and(|p| p.missing == 0) {
                 let done = pending.pop_front().expect("front exists");
                 let batch = Batch {
                     columns: done
@@ -769,6 +781,7 @@ impl Assembler {
                 if self.out.send(Ok(batch)).is_err() {
                     return Ok(());
                 }
+                continue;
             }
             if pending.is_empty() && !planning {
                 return Ok(());

@@ -216,6 +216,7 @@ impl Stream {
         d.set_item("batches", bound.batches)?;
         d.set_item("decode_units", bound.decode_units)?;
         d.set_item("readers", bound.readers)?;
+        d.set_item("decode_scratch", bound.decode_scratch)?;
         d.set_item("total", bound.total())?;
         d.set_item("limit", bound.limit)?;
         Ok(d)

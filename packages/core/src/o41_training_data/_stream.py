@@ -125,10 +125,17 @@ class MemoryBound:
     """The stream's working-set bound in bytes, by term, and the limit it was checked against."""
 
     batches: int
+    """Batches queued for the consumer and held by it, plus two planned groups of rows."""
     decode_units: int
+    """Decoded rows of read jobs in flight."""
     readers: int
+    """Open shard readers' buffers."""
+    decode_scratch: int
+    """Decoders' working memory (Parquet column chunks, the longest line or frame)."""
     total: int
+    """The bound: the sum of the terms."""
     limit: int
+    """``memory_limit_bytes``, or half the host's physical memory."""
 
 
 class BatchStream:

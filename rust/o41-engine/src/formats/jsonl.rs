@@ -180,6 +180,7 @@ pub fn inspect(path: &str, encoding: Encoding, projection: &Projection) -> Resul
     let mut offsets = Vec::new();
     let mut offset = 0u64;
     let mut rows = 0u64;
+    let mut longest = 0usize;
     loop {
         let lines = reader.lines.as_mut().expect("opened");
         reader.line.clear();
@@ -189,6 +190,7 @@ pub fn inspect(path: &str, encoding: Encoding, projection: &Projection) -> Resul
         if n == 0 {
             break;
         }
+        longest = longest.max(n);
         if !is_blank(&reader.line) {
             if plain && rows.is_multiple_of(INDEX_STRIDE) {
                 offsets.push(offset);
@@ -206,5 +208,9 @@ pub fn inspect(path: &str, encoding: Encoding, projection: &Projection) -> Resul
     } else {
         ShardIndex::Sequential
     };
-    Ok(ShardMeta { rows, index })
+    Ok(ShardMeta {
+        rows,
+        scratch_bytes: longest as u64 + 2 * BUF_BYTES as u64,
+        index,
+    })
 }

@@ -112,6 +112,10 @@ impl Encoding {
 pub struct ShardMeta {
     /// Records in the shard.
     pub rows: u64,
+    /// Most bytes one read job's decoder holds besides the projected rows: a Parquet job's
+    /// column chunks (compressed, decompressed and decoded; two row groups at most), the
+    /// longest JSON line, the longest `MessagePack` frame, plus read buffers.
+    pub scratch_bytes: u64,
     index: ShardIndex,
 }
 

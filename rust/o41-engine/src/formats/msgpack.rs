@@ -181,6 +181,7 @@ pub fn inspect(path: &str, projection: &Projection) -> Result<ShardMeta> {
         .len();
     let mut offsets = Vec::new();
     let mut offset = 0u64;
+    let mut longest = 0u64;
     let mut rows = 0u64;
     loop {
         if rows.is_multiple_of(INDEX_STRIDE) {
@@ -206,10 +207,12 @@ pub fn inspect(path: &str, projection: &Projection) -> Result<ShardMeta> {
         }
         rows += 1;
         reader.next_row = rows;
-        offset = reader
+        let end = reader
             .file
             .stream_position()
             .map_err(|e| Error::io(path, e))?;
+        longest = longest.max(end - offset);
+        offset = end;
         if offset > size {
             return Err(format_error(
                 path,
@@ -227,6 +230,7 @@ pub fn inspect(path: &str, projection: &Projection) -> Result<ShardMeta> {
     }
     Ok(ShardMeta {
         rows,
+        scratch_bytes: longest + BUF_BYTES as u64,
         index: ShardIndex::Offsets(Arc::new(offsets)),
     })
 }

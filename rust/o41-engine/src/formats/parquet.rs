@@ -71,6 +71,26 @@ pub fn inspect(path: &str, projection: &Projection) -> Result<ShardMeta> {
         group_starts.push(last + group.num_rows() as u64);
     }
     let rows = *group_starts.last().expect("starts with 0");
+    let sources: Vec<&str> = projection
+        .columns
+        .iter()
+        .map(|c| c.source.as_str())
+        .collect();
+    let largest_group = metadata
+        .metadata()
+        .row_groups()
+        .iter()
+        .map(|group| {
+            group
+                .columns()
+                .iter()
+                .filter(|c| sources.contains(&c.column_path().parts()[0].as_str()))
+                // Compressed pages, decompressed pages, and the Arrow arrays decoded from them.
+                .map(|c| (c.compressed_size() + 2 * c.uncompressed_size()).max(0) as u64)
+                .sum::<u64>()
+        })
+        .max()
+        .unwrap_or(0);
     let index = Arc::new(ParquetIndex {
         metadata,
         roots,
@@ -78,6 +98,8 @@ pub fn inspect(path: &str, projection: &Projection) -> Result<ShardMeta> {
     });
     let meta = ShardMeta {
         rows,
+        // A job spans at most two row groups (it holds at most one group's worth of rows).
+        scratch_bytes: 2 * largest_group,
         index: ShardIndex::Parquet(index.clone()),
     };
     if rows > 0 {
