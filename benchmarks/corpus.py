@@ -15,19 +15,26 @@ from pathlib import Path
 from o41_training_data._synthetic import token_table, write_parquet
 
 ROWS_PER_SHARD = 5000
+# Small pages with a page index let a rank read only the pages holding its own rows
+# (docs/order.md); about five rows of this corpus fit one page.
+PAGE_BYTES = 32 * 1024
 
 
 def generate(out: Path, rows: int, seed: int = 0) -> list[Path]:
     """Writes the corpus under ``out`` unless an identical one is already there."""
     out.mkdir(parents=True, exist_ok=True)
     stamp = out / "corpus.json"
-    spec = {"rows": rows, "seed": seed, "rows_per_shard": ROWS_PER_SHARD, "version": 1}
+    spec = {"rows": rows, "seed": seed, "rows_per_shard": ROWS_PER_SHARD, "version": 2}
     shards = [out / f"part-{i:04d}.parquet" for i in range((rows + ROWS_PER_SHARD - 1) // ROWS_PER_SHARD)]
     if stamp.exists() and json.loads(stamp.read_text()) == spec and all(p.exists() for p in shards):
         return shards
     for i, path in enumerate(shards):
         n = min(ROWS_PER_SHARD, rows - i * ROWS_PER_SHARD)
-        write_parquet(token_table(n, seed=seed * 100_003 + i, first_id=i * ROWS_PER_SHARD), path)
+        write_parquet(
+            token_table(n, seed=seed * 100_003 + i, first_id=i * ROWS_PER_SHARD),
+            path,
+            page_bytes=PAGE_BYTES,
+        )
     stamp.write_text(json.dumps(spec))
     return shards
 

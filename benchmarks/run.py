@@ -9,19 +9,14 @@ of the repetitions with its spread. Results go to the terminal and to benchmarks
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import json
-import os
-import platform
 import statistics
 import subprocess
 import sys
 from pathlib import Path
 
-import o41_training_data
-import pyarrow as pa
-
 from corpus import generate
+from report import RESULTS, preamble, write_section
 
 HERE = Path(__file__).parent
 REFERENCE = "o41-stream"
@@ -38,25 +33,12 @@ def run_once(name: str, shards: list[str]) -> dict[str, float]:
     return result
 
 
-def machine() -> str:
-    cpu = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return f"{cpu}, {os.cpu_count()} cores, {platform.system()} {platform.release()}"
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--rows", type=int, default=50_000)
     parser.add_argument("--reps", type=int, default=3)
-    parser.add_argument("--out", type=Path, default=HERE / "RESULTS.md")
     args = parser.parse_args()
 
     shards = [str(p) for p in generate(HERE / "data" / "corpus", args.rows)]
@@ -90,30 +72,21 @@ def main() -> None:
     theirs = statistics.median(r["rows_per_s"] for r in runs["pyarrow-loop"])
     table = "\n".join(lines)
     print(table)
-    report = f"""# Benchmark results
+    report = f"""## Single-stage stream vs a plain pyarrow loop (`benchmarks/run.py`)
 
-Written by `benchmarks/run.py`; every figure is from one run, contenders alternating in their own
-processes, {args.reps} repetitions each (median, and min-max spread).
-
-- Date: {dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")}
-- Machine: {machine()}
-- Versions: Python {platform.python_version()}, o41-training-data {o41_training_data.__version__}, \
-pyarrow {pa.__version__}
-- Command: `make bench` (`uv run python benchmarks/run.py --rows {args.rows} --reps {args.reps}`)
+{preamble(f"uv run python benchmarks/run.py --rows {args.rows} --reps {args.reps}")}\
 - Corpus: {args.rows:,} rows, `input_ids` int32 (mean ~1,500, max 4,096 tokens) + `loss_mask`, \
 zstd Parquet, {len(shards)} shards
 - Job: batches of 32 x 2,048 int32 tokens and 32 x 2,048 uint8 mask (truncate/pad with 0),
   single finite unshuffled stage, consumed by a NumPy sum; o41 uses 2 decode threads.
-
-## Single-stage stream vs a plain pyarrow loop
 
 {table}
 
 Goal (foundation issue): o41-stream rows/s >= pyarrow-loop rows/s. \
 Measured ratio: **{ours / theirs:.2f}x** ({"met" if ours >= theirs else "MISSED"}).
 """
-    args.out.write_text(report)
-    print(f"wrote {args.out}")
+    write_section("foundation", report)
+    print(f"wrote {RESULTS}")
 
 
 if __name__ == "__main__":

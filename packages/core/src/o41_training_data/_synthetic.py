@@ -46,9 +46,16 @@ def token_table(
     )
 
 
-def write_parquet(table: pa.Table, path: Path, *, row_group_rows: int = 1024) -> Path:
-    """Writes ``table`` as a zstd Parquet shard with row groups of ``row_group_rows``."""
-    pq.write_table(table, path, compression="zstd", row_group_size=row_group_rows)
+def write_parquet(
+    table: pa.Table, path: Path, *, row_group_rows: int = 1024, page_bytes: int | None = None
+) -> Path:
+    """Writes ``table`` as a zstd Parquet shard with row groups of ``row_group_rows``.
+
+    ``page_bytes`` sets the data page size and writes a page index, so readers can fetch
+    single pages of a row group.
+    """
+    options = {} if page_bytes is None else {"data_page_size": page_bytes, "write_page_index": True}
+    pq.write_table(table, path, compression="zstd", row_group_size=row_group_rows, **options)
     return path
 
 

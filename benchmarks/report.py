@@ -1,0 +1,55 @@
+"""Shared pieces of the benchmark scripts: machine description and RESULTS.md sections."""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+import platform
+import re
+from pathlib import Path
+
+import o41_training_data
+import pyarrow as pa
+
+RESULTS = Path(__file__).parent / "RESULTS.md"
+HEADER = """# Benchmark results
+
+Each section is written by the script it names, from one run on one machine; figures are
+medians of repeated runs with contenders alternating, and ratios compare figures of the same
+run. Re-run with `make bench`.
+"""
+
+
+def machine() -> str:
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return f"{cpu}, {os.cpu_count()} cores, {platform.system()} {platform.release()}"
+
+
+def preamble(command: str) -> str:
+    return (
+        f"- Date: {dt.datetime.now(dt.timezone.utc).strftime('%Y-%m-%d %H:%M UTC')}\n"
+        f"- Machine: {machine()}\n"
+        f"- Versions: Python {platform.python_version()}, "
+        f"o41-training-data {o41_training_data.__version__}, pyarrow {pa.__version__}\n"
+        f"- Command: `{command}`\n"
+    )
+
+
+def write_section(name: str, body: str) -> None:
+    """Replaces (or appends) the section ``name`` of RESULTS.md."""
+    text = RESULTS.read_text() if RESULTS.exists() else HEADER
+    if not text.startswith("# Benchmark results"):
+        text = HEADER
+    block = f"<!-- section:{name} -->\n{body.strip()}\n<!-- end:{name} -->"
+    pattern = re.compile(rf"<!-- section:{re.escape(name)} -->.*?<!-- end:{re.escape(name)} -->", re.DOTALL)
+    text = (
+        pattern.sub(lambda _: block, text) if pattern.search(text) else text.rstrip() + "\n\n" + block + "\n"
+    )
+    RESULTS.write_text(text)
