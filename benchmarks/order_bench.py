@@ -220,7 +220,7 @@ def main() -> None:
     )
     body = f"""## Order function (`benchmarks/order_bench.py`)
 
-{preamble(f"uv run python benchmarks/order_bench.py --rows {args.rows} --reps {args.reps}")}\\
+{preamble(f"uv run python benchmarks/order_bench.py --rows {args.rows} --reps {args.reps}")}
 - Corpus: the `benchmarks/corpus.py` shards ({args.rows:,} rows, zstd Parquet, 32 KiB pages with a page
   index); batches of 32 x 2,048 int32 tokens + mask; 2 decode threads; {args.reps} repetitions, median
   (min-max).

@@ -74,7 +74,7 @@ def main() -> None:
     print(table)
     report = f"""## Single-stage stream vs a plain pyarrow loop (`benchmarks/run.py`)
 
-{preamble(f"uv run python benchmarks/run.py --rows {args.rows} --reps {args.reps}")}\
+{preamble(f"uv run python benchmarks/run.py --rows {args.rows} --reps {args.reps}")}
 - Corpus: {args.rows:,} rows, `input_ids` int32 (mean ~1,500, max 4,096 tokens) + `loss_mask`, \
 zstd Parquet, {len(shards)} shards
 - Job: batches of 32 x 2,048 int32 tokens and 32 x 2,048 uint8 mask (truncate/pad with 0),
