@@ -1,0 +1,163 @@
+//! Property tests of the order function over random configs. The order is a pure function of the
+//! resolved config, so shards are described by their row counts alone: no I/O here.
+
+use std::collections::HashSet;
+
+use o41_engine::config::{
+    ResolvedConfig, ResolvedShard, ResolvedSource, ResolvedStage, ShuffleSpec,
+};
+use o41_engine::formats::Encoding;
+use o41_engine::order::{LayoutCache, Order, Segment};
+use proptest::prelude::*;
+
+fn stage(
+    sources: &[(Vec<u64>, f64)],
+    batch_size: usize,
+    shuffle: Option<(u64, u64)>,
+    infinite: bool,
+) -> ResolvedStage {
+    ResolvedStage {
+        sources: sources
+            .iter()
+            .enumerate()
+            .map(|(j, (shards, weight))| ResolvedSource {
+                weight: *weight,
+                shards: shards
+                    .iter()
+                    .enumerate()
+                    .map(|(f, rows)| ResolvedShard {
+                        path: format!("s{j}-{f}.parquet"),
+                        encoding: Encoding::Parquet,
+                        rows: *rows,
+                    })
+                    .collect(),
+            })
+            .collect(),
+        batch_size,
+        shuffle: shuffle.map(|(buffer_rows, unit)| ShuffleSpec {
+            buffer_rows,
+            unit_rows: Some(unit),
+        }),
+        infinite,
+    }
+}
+
+fn config(stages: Vec<ResolvedStage>, seed: u64) -> ResolvedConfig {
+    ResolvedConfig {
+        version: 1,
+        fields: Vec::new(),
+        stages,
+        seed,
+        threads: 1,
+        prefetch_batches: 1,
+        rank: 0,
+        world_size: 1,
+        memory_limit_bytes: None,
+    }
+}
+
+fn sources() -> impl Strategy<Value = Vec<(Vec<u64>, f64)>> {
+    prop::collection::vec(
+        (
+            prop::collection::vec(0u64..40, 1..4)
+                .prop_filter("a source has rows", |r| r.iter().sum::<u64>() > 0),
+            prop::sample::select(vec![0.5, 1.0, 2.0, 3.0, 7.0]),
+        ),
+        1..5,
+    )
+}
+
+fn shuffle() -> impl Strategy<Value = Option<(u64, u64)>> {
+    prop::option::of((1u64..64, 1u64..9))
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(200))]
+
+    /// A finite stage shows every row of every source exactly once, in any shuffle.
+    #[test]
+    fn finite_stage_is_a_permutation_of_all_rows(
+        sources in sources(), batch_size in 1usize..7, shuffle in shuffle(), seed in any::<u64>()
+    ) {
+        let order = Order::new(&config(vec![stage(&sources, batch_size, shuffle, false)], seed)).unwrap();
+        let total: u64 = sources.iter().flat_map(|(s, _)| s.iter()).sum();
+        let segment = Segment::first();
+        let mut cache = LayoutCache::default();
+        let bs = batch_size as u64;
+        let mut seen = HashSet::new();
+        for o in 0..total {
+            let slot = order.slot(&segment, o / bs, o % bs, &mut cache);
+            prop_assert_eq!(slot.row.at.epoch, 0);
+            prop_assert!(slot.row.at.row < sources[slot.row.source].0[slot.row.at.shard]);
+            prop_assert!(seen.insert((slot.row.source, slot.row.at.shard, slot.row.at.row)));
+        }
+        prop_assert_eq!(seen.len() as u64, total);
+    }
+
+    /// Every shuffle window is a permutation of the mixed rows it covers.
+    #[test]
+    fn windows_permute_their_own_rows(
+        sources in sources(), buffer_rows in 1u64..100, unit in 1u64..9, seed in any::<u64>(), w in 0u64..50
+    ) {
+        let order = Order::new(&config(vec![stage(&sources, 4, Some((buffer_rows, unit)), true)], seed)).unwrap();
+        let s = &order.stages()[0];
+        let (start, end) = (w * s.window, (w + 1) * s.window);
+        let mut inputs: Vec<u64> = (start..end).map(|o| s.input_position(o)).collect();
+        inputs.sort_unstable();
+        prop_assert_eq!(inputs, (start..end).collect::<Vec<_>>());
+    }
+
+    /// Unshuffled, every prefix of an infinite mix holds each share within one row, and each
+    /// source's rows come in order.
+    #[test]
+    fn mix_prefixes_hold_shares(sources in sources(), seed in any::<u64>()) {
+        let order = Order::new(&config(vec![stage(&sources, 1, None, true)], seed)).unwrap();
+        let weights: Vec<f64> = sources.iter().map(|(_, w)| *w).collect();
+        let sum: f64 = weights.iter().sum();
+        let mut counts = vec![0u64; sources.len()];
+        let mut cache = LayoutCache::default();
+        for p in 0..600u64 {
+            let slot = order.slot(&Segment::first(), p, 0, &mut cache);
+            prop_assert_eq!(slot.row.index, counts[slot.row.source]);
+            counts[slot.row.source] += 1;
+            for (j, w) in weights.iter().enumerate() {
+                let expected = (p + 1) as f64 * w / sum;
+                prop_assert!((counts[j] as f64 - expected).abs() <= 1.0 + 1e-9);
+            }
+        }
+    }
+
+    /// After an advance, the old stage's rows that still come are exactly the rest of its open
+    /// window, and the new stage starts from its first row.
+    #[test]
+    fn advance_drains_exactly_the_open_window(
+        first in sources(), second in sources(), batch_size in 1usize..7,
+        shuffle in shuffle(), at in 0u64..20, seed in any::<u64>()
+    ) {
+        let stages = vec![stage(&first, batch_size, shuffle, true), stage(&second, batch_size, None, true)];
+        let order = Order::new(&config(stages, seed)).unwrap();
+        let bs = batch_size as u64;
+        let next = order.advance(&Segment::first(), at, 1).unwrap();
+        let consumed = at * bs;
+        let window_end = order.stages()[0].window_end(consumed);
+        let drained = next.drain.map_or(0, |d| d.to - d.from);
+        prop_assert_eq!(drained, window_end - consumed);
+        let mut cache = LayoutCache::default();
+        let mut delivered = HashSet::new();
+        for o in 0..consumed {
+            let slot = order.slot(&Segment::first(), o / bs, o % bs, &mut cache);
+            delivered.insert((slot.row.source, slot.row.index));
+        }
+        for t in 0..drained + 3 * bs {
+            let g = at + t / bs;
+            let slot = order.slot(&next, g, t % bs, &mut cache);
+            if t < drained {
+                prop_assert_eq!(slot.stage, 0);
+                prop_assert!(delivered.insert((slot.row.source, slot.row.index)), "a drained row came twice");
+            } else {
+                prop_assert_eq!(slot.stage, 1);
+            }
+        }
+        prop_assert_eq!(delivered.len() as u64, window_end);
+    }
+}
