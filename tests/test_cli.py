@@ -34,9 +34,7 @@ def test_console_script_is_installed() -> None:
     assert "demo" in result.stdout
 
 
-@pytest.mark.parametrize(
-    "module", ["o41_training_data_torch", "o41_training_data_jax", "o41_training_data_lightning"]
-)
+@pytest.mark.parametrize("module", ["o41_training_data_jax", "o41_training_data_lightning"])
 def test_adapter_skeletons_import_the_core(module: str) -> None:
     adapter = importlib.import_module(module)
     assert adapter.core_version == o41_training_data.__version__

@@ -24,6 +24,25 @@ pub struct Cursor {
     pub next_batch: u64,
 }
 
+/// A checkpoint without its resolved config: what a `DataLoader` worker sends along with each
+/// batch so the main process can build the rank's checkpoint after any batch cheaply.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Position {
+    /// Fingerprint of the stream it belongs to.
+    pub fingerprint: String,
+    /// Position.
+    pub cursor: Cursor,
+    /// Active stage.
+    pub stage: usize,
+    /// Rank-level batches received over the whole run.
+    pub batches_yielded: u64,
+    /// Rank-level rows received over the whole run.
+    pub rows_yielded: u64,
+    /// Completed passes over each source of the active stage.
+    pub epochs: Vec<u64>,
+}
+
 /// A rank's stream position.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -88,6 +107,39 @@ impl Checkpoint {
             )));
         }
         Ok(checkpoint)
+    }
+
+    /// The position part of the checkpoint.
+    pub fn position(&self) -> Position {
+        Position {
+            fingerprint: self.fingerprint.clone(),
+            cursor: self.cursor,
+            stage: self.stage,
+            batches_yielded: self.batches_yielded,
+            rows_yielded: self.rows_yielded,
+            epochs: self.epochs.clone(),
+        }
+    }
+
+    /// The checkpoint at `position` of the stream `resolved` describes.
+    pub fn from_position(resolved: ResolvedConfig, position: Position) -> Result<Self> {
+        let fingerprint = resolved.fingerprint();
+        if position.fingerprint != fingerprint {
+            return Err(refuse(format!(
+                "the position belongs to stream {}, not to this one ({fingerprint})",
+                position.fingerprint
+            )));
+        }
+        Ok(Checkpoint {
+            version: CHECKPOINT_VERSION,
+            fingerprint,
+            cursor: position.cursor,
+            stage: position.stage,
+            batches_yielded: position.batches_yielded,
+            rows_yielded: position.rows_yielded,
+            epochs: position.epochs,
+            resolved,
+        })
     }
 
     /// The same position for rank `rank` of `world_size`.

@@ -207,6 +207,9 @@ struct Pipeline {
     output: Option<Receiver<Result<Batch>>>,
     stop: Arc<AtomicBool>,
     handles: Vec<JoinHandle<()>>,
+    /// The process that started the threads: a forked child holds a copy of this value but
+    /// none of the threads, and must not wait for them.
+    pid: u32,
 }
 
 impl Pipeline {
@@ -214,6 +217,10 @@ impl Pipeline {
         self.stop.store(true, Ordering::SeqCst);
         // Dropping the receiver unblocks an assembler waiting to hand over a batch.
         self.output = None;
+        if std::process::id() != self.pid {
+            self.handles.clear();
+            return;
+        }
         for handle in self.handles.drain(..) {
             let _ = handle.join();
         }
@@ -240,6 +247,17 @@ impl BatchStream {
     /// Resolves `config` and starts the stream at its beginning.
     pub fn open(config: &StreamConfig) -> Result<Self> {
         Self::start(resolve(config)?, Start::fresh())
+    }
+
+    /// Like [`BatchStream::open`], yielding only the rank's local batches `offset, offset +
+    /// stride, ...` (a `DataLoader` worker's share).
+    pub fn open_part(config: &StreamConfig, offset: u64, stride: u64) -> Result<Self> {
+        let start = Start {
+            offset,
+            stride: stride.max(1),
+            ..Start::fresh()
+        };
+        Self::start(resolve(config)?, start)
     }
 
     /// Re-opens the stream a checkpoint describes, at the checkpoint's position.
@@ -340,6 +358,7 @@ impl BatchStream {
             output: Some(out_rx),
             stop,
             handles,
+            pid: std::process::id(),
         });
         Ok(())
     }
@@ -380,6 +399,15 @@ impl BatchStream {
     pub fn advance_at(&mut self, stage: usize, at: u64) -> Result<()> {
         if self.closed {
             return Err(Error::Closed);
+        }
+        if at < self.consumed {
+            return Err(Error::config(
+                "advance",
+                format!(
+                    "the switch at local batch {at} comes after batches already delivered (through {})",
+                    self.consumed - 1
+                ),
+            ));
         }
         let g = self.start.origin + at * self.shared.world();
         if g < self.segment.start_batch {

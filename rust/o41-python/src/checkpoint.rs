@@ -28,6 +28,30 @@ impl Checkpoint {
             .map_err(|e| to_py(py, &e))
     }
 
+    /// The checkpoint at `position_json` (from `Stream.position_at`) of the stream whose resolved
+    /// config is `resolved_json`.
+    #[staticmethod]
+    fn from_position(py: Python<'_>, resolved_json: &str, position_json: &str) -> PyResult<Self> {
+        let bad = |e: serde_json::Error| {
+            to_py(
+                py,
+                &o41_engine::Error::Checkpoint {
+                    message: format!("malformed position: {e}"),
+                },
+            )
+        };
+        let resolved = serde_json::from_str(resolved_json).map_err(bad)?;
+        let position = serde_json::from_str(position_json).map_err(bad)?;
+        EngineCheckpoint::from_position(resolved, position)
+            .map(|inner| Checkpoint { inner })
+            .map_err(|e| to_py(py, &e))
+    }
+
+    /// The position part (JSON), as `Stream.position_at` returns it.
+    fn position_json(&self) -> String {
+        serde_json::to_string(&self.inner.position()).expect("a position always serialises")
+    }
+
     /// The checkpoint as a JSON document.
     fn to_json(&self) -> String {
         self.inner.to_json()

@@ -92,11 +92,13 @@ impl Stream {
 #[pymethods]
 impl Stream {
     /// Resolves the config (JSON) and starts the stream; raises at open on any bad input.
+    /// `offset`/`stride` select a share of the rank's local batches (a `DataLoader` worker's).
     #[new]
-    fn new(py: Python<'_>, config_json: &str) -> PyResult<Self> {
+    #[pyo3(signature = (config_json, offset=0, stride=1))]
+    fn new(py: Python<'_>, config_json: &str, offset: u64, stride: u64) -> PyResult<Self> {
         let config = parse(py, config_json)?;
         let stream = py
-            .detach(move || BatchStream::open(&config))
+            .detach(move || BatchStream::open_part(&config, offset, stride))
             .map_err(|e| to_py(py, &e))?;
         Ok(Stream {
             inner: Mutex::new(Some(stream)),
@@ -162,6 +164,17 @@ impl Stream {
     fn checkpoint_at(&self, consumed: u64, segment: SegmentTuple) -> PyResult<Checkpoint> {
         self.with(|s| Checkpoint {
             inner: s.checkpoint_at(consumed, Some(tuple_segment(segment))),
+        })
+    }
+
+    /// The position (JSON, without the resolved config) once the rank's first `consumed` local
+    /// batches are consumed, with `segment` active.
+    fn position_at(&self, consumed: u64, segment: SegmentTuple) -> PyResult<String> {
+        self.with(|s| {
+            let position = s
+                .checkpoint_at(consumed, Some(tuple_segment(segment)))
+                .position();
+            serde_json::to_string(&position).expect("a position always serialises")
         })
     }
 

@@ -27,6 +27,11 @@ class Checkpoint:
     @staticmethod
     def from_json(text: str) -> Checkpoint:
         """Parses a checkpoint; raises ``CheckpointError`` if corrupt, altered or of another version."""
+    @staticmethod
+    def from_position(resolved_json: str, position_json: str) -> Checkpoint:
+        """The checkpoint at a position (``Batch.position()``) of the stream ``resolved_json`` describes."""
+    def position_json(self) -> str:
+        """The position part (JSON), as ``Batch.position()`` returns it."""
     def to_json(self) -> str:
         """The checkpoint as a JSON document."""
     def for_world(self, rank: int, world_size: int) -> Checkpoint:
@@ -65,7 +70,9 @@ class Checkpoint:
 class Stream:
     """An open batch stream. Use ``o41_training_data.open_batch_stream``, not this class."""
 
-    def __new__(cls, config_json: str) -> Stream: ...
+    def __new__(cls, config_json: str, offset: int = 0, stride: int = 1) -> Stream: ...
+    def position_at(self, consumed: int, segment: _Segment) -> str:
+        """The position (JSON, no resolved config) once ``consumed`` local batches are consumed."""
     @staticmethod
     def resume(checkpoint: Checkpoint, offset: int = 0, stride: int = 1) -> Stream:
         """Re-opens the stream a checkpoint describes; ``offset``/``stride`` select a share."""

@@ -94,6 +94,14 @@ class Batch:
             }
         return self._arrays
 
+    def position(self) -> str:
+        """The position just after this batch as a small JSON text, without the resolved config.
+
+        Framework adapters send it from worker processes with every batch; combine it with the
+        stream's resolved config through :meth:`Checkpoint.from_position`.
+        """
+        return self._stream._core.position_at(self.local_index + 1, self._segment)
+
     def checkpoint(self) -> Checkpoint:
         """The stream position just after this batch (this batch and all before it consumed).
 
@@ -222,18 +230,21 @@ class BatchStream:
         return result
 
 
-def open_batch_stream(config: BatchStreamConfig) -> BatchStream:
+def open_batch_stream(config: BatchStreamConfig, *, share: tuple[int, int] = (0, 1)) -> BatchStream:
     """Opens a stream over local shards, eagerly.
 
     Every shard is opened, counted and checked against the projected fields before this
     returns, so a missing file, an unknown encoding or a field that no record carries raises
-    here, not at the first ``next``.
+    here, not at the first ``next``. ``share=(offset, stride)`` yields only this rank's local
+    batches ``offset, offset + stride, ...``: a framework adapter's worker ``w`` of ``N`` uses
+    ``(w, N)``, so the workers' batches taken in turn are the rank's sequence.
 
     Example:
         >>> stream = open_batch_stream(config)  # doctest: +SKIP
 
     """
-    return BatchStream(_core.Stream(config.to_json()))
+    offset, stride = share
+    return BatchStream(_core.Stream(config.to_json(), offset, stride))
 
 
 def resume_batch_stream(
@@ -242,13 +253,15 @@ def resume_batch_stream(
     rank: int | None = None,
     world_size: int | None = None,
     config: BatchStreamConfig | None = None,
+    share: tuple[int, int] = (0, 1),
 ) -> BatchStream:
     """Re-opens the stream ``checkpoint`` was taken from, eagerly, right after its last batch.
 
     The checkpoint belongs to one rank: pass this process's ``rank``/``world_size`` to have a
     mismatch refused (use :meth:`Checkpoint.for_world` to move a position to another world
     size on purpose). Pass ``config`` to have a checkpoint of a different stream refused. The
-    shards are re-opened; any whose row count changed since is refused.
+    shards are re-opened; any whose row count changed since is refused. ``share`` is as in
+    :func:`open_batch_stream`, counted from the checkpoint's position.
 
     Example:
         >>> checkpoint = Checkpoint.from_json(path.read_text())  # doctest: +SKIP
@@ -275,7 +288,8 @@ def resume_batch_stream(
             raise CheckpointError(
                 f"checkpoint refused: seed {expected['seed']} != config seed {resolved['seed']}"
             )
-    return BatchStream(_core.Stream.resume(checkpoint))
+    offset, stride = share
+    return BatchStream(_core.Stream.resume(checkpoint, offset, stride))
 
 
 def resolve_batch_stream_config(config: BatchStreamConfig) -> dict[str, Any]:

@@ -1,9 +1,16 @@
-"""o41-training-data PyTorch adapter (IterableDataset).
+"""PyTorch adapter for o41-training-data: ``DataLoader(O41IterableDataset(...), batch_size=None)``.
 
-This package is a skeleton: it pins the import path and its dependency on the core, and is
-filled in by its own issue. It re-exports the core's version so a mismatch is easy to spot.
+Each item is one whole batch of the core stream as a dict of tensors that share memory with the
+engine's Arrow buffers (no copies), exact under ``DataLoader`` workers, ``torchrun`` ranks and
+``StatefulDataLoader`` checkpoints. See ``docs/torch.md``.
+
+Example:
+    >>> from torch.utils.data import DataLoader
+    >>> from o41_training_data_torch import O41IterableDataset
+    >>> loader = DataLoader(O41IterableDataset(config), batch_size=None, num_workers=2)  # doctest: +SKIP
+
 """
 
-from o41_training_data import __version__ as core_version
+from ._dataset import POSITION_KEY, WORKERS_KEY, O41Batch, O41IterableDataset
 
-__all__ = ["core_version"]
+__all__ = ["POSITION_KEY", "WORKERS_KEY", "O41Batch", "O41IterableDataset"]

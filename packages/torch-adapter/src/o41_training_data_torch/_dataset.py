@@ -1,0 +1,368 @@
+"""The ``torch.utils.data.IterableDataset`` over a core batch stream."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import multiprocessing.context
+import multiprocessing.sharedctypes
+import os
+import warnings
+from collections.abc import Iterator, Mapping
+from typing import Any, Literal
+
+import numpy as np
+import torch
+from o41_training_data import (
+    BatchStream,
+    BatchStreamConfig,
+    Checkpoint,
+    CheckpointError,
+    ConfigError,
+    open_batch_stream,
+    resolve_batch_stream_config,
+    resume_batch_stream,
+)
+from torch.utils.data import IterableDataset, get_worker_info
+
+__all__ = ["POSITION_KEY", "STATE_VERSION", "WORKERS_KEY", "O41Batch", "O41IterableDataset"]
+
+POSITION_KEY = "o41_position"
+"""Key of each batch's position (JSON text): pass the batch to ``dataset.checkpoint(batch)``."""
+WORKERS_KEY = "o41_workers"
+"""Key of the number of ``DataLoader`` workers that produced the batch (1 without workers)."""
+STATE_VERSION = 1
+"""Version of the ``state_dict`` this dataset returns."""
+
+# The DataLoader's default prefetch_factor: how many batches each worker may hold ahead.
+_DEFAULT_PREFETCH_FACTOR = 2
+
+
+class O41Batch(dict[str, Any]):
+    """One whole batch: projected fields as tensors plus metadata.
+
+    Keys: the projected fields, ``stage``, ``batch_index``, ``o41_position`` and ``o41_workers``.
+    ``DataLoader`` passes it through ``default_convert`` (``batch_size=None``) untouched; a
+    ``DataLoader`` with a ``batch_size`` would collate several batches into one, which this type
+    detects and refuses.
+    """
+
+    def update(self, *args: Any, **kwargs: Any) -> None:
+        """Refuses an update that carries collated values (``DataLoader`` with a batch size)."""
+        values = dict(*args, **kwargs)
+        if isinstance(values.get("batch_index"), torch.Tensor):
+            raise ConfigError(
+                "O41IterableDataset yields whole batches (the stage's batch_size rows); "
+                "write DataLoader(dataset, batch_size=None, ...) instead of setting a batch_size"
+            )
+        super().update(values)
+
+
+def _tensor(array: np.ndarray, as_bool: bool) -> torch.Tensor:
+    # The arrays are read-only views over engine memory that nothing else references; torch warns
+    # about read-only NumPy arrays, but sharing (not copying) them is the point.
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        tensor = torch.from_numpy(array)
+    return tensor.view(torch.bool) if as_bool else tensor
+
+
+def _distributed() -> tuple[int, int] | None:
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        return torch.distributed.get_rank(), torch.distributed.get_world_size()
+    return None
+
+
+def _environment() -> tuple[int, int] | None:
+    if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
+        return int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    return None
+
+
+class O41IterableDataset(IterableDataset[O41Batch]):
+    """A ``torch.utils.data.IterableDataset`` yielding one core batch per item.
+
+    ``source`` is a :class:`BatchStreamConfig` (start fresh) or a :class:`Checkpoint` (resume
+    right after it). Use it as ``DataLoader(dataset, batch_size=None, ...)``.
+
+    - **Ranks** come from ``torch.distributed`` when it is initialised, else from the config
+      (when it sets them), else from ``RANK``/``WORLD_SIZE``; a config or checkpoint whose explicit
+      rank or world size disagrees with ``torch.distributed`` is refused.
+    - **Workers**: worker ``w`` of ``N`` yields the rank's local batches ``k`` with
+      ``k % N == w``, so the ``DataLoader``'s in-order round robin yields exactly the sequence
+      of ``num_workers=0``. Engine threads start lazily inside each worker (never across a fork).
+    - **Fields** become tensors sharing memory with the batch (``torch.from_numpy``); ``bool``
+      fields are ``torch.bool`` views (``bool_as="bool"``) or ``uint8`` (``bool_as="uint8"``).
+    - **State**: ``state_dict()``/``load_state_dict()`` follow the
+      ``torchdata.stateful_dataloader`` protocol; the state is the core checkpoint JSON. To
+      resume with another ``num_workers``, keep ``dataset.checkpoint(batch)`` of the last batch
+      the model consumed and build a new dataset from it.
+
+    Example:
+        >>> dataset = O41IterableDataset(config)  # doctest: +SKIP
+        >>> for batch in DataLoader(dataset, batch_size=None, num_workers=2):  # doctest: +SKIP
+        ...     tokens = batch["tokens"]  # torch.int32 (batch_size, 2048)
+
+    """
+
+    def __init__(
+        self,
+        source: BatchStreamConfig | Checkpoint,
+        training_data: object | None = None,
+        *,
+        bool_as: Literal["bool", "uint8"] = "bool",
+    ) -> None:
+        if training_data is not None:
+            raise ConfigError(
+                "training_data: object storage is not available in this release; use local shards"
+            )
+        if bool_as not in ("bool", "uint8"):
+            raise ConfigError(f"invalid bool_as: {bool_as!r}; expected 'bool' or 'uint8'")
+        self._bool_as = bool_as
+        self._config: BatchStreamConfig | None = None
+        self._start: str | None = None  # checkpoint JSON to resume from
+        if isinstance(source, Checkpoint):
+            observed = _distributed() or _environment()
+            if observed is not None and observed != (source.rank, source.world_size):
+                raise CheckpointError(
+                    f"checkpoint refused: it belongs to rank {source.rank} of {source.world_size}, "
+                    f"this process is rank {observed[0]} of {observed[1]}"
+                )
+            self._start = source.to_json()
+        elif isinstance(source, BatchStreamConfig):
+            self._config = self._with_ranks(source)
+        else:
+            raise ConfigError(
+                f"source: expected a BatchStreamConfig or a Checkpoint, got {type(source).__name__}"
+            )
+        self._resolved: str | None = None
+        self._bool_fields = self._find_bool_fields()
+        # (stage, switch global batch, request number), shared with worker processes as they
+        # start. Lock-free so it crosses fork, spawn and forkserver alike: one writer (the main
+        # process) bumps the request number last, readers re-check it (see _read_request).
+        self._requests: Any = multiprocessing.sharedctypes.RawArray("q", 3)
+        self._stream: BatchStream | None = None
+        self._stream_pid = 0  # a forked worker inherits the parent's stream object, not its threads
+        self._origin = 0
+        self._last_position: str | None = None
+        self._loaded: dict[str, Any] | None = None
+
+    @staticmethod
+    def _with_ranks(config: BatchStreamConfig) -> BatchStreamConfig:
+        explicit = (config.rank, config.world_size) != (0, 1)
+        dist = _distributed()
+        if dist is not None:
+            if explicit and (config.rank, config.world_size) != dist:
+                raise ConfigError(
+                    f"rank/world_size: the config says rank {config.rank} of {config.world_size}, "
+                    f"torch.distributed says rank {dist[0]} of {dist[1]}"
+                )
+            return dataclasses.replace(config, rank=dist[0], world_size=dist[1])
+        env = _environment()
+        if not explicit and env is not None:
+            return dataclasses.replace(config, rank=env[0], world_size=env[1])
+        return config
+
+    def _find_bool_fields(self) -> frozenset[str]:
+        if self._config is not None:
+            fields = [f.name for f in self._config.fields if f.dtype == "bool"]
+        else:
+            assert self._start is not None
+            document = json.loads(self._start)["resolved"]
+            fields = [f["name"] for f in document["fields"] if f["dtype"] == "bool"]
+        return frozenset(fields)
+
+    @property
+    def rank(self) -> int:
+        """The rank whose batches the dataset yields."""
+        if self._config is not None:
+            return self._config.rank
+        return int(json.loads(self._start or "{}")["resolved"]["rank"])
+
+    @property
+    def world_size(self) -> int:
+        """The number of ranks sharing the global batch sequence."""
+        if self._config is not None:
+            return self._config.world_size
+        return int(json.loads(self._start or "{}")["resolved"]["world_size"])
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state["_stream"] = None  # engine threads never cross a process boundary
+        if multiprocessing.context.get_spawning_popen() is None:
+            # Shared memory travels only to processes being started; a plain pickle drops it.
+            state["_requests"] = None
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+
+    @staticmethod
+    def _worker_share() -> tuple[int, int]:
+        info = get_worker_info()
+        return (info.id, info.num_workers) if info is not None else (0, 1)
+
+    def _start_checkpoint(self) -> tuple[Checkpoint | None, int]:
+        """The checkpoint this process's stream starts from, and its share's offset from there.
+
+        The checkpoint is None when the stream starts at the config's beginning.
+        """
+        offset, _ = self._worker_share()
+        if self._loaded is not None:
+            return Checkpoint.from_json(self._loaded["checkpoint"]), int(self._loaded["offset"])
+        if self._start is not None:
+            return Checkpoint.from_json(self._start), offset
+        return None, offset
+
+    def _open(self) -> BatchStream:
+        _, workers = self._worker_share()
+        if self._loaded is not None and self._loaded["stride"] != workers:
+            raise CheckpointError(
+                f"checkpoint refused: the state was taken with {self._loaded['stride']} workers, this "
+                f"loader has {workers}; build the dataset from dataset.checkpoint(batch) to change "
+                "num_workers"
+            )
+        checkpoint, offset = self._start_checkpoint()
+        if checkpoint is not None:
+            self._origin = checkpoint.next_batch
+            return resume_batch_stream(checkpoint, share=(offset, workers))
+        assert self._config is not None
+        self._origin = 0
+        return open_batch_stream(self._config, share=(offset, workers))
+
+    def __iter__(self) -> Iterator[O41Batch]:
+        _, workers = self._worker_share()
+        if self._stream is not None and self._stream_pid == os.getpid():
+            self._stream.close()
+        stream = self._open()
+        self._stream, self._stream_pid = stream, os.getpid()
+        seen_request = self._requests[2] if self._requests is not None else 0
+        try:
+            while True:
+                if self._requests is not None and self._requests[2] != seen_request:
+                    stage, switch, seen_request = self._read_request()
+                    stream._core.advance_at(stage, (switch - self._origin) // self.world_size)
+                batch = next(stream, None)
+                if batch is None:
+                    return
+                self._last_position = batch.position()
+                item = O41Batch(
+                    {
+                        name: _tensor(array, self._bool_as == "bool" and name in self._bool_fields)
+                        for name, array in batch.arrays().items()
+                    }
+                )
+                dict.update(
+                    item,
+                    {
+                        "stage": batch.stage,
+                        "batch_index": batch.batch_index,
+                        POSITION_KEY: self._last_position,
+                        WORKERS_KEY: workers,
+                    },
+                )
+                yield item
+        finally:
+            stream.close()
+
+    def _resolved_json(self) -> str:
+        if self._resolved is None:
+            if self._start is not None:
+                self._resolved = json.dumps(json.loads(self._start)["resolved"])
+            else:
+                assert self._config is not None
+                self._resolved = json.dumps(resolve_batch_stream_config(self._config))
+        return self._resolved
+
+    def checkpoint(self, batch: Mapping[str, Any]) -> Checkpoint:
+        """The rank's position right after ``batch`` (an item this dataset yielded).
+
+        Works in the main process whatever ``num_workers`` is; a dataset built from the result
+        resumes exactly after that batch with any number of workers.
+        """
+        return Checkpoint.from_position(self._resolved_json(), batch[POSITION_KEY])
+
+    def advance(
+        self, stage: int, after: Mapping[str, Any] | None = None, *, prefetch_factor: int | None = None
+    ) -> None:
+        """Switches to curriculum ``stage``.
+
+        Without workers (``num_workers=0``) the switch happens at the next batch. With workers,
+        pass ``after``, the last batch the trainer consumed: each worker may already hold up to
+        ``prefetch_factor`` batches (the ``DataLoader``'s, default 2), so the switch happens
+        right after those, at the same global batch on every rank that calls this after the same
+        batch. Persistent workers receive the request too.
+        """
+        if self._stream is not None and self._stream_pid == os.getpid() and get_worker_info() is None:
+            self._stream.advance(stage)
+            return
+        if after is None:
+            raise ConfigError(
+                "advance: pass after=<the last batch the trainer consumed> when DataLoader workers "
+                "produce the batches"
+            )
+        if self._requests is None:
+            raise ConfigError("advance: this dataset copy was pickled without its worker channel")
+        workers = int(after[WORKERS_KEY])
+        next_round = int(json.loads(after[POSITION_KEY])["cursor"]["next_batch"])
+        ahead = workers * (prefetch_factor or _DEFAULT_PREFETCH_FACTOR)
+        self._requests[0] = stage
+        self._requests[1] = next_round + ahead * self.world_size
+        self._requests[2] += 1
+
+    def _read_request(self) -> tuple[int, int, int]:
+        while True:
+            number = self._requests[2]
+            stage, switch = self._requests[0], self._requests[1]
+            if self._requests[2] == number:
+                return int(stage), int(switch), int(number)
+
+    def state_dict(self) -> dict[str, Any]:
+        """The position after the last batch this process yielded.
+
+        It is the core checkpoint JSON, plus which share of the rank's batches this worker
+        resumes with.
+        """
+        _, workers = self._worker_share()
+        if self._last_position is not None:
+            checkpoint = Checkpoint.from_position(self._resolved_json(), self._last_position).to_json()
+            # This worker's next local batch is `workers` after the one it yielded; counted from
+            # the position after that batch, it is `workers - 1` ahead.
+            return {
+                "version": STATE_VERSION,
+                "checkpoint": checkpoint,
+                "offset": workers - 1,
+                "stride": workers,
+            }
+        start, offset = self._start_checkpoint()
+        if start is None:
+            assert self._config is not None
+            return {
+                "version": STATE_VERSION,
+                "config": self._config.to_json(),
+                "offset": offset,
+                "stride": workers,
+            }
+        return {"version": STATE_VERSION, "checkpoint": start.to_json(), "offset": offset, "stride": workers}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Continues from ``state`` (from :meth:`state_dict`) at the next iteration."""
+        if state.get("version") != STATE_VERSION:
+            raise CheckpointError(
+                f"state refused: version {state.get('version')!r}, expected {STATE_VERSION}"
+            )
+        if "checkpoint" in state:
+            checkpoint = Checkpoint.from_json(state["checkpoint"])
+            if (checkpoint.rank, checkpoint.world_size) != (self.rank, self.world_size):
+                raise CheckpointError(
+                    f"state refused: it belongs to rank {checkpoint.rank} of {checkpoint.world_size}, "
+                    f"this dataset is rank {self.rank} of {self.world_size}"
+                )
+            self._loaded = {
+                "checkpoint": state["checkpoint"],
+                "offset": state["offset"],
+                "stride": state["stride"],
+            }
+        else:
+            self._loaded = None
+        self._last_position = None
