@@ -49,3 +49,4 @@ fmt: sync ## format Rust and Python sources
 bench: sync ## run the benchmarks and rewrite benchmarks/RESULTS.md
 	$(UV) run python benchmarks/run.py
 	$(UV) run python benchmarks/order_bench.py
+	$(UV) run python benchmarks/torch_bench.py

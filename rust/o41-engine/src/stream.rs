@@ -19,7 +19,7 @@ use std::time::Duration;
 use arrow_array::RecordBatch;
 use arrow_schema::SchemaRef;
 
-use crate::checkpoint::{Checkpoint, Cursor, CHECKPOINT_VERSION};
+use crate::checkpoint::{Checkpoint, Cursor, Position, CHECKPOINT_VERSION};
 use crate::columns::{batch_schema, Chunk};
 use crate::config::{ResolvedConfig, StreamConfig};
 use crate::error::{Error, Result};
@@ -127,6 +127,8 @@ struct Shared {
     bound: MemoryBound,
     group_rows: u64,
     max_jobs: usize,
+    /// The resolved config's fingerprint, computed once.
+    fingerprint: String,
 }
 
 impl Shared {
@@ -177,6 +179,7 @@ impl Shared {
             max_jobs * MAX_JOB_ROWS,
             scratch,
         )?;
+        let fingerprint = config.fingerprint();
         Ok(Shared {
             schema: batch_schema(&projection),
             resolved: config,
@@ -189,6 +192,7 @@ impl Shared {
             bound,
             group_rows,
             max_jobs,
+            fingerprint,
         })
     }
 
@@ -455,14 +459,14 @@ impl BatchStream {
         rows
     }
 
-    /// The checkpoint after the rank's first `consumed` local batches since the origin, with
-    /// `segment` active (the stream's own after its last delivered batch by default).
-    pub fn checkpoint_at(&self, consumed: u64, segment: Option<Segment>) -> Checkpoint {
+    /// The position after the rank's first `consumed` local batches since the origin, with
+    /// `segment` active (the stream's own after its last delivered batch by default). Cheap
+    /// enough to compute for every batch.
+    pub fn position_at(&self, consumed: u64, segment: Option<Segment>) -> Position {
         let segment = segment.unwrap_or(self.segment);
         let next_batch = self.start.origin + consumed * self.shared.world();
-        Checkpoint {
-            version: CHECKPOINT_VERSION,
-            fingerprint: self.shared.resolved.fingerprint(),
+        Position {
+            fingerprint: self.shared.fingerprint.clone(),
             cursor: Cursor {
                 segment,
                 next_batch,
@@ -471,6 +475,21 @@ impl BatchStream {
             batches_yielded: self.start.batches_base + consumed,
             rows_yielded: self.start.rows_base + self.rows_before(consumed),
             epochs: self.shared.order.epochs(&segment, next_batch),
+        }
+    }
+
+    /// The checkpoint after the rank's first `consumed` local batches since the origin, with
+    /// `segment` active (the stream's own after its last delivered batch by default).
+    pub fn checkpoint_at(&self, consumed: u64, segment: Option<Segment>) -> Checkpoint {
+        let p = self.position_at(consumed, segment);
+        Checkpoint {
+            version: CHECKPOINT_VERSION,
+            fingerprint: p.fingerprint,
+            cursor: p.cursor,
+            stage: p.stage,
+            batches_yielded: p.batches_yielded,
+            rows_yielded: p.rows_yielded,
+            epochs: p.epochs,
             resolved: self.shared.resolved.clone(),
         }
     }

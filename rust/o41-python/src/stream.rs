@@ -171,9 +171,7 @@ impl Stream {
     /// batches are consumed, with `segment` active.
     fn position_at(&self, consumed: u64, segment: SegmentTuple) -> PyResult<String> {
         self.with(|s| {
-            let position = s
-                .checkpoint_at(consumed, Some(tuple_segment(segment)))
-                .position();
+            let position = s.position_at(consumed, Some(tuple_segment(segment)));
             serde_json::to_string(&position).expect("a position always serialises")
         })
     }

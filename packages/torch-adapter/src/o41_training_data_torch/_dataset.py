@@ -47,9 +47,14 @@ class O41Batch(dict[str, Any]):
     detects and refuses.
     """
 
+    def __copy__(self) -> O41Batch:
+        return O41Batch(self)
+
     def update(self, *args: Any, **kwargs: Any) -> None:
         """Refuses an update that carries collated values (``DataLoader`` with a batch size)."""
-        values = dict(*args, **kwargs)
+        values = (
+            args[0] if len(args) == 1 and not kwargs and isinstance(args[0], dict) else dict(*args, **kwargs)
+        )
         if isinstance(values.get("batch_index"), torch.Tensor):
             raise ConfigError(
                 "O41IterableDataset yields whole batches (the stage's batch_size rows); "
@@ -58,12 +63,16 @@ class O41Batch(dict[str, Any]):
         super().update(values)
 
 
+# The arrays are read-only views over engine memory that nothing else references; torch warns
+# about read-only NumPy arrays, but sharing (not copying) them is the point. The filter matches
+# only warnings raised from this module, so users' own warnings are untouched.
+warnings.filterwarnings(
+    "ignore", message="The given NumPy array is not writable", category=UserWarning, module=__name__
+)
+
+
 def _tensor(array: np.ndarray, as_bool: bool) -> torch.Tensor:
-    # The arrays are read-only views over engine memory that nothing else references; torch warns
-    # about read-only NumPy arrays, but sharing (not copying) them is the point.
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", UserWarning)
-        tensor = torch.from_numpy(array)
+    tensor = torch.from_numpy(array)
     return tensor.view(torch.bool) if as_bool else tensor
 
 
