@@ -7,7 +7,6 @@ PYTHON ?= python3
 # One Rust target directory and one uv cache outside the clone, so fresh clones reuse builds.
 export CARGO_TARGET_DIR ?= $(HOME)/.cache/o41/target
 export UV_CACHE_DIR ?= $(HOME)/.cache/uv
-export UV_LINK_MODE ?= copy
 UV = $(shell command -v uv 2>/dev/null || echo "$(PYTHON) -m uv")
 
 .PHONY: help bootstrap sync demo test test-rust test-python lint fmt bench
