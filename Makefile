@@ -45,7 +45,8 @@ fmt: sync ## format Rust and Python sources
 	$(UV) run ruff format .
 	$(UV) run ruff check --fix .
 
-bench: sync ## run the benchmarks and rewrite benchmarks/RESULTS.md
-	$(UV) run python benchmarks/run.py
-	$(UV) run python benchmarks/order_bench.py
-	$(UV) run python benchmarks/torch_bench.py
+bench: bootstrap ## install the peers and run the benchmarks; rewrites benchmarks/RESULTS.md
+	$(UV) sync --all-packages --group dev --group bench
+	$(UV) run --group bench python benchmarks/run.py
+	$(UV) run --group bench python benchmarks/order_bench.py
+	$(UV) run --group bench python benchmarks/torch_bench.py

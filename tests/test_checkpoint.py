@@ -282,3 +282,27 @@ def test_row_identity_is_stable_and_auditable(shard: ShardWriter) -> None:
     assert np.array_equal(epoch, np.arange(20) // 10)
     assert np.array_equal(row_id, np.where(shard_ == 0, row, 6 + row))  # index in the listed order
     assert np.all(np.concatenate([r["source"] for r in rows]) == 0)
+
+
+def test_a_share_switches_stage_only_after_owed_batches(shard: ShardWriter) -> None:
+    easy = shard("parquet", [{"v": i} for i in range(200)])
+    hard = shard("jsonl", [{"v": 1000 + i} for i in range(200)])
+    config = BatchStreamConfig(
+        fields=[V],
+        stages=[
+            Stage(sources=[FileSource(files=[easy])], batch_size=4, infinite=True),
+            Stage(sources=[FileSource(files=[hard])], batch_size=4, infinite=True),
+        ],
+    )
+    with open_batch_stream(config) as whole:
+        reference = [next(whole) for _ in range(5)]
+        whole.advance(1)
+        reference += [next(whole) for _ in range(6)]
+    expected = [b.arrays()["v"].tolist() for b in reference[1::2]]
+    with open_batch_stream(config, share=(1, 2)) as odd:
+        got = [next(odd).arrays()["v"].tolist()]
+        odd._core.advance_at(1, 5)  # the rank switches at its local batch 5; batch 3 is still owed
+        got += [next(odd).arrays()["v"].tolist() for _ in range(len(expected) - 1)]
+    assert got == expected
+    assert got[1][0] < 1000
+    assert got[2][0] >= 1000

@@ -244,6 +244,8 @@ pub struct BatchStream {
     /// `(first local batch, rows per batch)` from each segment start since the origin.
     batch_rows: Vec<(u64, u64)>,
     end_batch: Option<u64>,
+    /// An advance at a later local batch than this stream's next one: `(stage, at)`.
+    pending_advance: Option<(usize, u64)>,
     closed: bool,
 }
 
@@ -305,6 +307,7 @@ impl BatchStream {
             consumed: 0,
             batch_rows: vec![(0, bs)],
             start,
+            pending_advance: None,
             closed: false,
         };
         stream.launch()?;
@@ -372,6 +375,13 @@ impl BatchStream {
         if self.closed {
             return Err(Error::Closed);
         }
+        if let Some((stage, at)) = self.pending_advance {
+            if self.next_local >= at {
+                let g = self.start.origin + at * self.shared.world();
+                let segment = self.shared.order.advance(&self.segment, g, stage)?;
+                self.switch(segment, at)?;
+            }
+        }
         let Some(output) = self.pipeline.as_ref().and_then(|p| p.output.as_ref()) else {
             return Ok(Next::End);
         };
@@ -424,6 +434,17 @@ impl BatchStream {
         if segment == self.segment {
             return Ok(());
         }
+        if at > self.next_local {
+            // This stream still owes batches of the old stage before `at` (other workers of the
+            // rank delivered the ones in between): switch once they are delivered.
+            self.pending_advance = Some((stage, at));
+            return Ok(());
+        }
+        self.switch(segment, at)
+    }
+
+    fn switch(&mut self, segment: Segment, at: u64) -> Result<()> {
+        self.pending_advance = None;
         if let Some(mut pipeline) = self.pipeline.take() {
             pipeline.stop();
         }
