@@ -37,7 +37,12 @@ def _numpy_view(column: pa.Array, rows: int) -> np.ndarray:
         dims.append(values.type.list_size)
         # The engine builds columns without offsets, so the child covers exactly these rows.
         values = values.values
-    flat: np.ndarray = values.to_numpy(zero_copy_only=True)
+    # np.frombuffer over the data buffer: a view, and unlike Array.to_numpy it never makes
+    # pyarrow import pandas (a second's delay before the first batch where pandas is installed).
+    dtype = np.dtype(values.type.to_pandas_dtype())
+    flat = np.frombuffer(
+        values.buffers()[1], dtype=dtype, count=len(values), offset=values.offset * dtype.itemsize
+    )
     return flat.reshape((rows, *dims))
 
 
