@@ -39,6 +39,28 @@ def generate(out: Path, rows: int, seed: int = 0) -> list[Path]:
     return shards
 
 
+def jsonl_copy(shards: list[Path], out: Path) -> float:
+    """Writes the same rows as jsonl.gz shards next to the Parquet ones, once; returns the
+    seconds the conversion took (0 when the copy is already there)."""
+    from o41_training_data._synthetic import write_jsonl_gz
+
+    out.mkdir(parents=True, exist_ok=True)
+    targets = [out / p.name.replace(".parquet", ".jsonl.gz") for p in shards]
+    stamp = out / "copy.json"
+    names = [p.name for p in shards]
+    if stamp.exists() and json.loads(stamp.read_text()) == names and all(t.exists() for t in targets):
+        return 0.0
+    import time
+
+    import pyarrow.parquet as pq
+
+    start = time.perf_counter()
+    for source, target in zip(shards, targets, strict=True):
+        write_jsonl_gz(pq.read_table(source), target)
+    stamp.write_text(json.dumps(names))
+    return time.perf_counter() - start
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter

@@ -29,7 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
-from corpus import generate
+from corpus import generate, jsonl_copy
 from report import preamble, write_section
 
 HERE = Path(__file__).parent
@@ -83,17 +83,26 @@ def o41_config(shards: list[str]):
     )
 
 
-def o41_stream(shards: list[str], resume_at: int = 0) -> Batches:
-    from o41_training_data import Checkpoint, open_batch_stream, resume_batch_stream
+def o41_checkpoint_at(shards: list[str], depth: int):
+    """The checkpoint a run of the config takes after `depth` global batches (written directly:
+    a checkpoint is positional, so there is no need to run that far to get one)."""
+    from o41_training_data import Checkpoint, open_batch_stream
 
-    config = o41_config(shards)
+    with open_batch_stream(o41_config(shards)) as stream:
+        document = json.loads(stream.checkpoint().to_json())
+    document["cursor"]["next_batch"] = depth
+    document["batches_yielded"] = depth
+    document["rows_yielded"] = depth * BATCH
+    return Checkpoint.from_json(json.dumps(document))
+
+
+def o41_stream(shards: list[str], resume_at: int = 0) -> Batches:
+    from o41_training_data import open_batch_stream, resume_batch_stream
+
     if resume_at:
-        with open_batch_stream(config) as stream:
-            document = json.loads(stream.checkpoint().to_json())
-        document["cursor"]["next_batch"] = resume_at  # a checkpoint taken at that depth
-        stream = resume_batch_stream(Checkpoint.from_json(json.dumps(document)))
+        stream = resume_batch_stream(o41_checkpoint_at(shards, resume_at))
     else:
-        stream = open_batch_stream(config)
+        stream = open_batch_stream(o41_config(shards))
     with stream:
         for batch in stream:
             arrays = batch.arrays()
@@ -104,7 +113,8 @@ def o41_torch(shards: list[str], resume_at: int = 0) -> Batches:
     from o41_training_data_torch import O41IterableDataset
     from torch.utils.data import DataLoader
 
-    for batch in DataLoader(O41IterableDataset(o41_config(shards)), batch_size=None, num_workers=0):
+    source = o41_checkpoint_at(shards, resume_at) if resume_at else o41_config(shards)
+    for batch in DataLoader(O41IterableDataset(source), batch_size=None, num_workers=0):
         yield batch["tokens"].numpy(), batch["loss_mask"].numpy()
 
 
@@ -268,6 +278,23 @@ CONTENDERS = {
 }
 
 
+PROBE = 50
+
+
+def probe(name: str, shards: list[str], depth: int) -> dict[str, float]:
+    """Checksum of batch `depth` of an uninterrupted run, and of the first batch after resuming
+    at `depth`: equal when the contender's resume is exact."""
+    make = CONTENDERS[name][0]
+    straight = None
+    for i, (tokens, mask) in enumerate(make(shards, 0)):
+        if i == depth:
+            straight = int(tokens.sum(dtype=np.int64)) + int(mask.sum(dtype=np.int64))
+            break
+    tokens, mask = next(iter(make(shards, depth)))
+    resumed = int(tokens.sum(dtype=np.int64)) + int(mask.sum(dtype=np.int64))
+    return {"exact": float(straight == resumed)}
+
+
 class RssSampler:
     """Peak resident memory of this process and its descendants (DataLoader workers), sampled.
 
@@ -362,7 +389,7 @@ def measure(name: str, shards: list[str], batches: int, resume_at: int) -> dict[
     }
 
 
-def run(name: str, rows: int, batches: int, resume_at: int = 0) -> dict[str, float]:
+def run(name: str, rows: int, batches: int, resume_at: int = 0, probe: bool = False) -> dict[str, float]:
     env = {
         **os.environ,
         "OPENBLAS_NUM_THREADS": "1",
@@ -370,7 +397,7 @@ def run(name: str, rows: int, batches: int, resume_at: int = 0) -> dict[str, flo
         "PYTHONWARNINGS": "ignore",
     }
     command = [sys.executable, __file__, "--job", name, "--rows", str(rows), "--batches", str(batches)]
-    command += ["--resume-at", str(resume_at)]
+    command += ["--resume-at", str(resume_at)] + (["--probe"] if probe else [])
     out = subprocess.run(command, check=True, capture_output=True, text=True, env=env, timeout=900)
     result: dict[str, float] = json.loads(out.stdout.strip().splitlines()[-1])
     return result
@@ -412,12 +439,17 @@ def main() -> None:
     parser.add_argument("--batches", type=int, default=600)
     parser.add_argument("--job")
     parser.add_argument("--resume-at", type=int, default=0)
+    parser.add_argument("--probe", action="store_true")
     args = parser.parse_args()
     shards = [str(p) for p in generate(HERE / "data" / "corpus", args.rows)]
+    if args.job and args.probe:
+        print(json.dumps(probe(args.job, shards, PROBE)))
+        return
     if args.job:
         print(json.dumps(measure(args.job, shards, args.batches, args.resume_at)))
         return
     conversion = convert_mds(shards)
+    jsonl_seconds = jsonl_copy([Path(s) for s in shards], HERE / "data" / "corpus-jsonl")
     names = list(CONTENDERS)
     runs: dict[str, list[dict[str, float]]] = {n: [] for n in names}
     resumes: dict[str, list[float]] = {n: [] for n in names}
@@ -427,6 +459,8 @@ def main() -> None:
             if CONTENDERS[name][1] == "seeks":
                 resumes[name].append(run(name, args.rows, 1, resume_at=DEPTH)["first_batch_s"])
             print(f"rep {rep + 1} {name}: {runs[name][-1]['rows_per_s']:,.0f} rows/s", file=sys.stderr)
+
+    exact = {n: bool(run(n, args.rows, 0, probe=True)["exact"]) for n in names if CONTENDERS[n][1] == "seeks"}
 
     def med(name: str, key: str) -> float:
         return statistics.median(r[key] for r in runs[name])
@@ -463,7 +497,10 @@ def main() -> None:
     del tokens_per_row
     for name in names:
         m = medians[name]
-        how = {"seeks": "seeks", "replays": "replays (estimated)"}[CONTENDERS[name][1]]
+        if CONTENDERS[name][1] == "seeks":
+            how = "seeks, exact" if exact[name] else "seeks, NOT exact"
+        else:
+            how = "replays (estimated; exact by replaying)"
         table.append(
             f"| {name} | {m['rows_per_s']:,.0f} | {spread(name, 'rows_per_s')} | {m['rows_per_s'] / ours['rows_per_s']:.2f} "
             f"| {m['rows_per_s'] * SEQ:,.0f} | {m['first_batch_s']:.2f} | {m['resume_s']:,.2f} | {how} "
@@ -498,12 +535,15 @@ def main() -> None:
   NumPy sum per batch; steady state over {args.batches} batches after the first; {args.reps}
   repetitions, each contender in its own process, alternating; medians (rows/s min-max).
 - Peer versions: {peer_versions()}
-- MDS conversion for mosaicml-streaming: {conversion:.1f} s (0 when already converted).
+- Conversions, once: MDS for mosaicml-streaming {conversion:.1f} s; the jsonl.gz copy of the
+  corpus {jsonl_seconds:.1f} s (0 when already converted).
 - Resume: contenders that seek (o41 through a checkpoint at that depth, mosaicml-streaming
   through `load_state_dict`) are measured in a fresh process; the others replay, and the figure
   is their time to first batch plus 100,000 batches at their own steady rate (estimated).
-- Exactness of resume: o41 is exact (property-tested: the resumed batch equals the
-  uninterrupted one). The peers were not checked here.
+- Exactness of resume: for each contender that seeks, the first batch after resuming at batch
+  {PROBE} is compared with batch {PROBE} of an uninterrupted run (o41 is also property-tested at
+  every step). A contender that replays is exact by construction when its order is seeded, at
+  the cost of reading everything before the resume point.
 
 {chr(10).join(table)}
 
@@ -512,6 +552,24 @@ def main() -> None:
 {chr(10).join(goals)}
 
 ![throughput and resume time per contender](peers.png)
+
+### What explains the missed goals
+
+- **Throughput vs the best peer.** Profiles of the o41 stream (`perf record`, see the order
+  section) put most of its time in arrow-rs's Parquet list decoding (`ListArrayReader`, RLE and
+  dictionary decoding, validity bitmaps) and in page faults on freshly allocated decode buffers;
+  projection and batch assembly are a few percent. On 2 cores the stream is decode-bound: it
+  runs at about 1.5x the single-pass pyarrow scan that does no shuffle and no mix, and the best
+  peer here is a map-style loader indexing rows already decoded into memory (its 4 GiB RSS is
+  the price). The 3x goal needs a cheaper decode path (a specialised list<int32> reader, or
+  reusing decode buffers across jobs), not benchmark changes.
+- **Resume vs mosaicml-streaming.** Both are sub-second and neither replays. Ours resolves every
+  shard (footers and page indexes) and decodes the whole 4,096-row shuffle window holding the
+  first batch before it can deliver it. mosaicml-streaming reads one sample's shard.
+- **Peak RSS vs the lowest peer.** Our working set is dominated by two planned groups of a
+  shuffle window each (8,192 rows of 2 x 2,048 columns), plus the decode jobs in flight. Planning
+  one group ahead instead of two, or smaller groups when the window allows, would trade overlap
+  for memory.
 """
     print(body)
     write_section("peers", body)
