@@ -41,15 +41,17 @@ def generate(out: Path, rows: int, seed: int = 0) -> list[Path]:
 
 def jsonl_copy(shards: list[Path], out: Path) -> float:
     """Writes the same rows as jsonl.gz shards next to the Parquet ones, once; returns the
-    seconds the conversion took (0 when the copy is already there)."""
+    seconds that conversion took."""
     from o41_training_data._synthetic import write_jsonl_gz
 
     out.mkdir(parents=True, exist_ok=True)
     targets = [out / p.name.replace(".parquet", ".jsonl.gz") for p in shards]
     stamp = out / "copy.json"
     names = [p.name for p in shards]
-    if stamp.exists() and json.loads(stamp.read_text()) == names and all(t.exists() for t in targets):
-        return 0.0
+    if stamp.exists() and all(t.exists() for t in targets):
+        done = json.loads(stamp.read_text())
+        if isinstance(done, dict) and done.get("shards") == names:
+            return float(done["seconds"])
     import time
 
     import pyarrow.parquet as pq
@@ -57,8 +59,9 @@ def jsonl_copy(shards: list[Path], out: Path) -> float:
     start = time.perf_counter()
     for source, target in zip(shards, targets, strict=True):
         write_jsonl_gz(pq.read_table(source), target)
-    stamp.write_text(json.dumps(names))
-    return time.perf_counter() - start
+    seconds = time.perf_counter() - start
+    stamp.write_text(json.dumps({"shards": names, "seconds": seconds}))
+    return seconds
 
 
 def main() -> None:
