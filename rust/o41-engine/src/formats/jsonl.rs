@@ -9,7 +9,9 @@ use std::sync::Arc;
 
 use flate2::read::MultiGzDecoder;
 
-use super::{Encoding, ShardIndex, ShardMeta, ShardReader, INDEX_STRIDE};
+use super::{
+    read_record_ranges, Encoding, RecordCursor, ShardIndex, ShardMeta, ShardReader, INDEX_STRIDE,
+};
 use crate::columns::Chunk;
 use crate::error::{Error, Result};
 use crate::projection::Projection;
@@ -143,6 +145,34 @@ fn project_line(
         .map_err(|e| e.into_error(projection, path, encoding.name(), row))
 }
 
+impl RecordCursor for Reader {
+    fn seek_row(&mut self, row: u64) -> Result<()> {
+        Reader::seek_row(self, row)
+    }
+
+    fn project_next(
+        &mut self,
+        projection: &Projection,
+        chunk: &mut Chunk,
+        out_row: usize,
+    ) -> Result<()> {
+        if !self.next_line()? {
+            return Err(truncated(&self.path, self.encoding, self.next_row));
+        }
+        project_line(
+            &self.line,
+            projection,
+            chunk,
+            out_row,
+            &self.path,
+            self.encoding,
+            self.next_row,
+        )?;
+        self.next_row += 1;
+        Ok(())
+    }
+}
+
 impl ShardReader for Reader {
     fn read_ranges(
         &mut self,
@@ -150,27 +180,7 @@ impl ShardReader for Reader {
         projection: &Projection,
         chunk: &mut Chunk,
     ) -> Result<()> {
-        let mut out_row = 0;
-        for range in ranges {
-            self.seek_row(range.start)?;
-            for _ in range.clone() {
-                if !self.next_line()? {
-                    return Err(truncated(&self.path, self.encoding, self.next_row));
-                }
-                project_line(
-                    &self.line,
-                    projection,
-                    chunk,
-                    out_row,
-                    &self.path,
-                    self.encoding,
-                    self.next_row,
-                )?;
-                self.next_row += 1;
-                out_row += 1;
-            }
-        }
-        Ok(())
+        read_record_ranges(self, ranges, projection, chunk)
     }
 }
 

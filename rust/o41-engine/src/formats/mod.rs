@@ -149,6 +149,37 @@ pub trait ShardReader: Send {
     ) -> Result<()>;
 }
 
+/// A reader of self-describing records (one line or frame each) that can seek by record number.
+trait RecordCursor {
+    /// Positions the cursor so the next record read is `row`.
+    fn seek_row(&mut self, row: u64) -> Result<()>;
+    /// Reads the next record into row `out_row` of `chunk`; the cursor advances by one record.
+    fn project_next(
+        &mut self,
+        projection: &Projection,
+        chunk: &mut Chunk,
+        out_row: usize,
+    ) -> Result<()>;
+}
+
+/// Reads `ranges` record by record: the shared body of the line- and frame-based readers.
+fn read_record_ranges(
+    cursor: &mut impl RecordCursor,
+    ranges: &[Range<u64>],
+    projection: &Projection,
+    chunk: &mut Chunk,
+) -> Result<()> {
+    let mut out_row = 0;
+    for range in ranges {
+        cursor.seek_row(range.start)?;
+        for _ in range.clone() {
+            cursor.project_next(projection, chunk, out_row)?;
+            out_row += 1;
+        }
+    }
+    Ok(())
+}
+
 /// Opens a reader over a shard that [`inspect`] has seen.
 pub fn open(path: &str, encoding: Encoding, meta: &ShardMeta) -> Result<Box<dyn ShardReader>> {
     Ok(match (&meta.index, encoding) {

@@ -7,7 +7,7 @@ use std::io::{BufReader, Read, Seek, SeekFrom};
 use std::ops::Range;
 use std::sync::Arc;
 
-use super::{ShardIndex, ShardMeta, ShardReader, INDEX_STRIDE};
+use super::{read_record_ranges, RecordCursor, ShardIndex, ShardMeta, ShardReader, INDEX_STRIDE};
 use crate::columns::Chunk;
 use crate::error::{Error, Result};
 use crate::projection::Projection;
@@ -137,6 +137,37 @@ fn project_frame(
         .map_err(|e| e.into_error(projection, path, ENCODING, row))
 }
 
+impl RecordCursor for Reader {
+    fn seek_row(&mut self, row: u64) -> Result<()> {
+        Reader::seek_row(self, row)
+    }
+
+    fn project_next(
+        &mut self,
+        projection: &Projection,
+        chunk: &mut Chunk,
+        out_row: usize,
+    ) -> Result<()> {
+        if !self.read_frame()? {
+            return Err(format_error(
+                &self.path,
+                self.next_row,
+                "the shard ended before this row",
+            ));
+        }
+        project_frame(
+            &self.frame,
+            projection,
+            chunk,
+            out_row,
+            &self.path,
+            self.next_row,
+        )?;
+        self.next_row += 1;
+        Ok(())
+    }
+}
+
 impl ShardReader for Reader {
     fn read_ranges(
         &mut self,
@@ -144,30 +175,7 @@ impl ShardReader for Reader {
         projection: &Projection,
         chunk: &mut Chunk,
     ) -> Result<()> {
-        let mut out_row = 0;
-        for range in ranges {
-            self.seek_row(range.start)?;
-            for _ in range.clone() {
-                if !self.read_frame()? {
-                    return Err(format_error(
-                        &self.path,
-                        self.next_row,
-                        "the shard ended before this row",
-                    ));
-                }
-                project_frame(
-                    &self.frame,
-                    projection,
-                    chunk,
-                    out_row,
-                    &self.path,
-                    self.next_row,
-                )?;
-                self.next_row += 1;
-                out_row += 1;
-            }
-        }
-        Ok(())
+        read_record_ranges(self, ranges, projection, chunk)
     }
 }
 
