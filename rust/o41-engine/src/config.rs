@@ -98,6 +98,29 @@ pub enum SourceSpec {
         #[serde(default = "default_weight")]
         weight: f64,
     },
+    /// A selection of a data manifest's split.
+    Manifest {
+        /// Location of the manifest.
+        manifest_uri: String,
+        /// Split to read.
+        split: String,
+        /// Curriculum selections or stages whose union is read, in this order; `None` reads the
+        /// split's root order.
+        #[serde(default)]
+        curriculum_stages: Option<Vec<String>>,
+        /// Relative share of the stage's rows.
+        #[serde(default = "default_weight")]
+        weight: f64,
+    },
+}
+
+impl SourceSpec {
+    /// The source's weight.
+    pub fn weight(&self) -> f64 {
+        match self {
+            SourceSpec::Files { weight, .. } | SourceSpec::Manifest { weight, .. } => *weight,
+        }
+    }
 }
 
 fn default_weight() -> f64 {
@@ -255,21 +278,41 @@ impl StreamConfig {
                 }
             }
             for (j, source) in stage.sources.iter().enumerate() {
-                let SourceSpec::Files {
-                    files,
-                    weight,
-                    encoding,
-                } = source;
-                if let Some(name) = encoding {
-                    Encoding::parse(name, &format!("{option}.sources[{j}].encoding"))?;
+                match source {
+                    SourceSpec::Files {
+                        files, encoding, ..
+                    } => {
+                        if let Some(name) = encoding {
+                            Encoding::parse(name, &format!("{option}.sources[{j}].encoding"))?;
+                        }
+                        if files.is_empty() {
+                            return Err(Error::config(
+                                format!("{option}.sources[{j}].files"),
+                                "at least one file is required",
+                            ));
+                        }
+                    }
+                    SourceSpec::Manifest {
+                        manifest_uri,
+                        curriculum_stages,
+                        ..
+                    } => {
+                        if manifest_uri.is_empty() {
+                            return Err(Error::config(
+                                format!("{option}.sources[{j}].manifest_uri"),
+                                "must not be empty",
+                            ));
+                        }
+                        if curriculum_stages.as_ref().is_some_and(Vec::is_empty) {
+                            return Err(Error::config(
+                                format!("{option}.sources[{j}].curriculum_stages"),
+                                "name at least one stage, or omit it to read the split's root order",
+                            ));
+                        }
+                    }
                 }
-                if files.is_empty() {
-                    return Err(Error::config(
-                        format!("{option}.sources[{j}].files"),
-                        "at least one file is required",
-                    ));
-                }
-                if !(weight.is_finite() && *weight > 0.0) {
+                let weight = source.weight();
+                if !(weight.is_finite() && weight > 0.0) {
                     return Err(Error::config(
                         format!("{option}.sources[{j}].weight"),
                         format!("must be a positive finite number, got {weight}"),

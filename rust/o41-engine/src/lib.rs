@@ -8,6 +8,7 @@ pub mod config;
 pub mod dtype;
 pub mod error;
 pub mod formats;
+pub mod manifest;
 pub mod memory;
 pub mod order;
 pub mod projection;

@@ -1,6 +1,7 @@
 //! Resolution: from the user's config to the pinned document a stream opens, with every shard's
 //! encoding and row count, after checking each shard's first record against the projection.
 
+use std::collections::HashMap;
 use std::path::Path;
 
 use crate::config::{
@@ -9,6 +10,7 @@ use crate::config::{
 };
 use crate::error::{Error, Result};
 use crate::formats::{self, Encoding, ShardMeta};
+use crate::manifest::{shard_path, Manifest};
 use crate::projection::Projection;
 
 /// A resolved config with what inspection learnt about each shard.
@@ -36,6 +38,7 @@ pub fn reopen(config: ResolvedConfig) -> Result<Resolved> {
                     source: j,
                     path: shard.path.clone(),
                     encoding: shard.encoding,
+                    rows: None,
                 });
             }
         }
@@ -75,6 +78,69 @@ struct Job {
     source: usize,
     path: String,
     encoding: Encoding,
+    /// Row count a manifest promises for the shard.
+    rows: Option<u64>,
+}
+
+/// Appends the shards `source` (stage `s`, index `j`) reads to `jobs`.
+fn source_jobs(
+    source: &SourceSpec,
+    s: usize,
+    j: usize,
+    manifests: &mut HashMap<String, Manifest>,
+    jobs: &mut Vec<Job>,
+) -> Result<()> {
+    let option = format!("stages[{s}].sources[{j}]");
+    match source {
+        SourceSpec::Files {
+            files, encoding, ..
+        } => {
+            for (f, file) in files.iter().enumerate() {
+                let encoding = match encoding {
+                    Some(name) => Encoding::parse(name, &format!("{option}.encoding"))?,
+                    None => Encoding::from_path(file, &format!("{option}.files[{f}]"))?,
+                };
+                jobs.push(Job {
+                    stage: s,
+                    source: j,
+                    path: absolute(file),
+                    encoding,
+                    rows: None,
+                });
+            }
+        }
+        SourceSpec::Manifest {
+            manifest_uri,
+            split,
+            curriculum_stages,
+            ..
+        } => {
+            let uri = absolute(manifest_uri);
+            if !manifests.contains_key(&uri) {
+                manifests.insert(uri.clone(), Manifest::load(&uri)?);
+            }
+            let manifest = &manifests[&uri];
+            for shard in manifest.select(split, curriculum_stages.as_deref(), &option)? {
+                jobs.push(Job {
+                    stage: s,
+                    source: j,
+                    path: shard_path(&uri, &shard.location),
+                    encoding: manifest.data_format,
+                    rows: Some(shard.rows),
+                });
+            }
+            if jobs
+                .last()
+                .is_none_or(|job| (job.stage, job.source) != (s, j))
+            {
+                return Err(Error::config(
+                    option,
+                    format!("split '{split}' of {uri} lists no shards"),
+                ));
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Local paths are made absolute so a resolved document does not depend on the working directory.
@@ -89,29 +155,33 @@ pub fn resolve(config: &StreamConfig) -> Result<Resolved> {
     let projection = Projection::new(&config.fields)?;
     let (records, _) = projection.record_columns();
     let mut jobs = Vec::new();
+    let mut manifests = HashMap::new();
+    let mut counts: Vec<Vec<usize>> = Vec::with_capacity(config.stages.len());
     for (s, stage) in config.stages.iter().enumerate() {
+        let mut stage_counts = Vec::with_capacity(stage.sources.len());
         for (j, source) in stage.sources.iter().enumerate() {
-            let SourceSpec::Files {
-                files, encoding, ..
-            } = source;
-            for (f, file) in files.iter().enumerate() {
-                let option = format!("stages[{s}].sources[{j}].files[{f}]");
-                let encoding = match encoding {
-                    Some(name) => {
-                        Encoding::parse(name, &format!("stages[{s}].sources[{j}].encoding"))?
-                    }
-                    None => Encoding::from_path(file, &option)?,
-                };
-                jobs.push(Job {
-                    stage: s,
-                    source: j,
-                    path: absolute(file),
-                    encoding,
+            let before = jobs.len();
+            source_jobs(source, s, j, &mut manifests, &mut jobs)?;
+            stage_counts.push(jobs.len() - before);
+        }
+        counts.push(stage_counts);
+    }
+    let metas = inspect_all(&jobs, &records, config.threads)?;
+    for (job, meta) in jobs.iter().zip(&metas) {
+        if let Some(expected) = job.rows {
+            if expected != meta.rows {
+                return Err(Error::Format {
+                    path: job.path.clone(),
+                    encoding: job.encoding.name(),
+                    row: None,
+                    message: format!(
+                        "the manifest lists {expected} rows, the shard holds {}",
+                        meta.rows
+                    ),
                 });
             }
         }
     }
-    let metas = inspect_all(&jobs, &records, config.threads)?;
 
     let mut stages = Vec::with_capacity(config.stages.len());
     let mut all_metas = Vec::with_capacity(config.stages.len());
@@ -120,10 +190,10 @@ pub fn resolve(config: &StreamConfig) -> Result<Resolved> {
         let mut sources = Vec::new();
         let mut stage_metas = Vec::new();
         for (j, source) in stage.sources.iter().enumerate() {
-            let SourceSpec::Files { files, weight, .. } = source;
-            let mut shards = Vec::with_capacity(files.len());
-            let mut source_metas = Vec::with_capacity(files.len());
-            for _ in files {
+            let count = counts[s][j];
+            let mut shards = Vec::with_capacity(count);
+            let mut source_metas = Vec::with_capacity(count);
+            for _ in 0..count {
                 let (job, meta) = next.next().expect("one inspection per file");
                 debug_assert_eq!((job.stage, job.source), (s, j));
                 shards.push(ResolvedShard {
@@ -134,7 +204,7 @@ pub fn resolve(config: &StreamConfig) -> Result<Resolved> {
                 source_metas.push(meta);
             }
             let resolved = ResolvedSource {
-                weight: *weight,
+                weight: source.weight(),
                 shards,
             };
             if resolved.rows() == 0 {

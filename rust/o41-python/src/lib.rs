@@ -17,5 +17,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<checkpoint::Checkpoint>()?;
     m.add_function(wrap_pyfunction!(stream::resolve_config, m)?)?;
     m.add_function(wrap_pyfunction!(stream::host_memory_bytes, m)?)?;
+    m.add_function(wrap_pyfunction!(stream::load_manifest, m)?)?;
+    m.add_function(wrap_pyfunction!(stream::check_manifest, m)?)?;
     Ok(())
 }

@@ -32,6 +32,22 @@ pub fn resolve_config(py: Python<'_>, config_json: &str) -> PyResult<String> {
         .map_err(|e| to_py(py, &e))
 }
 
+/// Reads and checks a local data manifest; returns it as JSON.
+#[pyfunction]
+pub fn load_manifest(py: Python<'_>, uri: &str) -> PyResult<String> {
+    o41_engine::manifest::Manifest::load(uri)
+        .map(|m| m.to_json())
+        .map_err(|e| to_py(py, &e))
+}
+
+/// Checks a data manifest document (JSON) against the format's rules; `uri` names it in errors.
+#[pyfunction]
+pub fn check_manifest(py: Python<'_>, text: &str, uri: &str) -> PyResult<String> {
+    o41_engine::manifest::Manifest::from_json(text, uri)
+        .map(|m| m.to_json())
+        .map_err(|e| to_py(py, &e))
+}
+
 /// Physical memory of the host in bytes, or None where it cannot be read.
 #[pyfunction]
 pub fn host_memory_bytes() -> Option<u64> {

@@ -24,6 +24,7 @@ from ._config import (
     DType,
     Encoding,
     FileSource,
+    ManifestSource,
     ProjectedField,
     Shuffle,
     Stage,
@@ -40,6 +41,7 @@ from ._errors import (
     StorageError,
     StreamClosedError,
 )
+from ._manifest import Curriculum, DataManifest, ManifestShard, ManifestSplit, load_manifest, save_manifest
 from ._stream import (
     Batch,
     BatchStream,
@@ -50,6 +52,7 @@ from ._stream import (
     resolve_batch_stream_config,
     resume_batch_stream,
 )
+from ._training_data import TrainingData
 
 __all__ = [
     "DTYPES",
@@ -60,11 +63,16 @@ __all__ = [
     "Checkpoint",
     "CheckpointError",
     "ConfigError",
+    "Curriculum",
     "DType",
     "DataError",
+    "DataManifest",
     "Encoding",
     "FileSource",
     "MalformedShardError",
+    "ManifestShard",
+    "ManifestSource",
+    "ManifestSplit",
     "MemoryBound",
     "O41Error",
     "ObjectNotFoundError",
@@ -75,8 +83,11 @@ __all__ = [
     "StorageError",
     "StreamClosedError",
     "StreamStats",
+    "TrainingData",
     "__version__",
+    "load_manifest",
     "open_batch_stream",
     "resolve_batch_stream_config",
     "resume_batch_stream",
+    "save_manifest",
 ]

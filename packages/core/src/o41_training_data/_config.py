@@ -21,6 +21,7 @@ __all__ = [
     "DType",
     "Encoding",
     "FileSource",
+    "ManifestSource",
     "ProjectedField",
     "Shuffle",
     "Stage",
@@ -115,6 +116,45 @@ class FileSource:
 
 
 @dataclass(frozen=True)
+class ManifestSource:
+    """A selection of a data manifest's split (``docs/manifest.md``).
+
+    ``curriculum_stages`` reads the union of those curriculum selections (or, where no selection
+    has the name, the shards saved under that curriculum stage) in the listed order; omitted, the
+    split's root order. The resolved config pins the selected shards and their row counts, so a
+    manifest republished later does not change what a resumed stream reads.
+
+    Example:
+        >>> ManifestSource(manifest_uri="data/data-manifest-v1.json", split="train").weight
+        1.0
+
+    """
+
+    manifest_uri: str
+    split: str
+    curriculum_stages: Sequence[str] | None = None
+    weight: float = 1.0
+
+    def __post_init__(self) -> None:
+        if isinstance(self.curriculum_stages, str):
+            raise ConfigError(
+                "invalid ManifestSource.curriculum_stages: expected a list of names, got one string"
+            )
+        if self.curriculum_stages is not None:
+            object.__setattr__(self, "curriculum_stages", tuple(self.curriculum_stages))
+
+    def to_dict(self) -> dict[str, Any]:
+        """The source as the engine's JSON document expects it."""
+        return {
+            "kind": "manifest",
+            "manifest_uri": str(self.manifest_uri),
+            "split": self.split,
+            "curriculum_stages": list(self.curriculum_stages) if self.curriculum_stages is not None else None,
+            "weight": self.weight,
+        }
+
+
+@dataclass(frozen=True)
 class Shuffle:
     """Row shuffling within a window of ``buffer_rows`` rows (rounded up to whole units).
 
@@ -150,7 +190,7 @@ class Stage:
 
     """
 
-    sources: Sequence[FileSource]
+    sources: Sequence[FileSource | ManifestSource]
     batch_size: int
     shuffle: Shuffle | None = None
     infinite: bool = False

@@ -11,6 +11,12 @@ _Segment = tuple[int, int, int, int, int]
 def resolve_config(config_json: str) -> str:
     """Resolves a stream config (JSON) and returns the resolved document (JSON)."""
 
+def load_manifest(uri: str) -> str:
+    """Reads and checks a local data manifest; returns it as JSON."""
+
+def check_manifest(text: str, uri: str) -> str:
+    """Checks a data manifest document against the format's rules; returns it as JSON."""
+
 def host_memory_bytes() -> int | None:
     """Physical memory of the host in bytes, or None where it cannot be read."""
 

@@ -1,0 +1,254 @@
+//! The data manifest format, version 1 (`docs/manifest.md`): splits of shards in root order, each
+//! shard with its location, row count, byte size, checksum, curriculum stage and metadata, and
+//! named curriculum selections of shards. Locations are relative to the manifest's directory
+//! unless absolute, so a copied dataset directory stays valid.
+
+use std::collections::{BTreeMap, HashSet};
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Error, Result};
+use crate::formats::Encoding;
+
+/// The value of the `format` field.
+pub const MANIFEST_FORMAT: &str = "o41-data-manifest";
+/// The version this release reads and writes.
+pub const MANIFEST_VERSION: u32 = 1;
+
+/// One physical shard of a split.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ManifestShard {
+    /// Where the shard is, relative to the manifest's directory unless absolute.
+    pub location: String,
+    /// Records in the shard.
+    pub rows: u64,
+    /// Size of the shard object in bytes.
+    pub bytes: u64,
+    /// `algorithm:hex` checksum of the shard object.
+    pub checksum: String,
+    /// Curriculum stage the shard was saved under, if any.
+    #[serde(default)]
+    pub curriculum_stage: Option<String>,
+    /// Free-form metadata of the shard.
+    #[serde(default)]
+    pub metadata: serde_json::Map<String, serde_json::Value>,
+}
+
+/// A named, ordered selection of a split's shards.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Curriculum {
+    /// Selection name.
+    pub name: String,
+    /// Locations of the selected shards, in reading order.
+    pub shards: Vec<String>,
+    /// Selector metadata.
+    #[serde(default)]
+    pub metadata: serde_json::Map<String, serde_json::Value>,
+}
+
+/// One split: its shards in root order and its curriculum selections.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Split {
+    /// Every physical shard once, in root order.
+    pub shards: Vec<ManifestShard>,
+    /// Named selections.
+    #[serde(default)]
+    pub curricula: Vec<Curriculum>,
+}
+
+/// A data manifest.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Manifest {
+    /// Always [`MANIFEST_FORMAT`].
+    pub format: String,
+    /// Document version.
+    pub version: u32,
+    /// Encoding of every shard.
+    pub data_format: Encoding,
+    /// Splits by name.
+    pub splits: BTreeMap<String, Split>,
+}
+
+fn invalid(uri: &str, message: impl std::fmt::Display) -> Error {
+    Error::Format {
+        path: uri.to_owned(),
+        encoding: "data manifest",
+        row: None,
+        message: message.to_string(),
+    }
+}
+
+impl Manifest {
+    /// Reads and checks a local manifest.
+    pub fn load(uri: &str) -> Result<Self> {
+        let text = std::fs::read_to_string(uri).map_err(|e| Error::io(uri, e))?;
+        Self::from_json(&text, uri)
+    }
+
+    /// Parses and checks a manifest document; `uri` names it in errors.
+    pub fn from_json(text: &str, uri: &str) -> Result<Self> {
+        let value: serde_json::Value = serde_json::from_str(text).map_err(|e| invalid(uri, e))?;
+        if value.get("format").and_then(serde_json::Value::as_str) != Some(MANIFEST_FORMAT) {
+            return Err(invalid(
+                uri,
+                format!("not a data manifest (no \"format\": \"{MANIFEST_FORMAT}\")"),
+            ));
+        }
+        match value.get("version").and_then(serde_json::Value::as_u64) {
+            Some(v) if v == u64::from(MANIFEST_VERSION) => {}
+            other => {
+                return Err(invalid(
+                    uri,
+                    format!("version {other:?} is not supported (this release reads version {MANIFEST_VERSION})"),
+                ))
+            }
+        }
+        let manifest: Manifest = serde_json::from_value(value).map_err(|e| invalid(uri, e))?;
+        manifest.validate(uri)?;
+        Ok(manifest)
+    }
+
+    /// The manifest as JSON.
+    pub fn to_json(&self) -> String {
+        serde_json::to_string_pretty(self).expect("a manifest always serialises")
+    }
+
+    /// Checks the rules a manifest keeps: every shard once per split, selections of known
+    /// shards without repeats, unique selection names.
+    pub fn validate(&self, uri: &str) -> Result<()> {
+        for (name, split) in &self.splits {
+            let mut locations = HashSet::new();
+            for shard in &split.shards {
+                if !locations.insert(shard.location.as_str()) {
+                    return Err(invalid(
+                        uri,
+                        format!("split '{name}' lists shard '{}' twice", shard.location),
+                    ));
+                }
+            }
+            let mut names = HashSet::new();
+            for curriculum in &split.curricula {
+                if !names.insert(curriculum.name.as_str()) {
+                    return Err(invalid(
+                        uri,
+                        format!(
+                            "split '{name}' defines curriculum '{}' twice",
+                            curriculum.name
+                        ),
+                    ));
+                }
+                let mut seen = HashSet::new();
+                for location in &curriculum.shards {
+                    if !locations.contains(location.as_str()) {
+                        return Err(invalid(
+                            uri,
+                            format!("curriculum '{}' of split '{name}' selects '{location}', which the split does not list", curriculum.name),
+                        ));
+                    }
+                    if !seen.insert(location.as_str()) {
+                        return Err(invalid(
+                            uri,
+                            format!(
+                                "curriculum '{}' of split '{name}' selects '{location}' twice",
+                                curriculum.name
+                            ),
+                        ));
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The shards a stream reads from `split`: with `stages`, the union of those curriculum
+    /// selections or curriculum stages, in the listed order (each shard once); otherwise the
+    /// split's root order. `option` names the source in errors.
+    pub fn select(
+        &self,
+        split: &str,
+        stages: Option<&[String]>,
+        option: &str,
+    ) -> Result<Vec<&ManifestShard>> {
+        let Some(found) = self.splits.get(split) else {
+            let names: Vec<&str> = self.splits.keys().map(String::as_str).collect();
+            return Err(Error::config(
+                format!("{option}.split"),
+                format!(
+                    "the manifest has no split '{split}'; its splits are: {}",
+                    names.join(", ")
+                ),
+            ));
+        };
+        let Some(stages) = stages else {
+            return Ok(found.shards.iter().collect());
+        };
+        let by_location: BTreeMap<&str, &ManifestShard> = found
+            .shards
+            .iter()
+            .map(|s| (s.location.as_str(), s))
+            .collect();
+        let mut chosen = Vec::new();
+        let mut seen = HashSet::new();
+        for stage in stages {
+            let selected: Vec<&ManifestShard> =
+                match found.curricula.iter().find(|c| &c.name == stage) {
+                    Some(curriculum) => curriculum
+                        .shards
+                        .iter()
+                        .map(|l| by_location[l.as_str()])
+                        .collect(),
+                    None => found
+                        .shards
+                        .iter()
+                        .filter(|s| s.curriculum_stage.as_deref() == Some(stage.as_str()))
+                        .collect(),
+                };
+            if selected.is_empty() {
+                let mut known: Vec<&str> =
+                    found.curricula.iter().map(|c| c.name.as_str()).collect();
+                for shard in &found.shards {
+                    if let Some(s) = shard.curriculum_stage.as_deref() {
+                        if !known.contains(&s) {
+                            known.push(s);
+                        }
+                    }
+                }
+                return Err(Error::config(
+                    format!("{option}.curriculum_stages"),
+                    format!(
+                        "split '{split}' has no curriculum stage or selection '{stage}'; it has: {}",
+                        known.join(", ")
+                    ),
+                ));
+            }
+            for shard in selected {
+                if seen.insert(shard.location.as_str()) {
+                    chosen.push(shard);
+                }
+            }
+        }
+        Ok(chosen)
+    }
+}
+
+/// Where a shard location of the manifest at `uri` points.
+pub fn shard_path(uri: &str, location: &str) -> String {
+    let location = Path::new(location);
+    if location.is_absolute() {
+        return location.to_string_lossy().into_owned();
+    }
+    let base: PathBuf = Path::new(uri)
+        .parent()
+        .map(Path::to_path_buf)
+        .unwrap_or_default();
+    let joined = base.join(location);
+    std::path::absolute(&joined)
+        .map_or(joined, |p| p)
+        .to_string_lossy()
+        .into_owned()
+}
