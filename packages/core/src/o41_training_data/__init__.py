@@ -42,6 +42,7 @@ from ._errors import (
     StreamClosedError,
 )
 from ._manifest import Curriculum, DataManifest, ManifestShard, ManifestSplit, load_manifest, save_manifest
+from ._saver import DatasetSaver, SavedShard
 from ._stream import (
     Batch,
     BatchStream,
@@ -67,6 +68,7 @@ __all__ = [
     "DType",
     "DataError",
     "DataManifest",
+    "DatasetSaver",
     "Encoding",
     "FileSource",
     "MalformedShardError",
@@ -78,6 +80,7 @@ __all__ = [
     "ObjectNotFoundError",
     "ProjectedField",
     "ProjectionError",
+    "SavedShard",
     "Shuffle",
     "Stage",
     "StorageError",

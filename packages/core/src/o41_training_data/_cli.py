@@ -19,9 +19,20 @@ def main(argv: list[str] | None = None) -> int:
     demo.add_argument("--rows-per-shard", type=int, default=2000)
     demo.add_argument("--shards", type=int, default=4)
     demo.add_argument("--seq-len", type=int, default=1024)
+    manifest = commands.add_parser("manifest", help="inspect or verify a data manifest")
+    manifest_commands = manifest.add_subparsers(dest="manifest_command", required=True)
+    for name, text in (
+        ("inspect", "splits, stages, shards, rows and bytes"),
+        ("verify", "check every shard"),
+    ):
+        sub = manifest_commands.add_parser(name, help=text)
+        sub.add_argument("uri", help="location of the data manifest")
     args = parser.parse_args(argv)
     if args.command == "demo":
         from ._demo import run_demo
 
         run_demo(args.dir, rows_per_shard=args.rows_per_shard, shards=args.shards, seq_len=args.seq_len)
-    return 0
+        return 0
+    from ._manifest_cli import inspect, verify
+
+    return inspect(args.uri) if args.manifest_command == "inspect" else verify(args.uri)

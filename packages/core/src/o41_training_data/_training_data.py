@@ -9,6 +9,7 @@ from ._config import BatchStreamConfig
 from ._core import Checkpoint
 from ._errors import ConfigError
 from ._manifest import DataManifest, load_manifest, save_manifest
+from ._saver import DatasetSaver
 from ._stream import BatchStream, open_batch_stream, resolve_batch_stream_config, resume_batch_stream
 
 __all__ = ["TrainingData"]
@@ -62,6 +63,12 @@ class TrainingData:
     def resolve_batch_stream_config(self, config: BatchStreamConfig) -> dict[str, Any]:
         """The resolved document a stream over ``config`` would run."""
         return resolve_batch_stream_config(config)
+
+    def dataset_saver(
+        self, manifest_uri: str | os.PathLike[str], data_format: str = "parquet"
+    ) -> DatasetSaver:
+        """A saver that writes shards beside ``manifest_uri`` and publishes the manifest last."""
+        return DatasetSaver(manifest_uri, data_format=data_format)
 
     def load_manifest(self, uri: str | os.PathLike[str]) -> DataManifest:
         """Reads and checks a data manifest (see :func:`load_manifest`)."""

@@ -1,0 +1,420 @@
+"""The dataset saver: shards with completion descriptors, curricula, and the manifest last.
+
+Layout under the manifest's directory: ``<split>/<stage or _>/shard-<id>.<ext>`` for each data
+object and ``....done.json`` beside it for its completion descriptor. A shard counts as saved
+once its descriptor exists and matches its data object; the manifest is written last.
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import json
+import os
+import re
+import struct
+import tempfile
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from ._errors import ConfigError, DataError, MalformedShardError, ObjectNotFoundError
+from ._manifest import Curriculum, DataManifest, ManifestShard, ManifestSplit, load_manifest, save_manifest
+
+__all__ = ["DatasetSaver", "SavedShard"]
+
+DESCRIPTOR_VERSION = 1
+MAX_SHARD_BYTES = 5 * 2**30
+_EXTENSIONS = {"parquet": ".parquet", "msgpack": ".msgpack", "jsonl.gz": ".jsonl.gz"}
+_ID = re.compile(r"^[A-Za-z0-9._-]+$")
+
+
+@dataclass(frozen=True)
+class SavedShard:
+    """A completed shard, as its completion descriptor records it."""
+
+    split: str
+    curriculum_stage: str | None
+    shard_id: str
+    location: str
+    """Relative to the manifest's directory."""
+    rows: int
+    bytes: int
+    checksum: str
+    schema: dict[str, str]
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return "sha256:" + digest.hexdigest()
+
+
+def _arrow_type_name(kind: pa.DataType) -> str:
+    """The saver's name for an inferred Arrow type (widths do not matter across shards)."""
+    if pa.types.is_null(kind):
+        return "null"
+    if pa.types.is_boolean(kind):
+        return "bool"
+    if pa.types.is_integer(kind):
+        return "int"
+    if pa.types.is_floating(kind):
+        return "float"
+    if pa.types.is_string(kind) or pa.types.is_large_string(kind):
+        return "string"
+    if pa.types.is_list(kind) or pa.types.is_large_list(kind):
+        return f"list<{_arrow_type_name(kind.value_type)}>"
+    if pa.types.is_struct(kind):
+        return "object"
+    return str(kind)
+
+
+def _merge(a: str, b: str) -> str | None:
+    """The common type of two inferred types, or None when they conflict."""
+    if a == b or b == "null" or (b == "list<null>" and a.startswith("list<")):
+        return a
+    if a == "null" or (a == "list<null>" and b.startswith("list<")):
+        return b
+    if {a, b} == {"int", "float"}:
+        return "float"
+    if a.startswith("list<") and b.startswith("list<"):
+        inner = _merge(a[5:-1], b[5:-1])
+        return f"list<{inner}>" if inner else None
+    return None
+
+
+def _to_table(records: Sequence[Mapping[str, Any]], where: str) -> pa.Table:
+    """The records as an Arrow table (types inferred in C); a conflict names record and field."""
+    try:
+        return pa.Table.from_pylist(list(records))
+    except (pa.ArrowException, TypeError, AttributeError) as err:
+        for row, record in enumerate(records):
+            if not isinstance(record, Mapping):
+                raise DataError(
+                    f"{where}, record {row}: expected a mapping of fields, got {type(record).__name__}"
+                ) from None
+        names = {name for record in records for name in record}
+        for name in sorted(names):
+            values = [record.get(name) for record in records]
+            try:
+                pa.array(values)
+            except (pa.ArrowException, TypeError) as field_err:
+                row = next((i for i in range(1, len(values) + 1) if _fails(values[:i])), 0) - 1
+                raise DataError(f"{where}, record {max(row, 0)}, field '{name}': {field_err}") from None
+        raise DataError(f"{where}: {err}") from None
+
+
+def _fails(values: list[Any]) -> bool:
+    try:
+        pa.array(values)
+    except (pa.ArrowException, TypeError):
+        return True
+    return False
+
+
+def _pack(value: Any, out: bytearray) -> None:
+    """MessagePack encoding of JSON-like values (maps with string keys)."""
+    if value is None:
+        out.append(0xC0)
+    elif value is True or value is False:
+        out.append(0xC3 if value else 0xC2)
+    elif isinstance(value, int):
+        if 0 <= value < 128:
+            out.append(value)
+        elif -32 <= value < 0:
+            out += struct.pack("b", value)
+        elif value >= 0:
+            out += b"\xcf" + struct.pack(">Q", value)
+        else:
+            out += b"\xd3" + struct.pack(">q", value)
+    elif isinstance(value, float):
+        out += b"\xcb" + struct.pack(">d", value)
+    elif isinstance(value, str):
+        data = value.encode()
+        out += b"\xdb" + struct.pack(">I", len(data)) + data
+    elif isinstance(value, (list, tuple)):
+        out += b"\xdd" + struct.pack(">I", len(value))
+        for item in value:
+            _pack(item, out)
+    elif isinstance(value, Mapping):
+        out += b"\xdf" + struct.pack(">I", len(value))
+        for key, item in value.items():
+            _pack(str(key), out)
+            _pack(item, out)
+    else:
+        raise TypeError(f"values of type {type(value).__name__} cannot be saved")
+
+
+def _write_data(path: Path, data_format: str, records: Sequence[Mapping[str, Any]], table: pa.Table) -> None:
+    if data_format == "parquet":
+        pq.write_table(table, path, compression="zstd", write_page_index=True)
+    elif data_format == "jsonl.gz":
+        # mtime=0 keeps the bytes (and the checksum) deterministic.
+        with open(path, "wb") as raw, gzip.GzipFile(fileobj=raw, mode="wb", mtime=0) as out:
+            for record in records:
+                out.write(json.dumps(record, separators=(",", ":")).encode() + b"\n")
+    else:
+        with open(path, "wb") as out:
+            for record in records:
+                frame = bytearray()
+                _pack(record, frame)
+                out.write(struct.pack("<I", len(frame)) + frame)
+
+
+def _publish(tmp: Path, target: Path) -> None:
+    """Moves ``tmp`` to ``target`` unless ``target`` exists: an all-or-nothing, create-only write."""
+    try:
+        os.link(tmp, target)
+    finally:
+        tmp.unlink()
+
+
+class DatasetSaver:
+    """Saves shards of a derived dataset and publishes its manifest last.
+
+    Picklable: send it to worker processes (``ProcessPoolExecutor``, Ray tasks); the parent's
+    :meth:`commit_manifest` finds every shard the workers completed from their descriptors.
+    Local storage only in this release.
+
+    Example:
+        >>> saver = TrainingData().dataset_saver("out/data-manifest-v1.json")  # doctest: +SKIP
+        >>> shard = saver.save("train", "easy", records, shard_id="0")  # doctest: +SKIP
+        >>> manifest = saver.commit_manifest()  # doctest: +SKIP
+
+    """
+
+    def __init__(self, manifest_uri: str | os.PathLike[str], data_format: str = "parquet") -> None:
+        if data_format not in _EXTENSIONS:
+            raise ConfigError(
+                f"invalid data_format: {data_format!r}; expected one of {', '.join(_EXTENSIONS)}"
+            )
+        self.manifest_uri = str(Path(manifest_uri).resolve())
+        self.data_format = data_format
+        self._root = Path(self.manifest_uri).parent
+        self._known: dict[tuple[str, str], SavedShard] = {}
+        self._curricula: dict[str, dict[str, tuple[tuple[str, ...], dict[str, Any]]]] = {}
+        self._orders: dict[str, tuple[str, ...]] = {}
+
+    def __getstate__(self) -> dict[str, Any]:
+        # Registrations belong to the process that made them; workers only save.
+        return {"manifest_uri": self.manifest_uri, "data_format": self.data_format}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(state["manifest_uri"], state["data_format"])  # type: ignore[misc]
+
+    def _location(self, split: str, stage: str | None, shard_id: str) -> str:
+        for name, value in (("split", split), ("curriculum_stage", stage or "_"), ("shard_id", shard_id)):
+            if not _ID.match(value) or value in (".", ".."):
+                raise ConfigError(f"invalid {name} {value!r}: use letters, digits, '.', '_' and '-'")
+        return f"{split}/{stage or '_'}/shard-{shard_id}{_EXTENSIONS[self.data_format]}"
+
+    def _read_descriptor(self, location: str) -> SavedShard | None:
+        descriptor = self._root / (location + ".done.json")
+        data = self._root / location
+        if not descriptor.exists():
+            return None
+        document = json.loads(descriptor.read_text())
+        if document.pop("version", None) != DESCRIPTOR_VERSION:
+            raise MalformedShardError(f"{descriptor}: unknown descriptor version")
+        shard = SavedShard(**document)
+        if not data.exists() or data.stat().st_size != shard.bytes or _sha256(data) != shard.checksum:
+            raise MalformedShardError(
+                f"{data}: the data object does not match its completion descriptor {descriptor}; "
+                "remove both to regenerate the shard"
+            )
+        return shard
+
+    def recover(self, split: str, curriculum_stage: str | None, *, shard_id: str) -> SavedShard:
+        """The completed shard ``shard_id``, verified against its descriptor, without records.
+
+        Raises ``ObjectNotFoundError`` when it was never completed and ``MalformedShardError`` when
+        its data does not match its descriptor.
+        """
+        location = self._location(split, curriculum_stage, shard_id)
+        shard = self._read_descriptor(location)
+        if shard is None:
+            raise ObjectNotFoundError(
+                f"{self._root / location}: no completion descriptor; the shard was never completed"
+            )
+        self._known[(split, location)] = shard
+        return shard
+
+    def save(
+        self,
+        split: str,
+        curriculum_stage: str | None,
+        records: Iterable[Mapping[str, Any]],
+        curriculum_metadata: Mapping[str, Any] | None = None,
+        *,
+        shard_id: str,
+    ) -> SavedShard:
+        """Writes one shard and its completion descriptor; returns the completed shard.
+
+        When a valid descriptor already exists (a restarted job), the shard is verified and
+        returned without consuming ``records``. A data object without a descriptor (a crash
+        mid-save) is written again; one that does not match its descriptor fails closed.
+        """
+        location = self._location(split, curriculum_stage, shard_id)
+        done = self._read_descriptor(location)
+        if done is not None:
+            self._known[(split, location)] = done
+            return done
+        rows = list(records)
+        where = str(self._root / location)
+        table = _to_table(rows, where)
+        schema = {f.name: _arrow_type_name(f.type) for f in table.schema}
+        data = self._root / location
+        data.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=data.parent, prefix=".tmp-", delete=False) as handle:
+            tmp = Path(handle.name)
+        try:
+            _write_data(tmp, self.data_format, rows, table)
+        except (pa.ArrowException, TypeError) as err:
+            tmp.unlink()
+            raise DataError(f"{where}: {err}") from None
+        size = tmp.stat().st_size
+        if size >= MAX_SHARD_BYTES:
+            tmp.unlink()
+            raise DataError(
+                f"{where}: {size} bytes is over the 5 GiB limit of an atomic shard write; "
+                "split the records over more shard ids"
+            )
+        if data.exists():
+            data.unlink()  # an orphan of a crash before its descriptor was written
+        _publish(tmp, data)
+        shard = SavedShard(
+            split=split,
+            curriculum_stage=curriculum_stage,
+            shard_id=shard_id,
+            location=location,
+            rows=len(rows),
+            bytes=size,
+            checksum=_sha256(data),
+            schema=schema,
+            metadata=dict(curriculum_metadata or {}),
+        )
+        descriptor = self._root / (location + ".done.json")
+        with tempfile.NamedTemporaryFile("w", dir=data.parent, prefix=".tmp-", delete=False) as text:
+            json.dump({"version": DESCRIPTOR_VERSION, **asdict(shard)}, text)
+        _publish(Path(text.name), descriptor)
+        self._known[(split, location)] = shard
+        return shard
+
+    def _check_known(self, split: str, shards: Sequence[SavedShard], what: str) -> list[str]:
+        locations = [s.location for s in shards]
+        if len(set(locations)) != len(locations):
+            raise ConfigError(f"{what}: a shard is listed twice")
+        for shard in shards:
+            if (split, shard.location) not in self._known or shard.split != split:
+                raise ConfigError(
+                    f"{what}: {shard.location} was not saved or recovered in split '{split}' by this saver"
+                )
+        return locations
+
+    def register_curriculum(
+        self, split: str, name: str, shards: Sequence[SavedShard], metadata: Mapping[str, Any] | None = None
+    ) -> None:
+        """Publishes ``shards`` (saved or recovered in ``split``) as the ordered selection ``name``.
+
+        The same registration again is a no-op; a different one for ``name``, a shard listed
+        twice, or a name that is a curriculum stage of other shards is refused.
+        """
+        what = f"curriculum '{name}' of split '{split}'"
+        locations = tuple(self._check_known(split, shards, what))
+        stage_shards = [
+            s.location
+            for (sp, _), s in sorted(self._known.items())
+            if sp == split and s.curriculum_stage == name
+        ]
+        if stage_shards and sorted(stage_shards) != sorted(locations):
+            raise ConfigError(f"{what}: '{name}' is already the curriculum stage of other shards")
+        entry = (locations, dict(metadata or {}))
+        existing = self._curricula.setdefault(split, {}).get(name)
+        if existing is not None and existing != entry:
+            raise ConfigError(f"{what} is already registered with other shards or metadata")
+        self._curricula[split][name] = entry
+
+    def register_split_order(self, split: str, shards: Sequence[SavedShard]) -> None:
+        """Prescribes the root order of ``split``: every shard of the split exactly once."""
+        what = f"split order of '{split}'"
+        locations = tuple(self._check_known(split, shards, what))
+        for shard in shards:
+            if self._known[(split, shard.location)] != shard:
+                raise ConfigError(f"{what}: {shard.location} differs from the saved shard (metadata?)")
+        existing = self._orders.get(split)
+        if existing is not None and existing != locations:
+            raise ConfigError(f"{what} is already registered with another order")
+        self._orders[split] = locations
+
+    def _completed(self) -> dict[str, list[SavedShard]]:
+        splits: dict[str, list[SavedShard]] = {}
+        for descriptor in sorted(self._root.glob("*/*/shard-*.done.json")):
+            location = str(descriptor.relative_to(self._root))[: -len(".done.json")]
+            shard = self._read_descriptor(location)
+            if shard is not None:
+                splits.setdefault(shard.split, []).append(shard)
+        return splits
+
+    def build_manifest(self) -> DataManifest:
+        """The manifest :meth:`commit_manifest` would publish, without writing it."""
+        splits = {}
+        for split, shards in self._completed().items():
+            for shard in shards:
+                self._known.setdefault((split, shard.location), shard)
+            schema: dict[str, str] = {}
+            for shard in shards:
+                for name, kind in shard.schema.items():
+                    merged = _merge(schema.get(name, kind), kind)
+                    if merged is None:
+                        raise DataError(
+                            f"{self._root / shard.location}, field '{name}': {kind} conflicts with "
+                            f"{schema[name]} in other shards of split '{split}'"
+                        )
+                    schema[name] = merged
+            by_location = {s.location: s for s in shards}
+            order = self._orders.get(split)
+            if order is not None and sorted(order) != sorted(by_location):
+                raise ConfigError(
+                    f"the registered split order of '{split}' does not list every shard of the split; "
+                    "register it again with all of them"
+                )
+            ordered = [by_location[loc] for loc in (order or sorted(by_location))]
+            curricula = tuple(
+                Curriculum(name=name, shards=locations, metadata=metadata)
+                for name, (locations, metadata) in sorted(self._curricula.get(split, {}).items())
+            )
+            splits[split] = ManifestSplit(
+                shards=tuple(
+                    ManifestShard(
+                        location=s.location,
+                        rows=s.rows,
+                        bytes=s.bytes,
+                        checksum=s.checksum,
+                        curriculum_stage=s.curriculum_stage,
+                        metadata=s.metadata,
+                        path=str(self._root / s.location),
+                    )
+                    for s in ordered
+                ),
+                curricula=curricula,
+            )
+        for split in self._curricula:
+            if split not in splits:
+                raise ConfigError(f"curricula are registered for split '{split}', which has no shards")
+        return DataManifest(data_format=self.data_format, splits=splits, uri=self.manifest_uri)
+
+    def commit_manifest(self) -> DataManifest:
+        """Publishes the manifest of every completed shard, written last and all at once.
+
+        Committing the same completed publication again is a no-op.
+        """
+        manifest = self.build_manifest()
+        save_manifest(self.manifest_uri, manifest)
+        return load_manifest(self.manifest_uri)
