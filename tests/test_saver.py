@@ -213,3 +213,40 @@ def test_cli_inspects_and_verifies_a_manifest(saver, capsys: pytest.CaptureFixtu
     shard.write_bytes(shard.read_bytes()[:-1] + b"x")
     assert main(["manifest", "verify", saver.manifest_uri]) == 1
     assert "checksum differs" in capsys.readouterr().err
+
+
+def test_ray_tasks_save_and_the_driver_publishes(saver) -> None:
+    import ray
+
+    ray.init(
+        num_cpus=2,
+        include_dashboard=False,
+        log_to_driver=False,
+        configure_logging=False,
+        _node_ip_address="127.0.0.1",  # a local cluster on loopback only
+        runtime_env={"env_vars": {"PYTHONPATH": str(Path(__file__).parent)}},
+    )
+    try:
+        remote_save = ray.remote(save_shard)
+        jobs = [(saver, "train", stage, None, k) for k, stage in enumerate(["easy", "hard"] * 3)]
+        locations = ray.get([remote_save.remote(job) for job in jobs])
+    finally:
+        ray.shutdown()
+    assert len(set(locations)) == 6
+    manifest = saver.commit_manifest()
+    assert sum(s.rows for s in manifest.splits["train"].shards) == 120
+    assert {s.curriculum_stage for s in manifest.splits["train"].shards} == {"easy", "hard"}
+
+
+@pytest.mark.parametrize("data_format", ["parquet", "msgpack", "jsonl.gz"])
+def test_iter_shard_yields_the_saved_records(tmp_path: Path, data_format: str) -> None:
+    from o41_training_data import iter_shard
+
+    saver = TrainingData().dataset_saver(tmp_path / "data-manifest-v1.json", data_format=data_format)
+    expected = records("train", None, 3, n=1500)  # more than one decode chunk
+    saver.save("train", None, expected, shard_id="3")
+    manifest = saver.commit_manifest()
+    (shard,) = manifest.splits["train"].shards
+    assert list(iter_shard(manifest.data_format, shard)) == expected
+    with pytest.raises(ObjectNotFoundError):
+        next(iter_shard(data_format, tmp_path / "missing"))

@@ -48,6 +48,19 @@ pub fn check_manifest(py: Python<'_>, text: &str, uri: &str) -> PyResult<String>
         .map_err(|e| to_py(py, &e))
 }
 
+/// Up to `count` records of a framed `MessagePack` shard from record `start` on, as JSON texts.
+#[pyfunction]
+pub fn msgpack_records(
+    py: Python<'_>,
+    path: &str,
+    start: u64,
+    count: u64,
+) -> PyResult<Vec<String>> {
+    let path = path.to_owned();
+    py.detach(move || o41_engine::formats::msgpack_records_as_json(&path, start, count))
+        .map_err(|e| to_py(py, &e))
+}
+
 /// Physical memory of the host in bytes, or None where it cannot be read.
 #[pyfunction]
 pub fn host_memory_bytes() -> Option<u64> {

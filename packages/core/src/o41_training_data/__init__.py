@@ -41,6 +41,7 @@ from ._errors import (
     StorageError,
     StreamClosedError,
 )
+from ._iter_shard import iter_shard
 from ._manifest import Curriculum, DataManifest, ManifestShard, ManifestSplit, load_manifest, save_manifest
 from ._saver import DatasetSaver, SavedShard
 from ._stream import (
@@ -88,6 +89,7 @@ __all__ = [
     "StreamStats",
     "TrainingData",
     "__version__",
+    "iter_shard",
     "load_manifest",
     "open_batch_stream",
     "resolve_batch_stream_config",

@@ -17,6 +17,9 @@ def load_manifest(uri: str) -> str:
 def check_manifest(text: str, uri: str) -> str:
     """Checks a data manifest document against the format's rules; returns it as JSON."""
 
+def msgpack_records(path: str, start: int, count: int) -> list[str]:
+    """Up to ``count`` records of a framed MessagePack shard from record ``start`` on, as JSON."""
+
 def host_memory_bytes() -> int | None:
     """Physical memory of the host in bytes, or None where it cannot be read."""
 

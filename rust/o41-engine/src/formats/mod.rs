@@ -17,7 +17,7 @@ use crate::columns::Chunk;
 use crate::error::{Error, Result};
 use crate::projection::Projection;
 
-pub use msgpack::FRAME_HEADER_BYTES;
+pub use msgpack::{records_as_json as msgpack_records_as_json, FRAME_HEADER_BYTES};
 
 /// Records per entry of the sparse row index kept for JSON Lines and `MessagePack` shards.
 pub const INDEX_STRIDE: u64 = 64;

@@ -103,8 +103,9 @@ impl Reader {
     }
 
     fn seek_row(&mut self, row: u64) -> Result<()> {
-        if row < self.next_row || row / INDEX_STRIDE > self.next_row / INDEX_STRIDE {
-            let k = (row / INDEX_STRIDE) as usize;
+        // The nearest indexed frame at or before `row` (an index may be sparser than the shard).
+        let k = ((row / INDEX_STRIDE) as usize).min(self.offsets.len().saturating_sub(1));
+        if row < self.next_row || k as u64 * INDEX_STRIDE > self.next_row {
             self.file
                 .seek(SeekFrom::Start(self.offsets[k]))
                 .map_err(|e| Error::io(&self.path, e))?;
@@ -177,6 +178,21 @@ impl ShardReader for Reader {
     ) -> Result<()> {
         read_record_ranges(self, ranges, projection, chunk)
     }
+}
+
+/// Decodes up to `count` records from record `start` on, each as a JSON document: whole records,
+/// for tools that iterate a shard's contents rather than stream projected batches.
+pub fn records_as_json(path: &str, start: u64, count: u64) -> Result<Vec<String>> {
+    let mut reader = Reader::open(path, Arc::new(vec![0]))?;
+    reader.seek_row(start)?;
+    let mut out = Vec::new();
+    while (out.len() as u64) < count && reader.read_frame()? {
+        let value: serde_json::Value = rmp_serde::from_slice(&reader.frame)
+            .map_err(|e| format_error(path, reader.next_row, e.to_string()))?;
+        out.push(value.to_string());
+        reader.next_row += 1;
+    }
+    Ok(out)
 }
 
 pub fn inspect(path: &str, projection: &Projection) -> Result<ShardMeta> {
