@@ -179,3 +179,21 @@ def test_save_manifest_copies_and_refuses_a_different_one(tmp_path: Path) -> Non
 def test_training_data_refuses_storage_settings_it_cannot_serve() -> None:
     with pytest.raises(ConfigError, match="s3_base_url"):
         TrainingData(s3_base_url="http://127.0.0.1:1")
+
+
+def test_a_republished_manifest_does_not_change_a_resumed_stream(tmp_path: Path) -> None:
+    from o41_training_data import Checkpoint, resume_batch_stream
+
+    manifest = make_dataset(tmp_path)
+    config = config_for([ManifestSource(str(manifest), "train", ["easy"])], [V], batch_size=5)
+    with open_batch_stream(config) as stream:
+        reference = [b.arrays()["v"].tolist() for b in stream]
+    with open_batch_stream(config) as stream:
+        next(stream)
+        text = stream.checkpoint().to_json()
+    document = json.loads(manifest.read_text())
+    for shard in document["splits"]["train"]["shards"]:
+        shard["curriculum_stage"] = "hard"  # republished: "easy" now selects nothing
+    manifest.write_text(json.dumps(document))
+    with resume_batch_stream(Checkpoint.from_json(text)) as resumed:
+        assert [b.arrays()["v"].tolist() for b in resumed] == reference[1:]
