@@ -77,37 +77,32 @@ class DataManifest:
                 return target
             return os.path.relpath(target, base)
 
-        def by_location(split: ManifestSplit) -> dict[str, str]:
-            return {s.location: location(s) for s in split.shards}
+        def split_document(split: ManifestSplit) -> dict[str, Any]:
+            # New location of every shard, computed once per split for the curricula below.
+            moved = {s.location: location(s) for s in split.shards}
+            return {
+                "shards": [
+                    {
+                        "location": moved[s.location],
+                        "rows": s.rows,
+                        "bytes": s.bytes,
+                        "checksum": s.checksum,
+                        "curriculum_stage": s.curriculum_stage,
+                        "metadata": s.metadata,
+                    }
+                    for s in split.shards
+                ],
+                "curricula": [
+                    {"name": c.name, "shards": [moved[loc] for loc in c.shards], "metadata": c.metadata}
+                    for c in split.curricula
+                ],
+            }
 
         document = {
             "format": "o41-data-manifest",
             "version": 1,
             "data_format": self.data_format,
-            "splits": {
-                name: {
-                    "shards": [
-                        {
-                            "location": location(s),
-                            "rows": s.rows,
-                            "bytes": s.bytes,
-                            "checksum": s.checksum,
-                            "curriculum_stage": s.curriculum_stage,
-                            "metadata": s.metadata,
-                        }
-                        for s in split.shards
-                    ],
-                    "curricula": [
-                        {
-                            "name": c.name,
-                            "shards": [by_location(split)[loc] for loc in c.shards],
-                            "metadata": c.metadata,
-                        }
-                        for c in split.curricula
-                    ],
-                }
-                for name, split in self.splits.items()
-            },
+            "splits": {name: split_document(split) for name, split in self.splits.items()},
         }
         return json.dumps(document, indent=2)
 
