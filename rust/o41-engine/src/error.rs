@@ -34,6 +34,31 @@ pub enum Error {
         #[source]
         source: std::io::Error,
     },
+    /// Object storage failed: retries ran out, the object changed while being read, or the
+    /// server answered something the engine cannot recover from.
+    #[error("{path}: {message}")]
+    Storage {
+        /// Location of the object.
+        path: String,
+        /// What failed, with the last cause.
+        message: String,
+    },
+    /// The storage service refused the credentials or the permission for an object.
+    #[error("{path}: access denied: {message}")]
+    AccessDenied {
+        /// Location of the object.
+        path: String,
+        /// The service's answer.
+        message: String,
+    },
+    /// A create-only write found a different object already at its location.
+    #[error("{path}: {message}")]
+    Conflict {
+        /// Location of the object.
+        path: String,
+        /// What differs.
+        message: String,
+    },
     /// A shard is malformed: it cannot be decoded as its declared encoding.
     #[error("{path}{}: malformed {encoding} shard: {message}", RowSuffix(*row))]
     Format {

@@ -14,6 +14,7 @@ pub mod order;
 pub mod projection;
 pub mod record;
 pub mod resolve;
+pub mod storage;
 pub mod stream;
 
 pub use config::{ResolvedConfig, StreamConfig};

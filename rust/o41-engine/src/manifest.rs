@@ -10,6 +10,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
 use crate::formats::Encoding;
+use crate::storage::{self, Storage};
 
 /// The value of the `format` field.
 pub const MANIFEST_FORMAT: &str = "o41-data-manifest";
@@ -84,10 +85,11 @@ fn invalid(uri: &str, message: impl std::fmt::Display) -> Error {
 }
 
 impl Manifest {
-    /// Reads and checks a local manifest.
-    pub fn load(uri: &str) -> Result<Self> {
-        let text = std::fs::read_to_string(uri).map_err(|e| Error::io(uri, e))?;
-        Self::from_json(&text, uri)
+    /// Reads and checks the manifest at `uri`, a local path or an `s3://` location.
+    pub fn load(uri: &str, storage: &Storage) -> Result<Self> {
+        let bytes = storage.read(uri)?;
+        let text = std::str::from_utf8(&bytes).map_err(|e| invalid(uri, e))?;
+        Self::from_json(text, uri)
     }
 
     /// Parses and checks a manifest document; `uri` names it in errors.
@@ -238,6 +240,9 @@ impl Manifest {
 
 /// Where a shard location of the manifest at `uri` points.
 pub fn shard_path(uri: &str, location: &str) -> String {
+    if storage::is_remote(uri) || storage::is_remote(location) {
+        return storage::sibling(uri, location);
+    }
     let location = Path::new(location);
     if location.is_absolute() {
         return location.to_string_lossy().into_owned();

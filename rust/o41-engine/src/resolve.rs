@@ -12,6 +12,7 @@ use crate::error::{Error, Result};
 use crate::formats::{self, Encoding, ShardMeta};
 use crate::manifest::{shard_path, Manifest};
 use crate::projection::Projection;
+use crate::storage::{self, Storage};
 
 /// A resolved config with what inspection learnt about each shard.
 #[derive(Debug, Clone)]
@@ -22,11 +23,13 @@ pub struct Resolved {
     pub projection: Projection,
     /// Per stage, per source, per shard: row count and read index.
     pub metas: Vec<Vec<Vec<ShardMeta>>>,
+    /// Where the shards are read from.
+    pub storage: Storage,
 }
 
 /// Re-inspects the shards a checkpoint's resolved config pinned, refusing any whose row count
 /// or encoding changed since: a resumed stream must read exactly what the original read.
-pub fn reopen(config: ResolvedConfig) -> Result<Resolved> {
+pub fn reopen(config: ResolvedConfig, storage: &Storage) -> Result<Resolved> {
     let projection = Projection::new(&config.fields)?;
     let (records, _) = projection.record_columns();
     let mut jobs = Vec::new();
@@ -43,7 +46,10 @@ pub fn reopen(config: ResolvedConfig) -> Result<Resolved> {
             }
         }
     }
-    let metas = inspect_all(&jobs, &records, config.threads)?;
+    for job in &jobs {
+        storage.check(&job.path)?;
+    }
+    let metas = inspect_all(storage, &jobs, &records, config.threads)?;
     let mut next = metas.into_iter();
     let mut all = Vec::with_capacity(config.stages.len());
     for stage in &config.stages {
@@ -70,6 +76,7 @@ pub fn reopen(config: ResolvedConfig) -> Result<Resolved> {
         config,
         projection,
         metas: all,
+        storage: storage.clone(),
     })
 }
 
@@ -89,6 +96,7 @@ fn source_jobs(
     j: usize,
     manifests: &mut HashMap<String, Manifest>,
     jobs: &mut Vec<Job>,
+    storage: &Storage,
 ) -> Result<()> {
     let option = format!("stages[{s}].sources[{j}]");
     match source {
@@ -100,6 +108,9 @@ fn source_jobs(
                     Some(name) => Encoding::parse(name, &format!("{option}.encoding"))?,
                     None => Encoding::from_path(file, &format!("{option}.files[{f}]"))?,
                 };
+                storage
+                    .check(file)
+                    .map_err(|e| renamed(e, &format!("{option}.files[{f}]")))?;
                 jobs.push(Job {
                     stage: s,
                     source: j,
@@ -117,7 +128,10 @@ fn source_jobs(
         } => {
             let uri = absolute(manifest_uri);
             if !manifests.contains_key(&uri) {
-                manifests.insert(uri.clone(), Manifest::load(&uri)?);
+                storage
+                    .check(&uri)
+                    .map_err(|e| renamed(e, &format!("{option}.manifest_uri")))?;
+                manifests.insert(uri.clone(), Manifest::load(&uri, storage)?);
             }
             let manifest = &manifests[&uri];
             for shard in manifest.select(split, curriculum_stages.as_deref(), &option)? {
@@ -144,13 +158,24 @@ fn source_jobs(
 }
 
 /// Local paths are made absolute so a resolved document does not depend on the working directory.
+/// Names the config option at fault in a storage settings error.
+fn renamed(error: Error, option: &str) -> Error {
+    match error {
+        Error::Config { message, .. } => Error::config(option, message),
+        other => other,
+    }
+}
+
 fn absolute(path: &str) -> String {
+    if storage::is_remote(path) {
+        return path.to_owned();
+    }
     std::path::absolute(Path::new(path))
         .map_or_else(|_| path.to_owned(), |p| p.to_string_lossy().into_owned())
 }
 
 /// Resolves `config`: infers encodings, counts rows, indexes and checks every shard.
-pub fn resolve(config: &StreamConfig) -> Result<Resolved> {
+pub fn resolve(config: &StreamConfig, storage: &Storage) -> Result<Resolved> {
     config.validate()?;
     let projection = Projection::new(&config.fields)?;
     let (records, _) = projection.record_columns();
@@ -161,12 +186,12 @@ pub fn resolve(config: &StreamConfig) -> Result<Resolved> {
         let mut stage_counts = Vec::with_capacity(stage.sources.len());
         for (j, source) in stage.sources.iter().enumerate() {
             let before = jobs.len();
-            source_jobs(source, s, j, &mut manifests, &mut jobs)?;
+            source_jobs(source, s, j, &mut manifests, &mut jobs, storage)?;
             stage_counts.push(jobs.len() - before);
         }
         counts.push(stage_counts);
     }
-    let metas = inspect_all(&jobs, &records, config.threads)?;
+    let metas = inspect_all(storage, &jobs, &records, config.threads)?;
     for (job, meta) in jobs.iter().zip(&metas) {
         if let Some(expected) = job.rows {
             if expected != meta.rows {
@@ -238,12 +263,18 @@ pub fn resolve(config: &StreamConfig) -> Result<Resolved> {
         },
         projection,
         metas: all_metas,
+        storage: storage.clone(),
     })
 }
 
 /// Inspects shards on up to `threads` threads; results keep the jobs' order, and the first
 /// failure in that order is reported so errors do not depend on timing.
-fn inspect_all(jobs: &[Job], projection: &Projection, threads: usize) -> Result<Vec<ShardMeta>> {
+fn inspect_all(
+    storage: &Storage,
+    jobs: &[Job],
+    projection: &Projection,
+    threads: usize,
+) -> Result<Vec<ShardMeta>> {
     let threads = threads.clamp(1, jobs.len().max(1));
     let per = jobs.len().div_ceil(threads).max(1);
     let results: Vec<Vec<Result<ShardMeta>>> = std::thread::scope(|scope| {
@@ -252,7 +283,7 @@ fn inspect_all(jobs: &[Job], projection: &Projection, threads: usize) -> Result<
             .map(|part| {
                 scope.spawn(move || {
                     part.iter()
-                        .map(|job| formats::inspect(&job.path, job.encoding, projection))
+                        .map(|job| formats::inspect(storage, &job.path, job.encoding, projection))
                         .collect::<Vec<_>>()
                 })
             })

@@ -28,6 +28,7 @@ use crate::memory::MemoryBound;
 use crate::order::{LayoutCache, Order, Segment, Slot};
 use crate::projection::{Projection, Synthetic};
 use crate::resolve::{reopen, resolve, Resolved};
+use crate::storage::Storage;
 
 /// Most unique rows one read job decodes.
 const MAX_JOB_ROWS: usize = 1024;
@@ -115,6 +116,7 @@ struct ShardEntry {
 /// What every thread of a stream shares; immutable once built.
 struct Shared {
     resolved: ResolvedConfig,
+    storage: Storage,
     order: Order,
     projection: Projection,
     records: Projection,
@@ -137,6 +139,7 @@ impl Shared {
             config,
             projection,
             metas,
+            storage,
         } = resolved;
         let order = Order::new(&config)?;
         let (records, record_map) = projection.record_columns();
@@ -183,6 +186,7 @@ impl Shared {
         Ok(Shared {
             schema: batch_schema(&projection),
             resolved: config,
+            storage,
             order,
             projection,
             records,
@@ -251,30 +255,40 @@ pub struct BatchStream {
 
 impl BatchStream {
     /// Resolves `config` and starts the stream at its beginning.
-    pub fn open(config: &StreamConfig) -> Result<Self> {
-        Self::start(resolve(config)?, Start::fresh())
+    pub fn open(config: &StreamConfig, storage: &Storage) -> Result<Self> {
+        Self::start(resolve(config, storage)?, Start::fresh())
     }
 
     /// Like [`BatchStream::open`], yielding only the rank's local batches `offset, offset +
     /// stride, ...` (a `DataLoader` worker's share).
-    pub fn open_part(config: &StreamConfig, offset: u64, stride: u64) -> Result<Self> {
+    pub fn open_part(
+        config: &StreamConfig,
+        storage: &Storage,
+        offset: u64,
+        stride: u64,
+    ) -> Result<Self> {
         let start = Start {
             offset,
             stride: stride.max(1),
             ..Start::fresh()
         };
-        Self::start(resolve(config)?, start)
+        Self::start(resolve(config, storage)?, start)
     }
 
     /// Re-opens the stream a checkpoint describes, at the checkpoint's position.
-    pub fn resume(checkpoint: &Checkpoint) -> Result<Self> {
-        Self::resume_part(checkpoint, 0, 1)
+    pub fn resume(checkpoint: &Checkpoint, storage: &Storage) -> Result<Self> {
+        Self::resume_part(checkpoint, storage, 0, 1)
     }
 
     /// Like [`BatchStream::resume`], yielding only local batches `offset, offset + stride, ...`
     /// (a `DataLoader` worker's share).
-    pub fn resume_part(checkpoint: &Checkpoint, offset: u64, stride: u64) -> Result<Self> {
-        let resolved = reopen(checkpoint.resolved.clone())?;
+    pub fn resume_part(
+        checkpoint: &Checkpoint,
+        storage: &Storage,
+        offset: u64,
+        stride: u64,
+    ) -> Result<Self> {
+        let resolved = reopen(checkpoint.resolved.clone(), storage)?;
         let start = Start {
             segment: checkpoint.cursor.segment,
             origin: checkpoint.cursor.next_batch,
@@ -629,7 +643,7 @@ fn decode(shared: &Shared, readers: &mut ReaderCache, job: &Job) -> Result<Chunk
         readers[..=pos].rotate_right(1);
     } else {
         let entry = &shared.shards[job.shard];
-        let reader = formats::open(&entry.path, entry.encoding, &entry.meta)?;
+        let reader = formats::open(&shared.storage, &entry.path, entry.encoding, &entry.meta)?;
         if readers.len() == READERS_PER_WORKER {
             readers.pop();
         }

@@ -35,8 +35,22 @@ fn build(py: Python<'_>, err: &Error) -> PyResult<PyErr> {
                 ..Context::default()
             },
         ),
-        Error::Io { path, .. } => (
+        Error::Io { path, .. } | Error::Storage { path, .. } => (
             "StorageError",
+            Context {
+                path: Some(path),
+                ..Context::default()
+            },
+        ),
+        Error::AccessDenied { path, .. } => (
+            "AccessDeniedError",
+            Context {
+                path: Some(path),
+                ..Context::default()
+            },
+        ),
+        Error::Conflict { path, .. } => (
+            "ObjectConflictError",
             Context {
                 path: Some(path),
                 ..Context::default()

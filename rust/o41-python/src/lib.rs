@@ -5,6 +5,7 @@
 
 mod checkpoint;
 mod errors;
+mod storage;
 mod stream;
 
 use pyo3::prelude::*;
@@ -15,6 +16,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     m.add_class::<stream::Stream>()?;
     m.add_class::<checkpoint::Checkpoint>()?;
+    m.add_class::<storage::Storage>()?;
     m.add_function(wrap_pyfunction!(stream::resolve_config, m)?)?;
     m.add_function(wrap_pyfunction!(stream::host_memory_bytes, m)?)?;
     m.add_function(wrap_pyfunction!(stream::load_manifest, m)?)?;

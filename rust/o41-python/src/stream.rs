@@ -13,6 +13,7 @@ use pyo3::types::PyDict;
 
 use crate::checkpoint::Checkpoint;
 use crate::errors::to_py;
+use crate::storage::{engine, Storage};
 
 /// How long one GIL-free wait lasts before Python gets a chance to see Ctrl-C.
 const SIGNAL_POLL: Duration = Duration::from_millis(100);
@@ -26,16 +27,24 @@ fn parse(py: Python<'_>, config_json: &str) -> PyResult<StreamConfig> {
 
 /// Resolves a stream config (JSON) and returns the resolved document (JSON).
 #[pyfunction]
-pub fn resolve_config(py: Python<'_>, config_json: &str) -> PyResult<String> {
+#[pyo3(signature = (config_json, storage=None))]
+pub fn resolve_config(
+    py: Python<'_>,
+    config_json: &str,
+    storage: Option<&Storage>,
+) -> PyResult<String> {
     let config = parse(py, config_json)?;
-    py.detach(move || resolve(&config).map(|r| r.config.to_json()))
+    let storage = engine(storage);
+    py.detach(move || resolve(&config, &storage).map(|r| r.config.to_json()))
         .map_err(|e| to_py(py, &e))
 }
 
-/// Reads and checks a local data manifest; returns it as JSON.
+/// Reads and checks a data manifest; returns it as JSON.
 #[pyfunction]
-pub fn load_manifest(py: Python<'_>, uri: &str) -> PyResult<String> {
-    o41_engine::manifest::Manifest::load(uri)
+#[pyo3(signature = (uri, storage=None))]
+pub fn load_manifest(py: Python<'_>, uri: &str, storage: Option<&Storage>) -> PyResult<String> {
+    let storage = engine(storage);
+    py.detach(|| o41_engine::manifest::Manifest::load(uri, &storage))
         .map(|m| m.to_json())
         .map_err(|e| to_py(py, &e))
 }
@@ -50,14 +59,17 @@ pub fn check_manifest(py: Python<'_>, text: &str, uri: &str) -> PyResult<String>
 
 /// Up to `count` records of a framed `MessagePack` shard from record `start` on, as JSON texts.
 #[pyfunction]
+#[pyo3(signature = (path, start, count, storage=None))]
 pub fn msgpack_records(
     py: Python<'_>,
     path: &str,
     start: u64,
     count: u64,
+    storage: Option<&Storage>,
 ) -> PyResult<Vec<String>> {
     let path = path.to_owned();
-    py.detach(move || o41_engine::formats::msgpack_records_as_json(&path, start, count))
+    let storage = engine(storage);
+    py.detach(move || o41_engine::formats::msgpack_records_as_json(&storage, &path, start, count))
         .map_err(|e| to_py(py, &e))
 }
 
@@ -123,11 +135,18 @@ impl Stream {
     /// Resolves the config (JSON) and starts the stream; raises at open on any bad input.
     /// `offset`/`stride` select a share of the rank's local batches (a `DataLoader` worker's).
     #[new]
-    #[pyo3(signature = (config_json, offset=0, stride=1))]
-    fn new(py: Python<'_>, config_json: &str, offset: u64, stride: u64) -> PyResult<Self> {
+    #[pyo3(signature = (config_json, offset=0, stride=1, storage=None))]
+    fn new(
+        py: Python<'_>,
+        config_json: &str,
+        offset: u64,
+        stride: u64,
+        storage: Option<&Storage>,
+    ) -> PyResult<Self> {
         let config = parse(py, config_json)?;
+        let storage = engine(storage);
         let stream = py
-            .detach(move || BatchStream::open_part(&config, offset, stride))
+            .detach(move || BatchStream::open_part(&config, &storage, offset, stride))
             .map_err(|e| to_py(py, &e))?;
         Ok(Stream {
             inner: Mutex::new(Some(stream)),
@@ -137,11 +156,18 @@ impl Stream {
     /// Re-opens the stream a checkpoint describes. `offset`/`stride` select a share of the
     /// rank's local batches (a `DataLoader` worker's).
     #[staticmethod]
-    #[pyo3(signature = (checkpoint, offset=0, stride=1))]
-    fn resume(py: Python<'_>, checkpoint: &Checkpoint, offset: u64, stride: u64) -> PyResult<Self> {
+    #[pyo3(signature = (checkpoint, offset=0, stride=1, storage=None))]
+    fn resume(
+        py: Python<'_>,
+        checkpoint: &Checkpoint,
+        offset: u64,
+        stride: u64,
+        storage: Option<&Storage>,
+    ) -> PyResult<Self> {
         let inner = checkpoint.inner.clone();
+        let storage = engine(storage);
         let stream = py
-            .detach(move || BatchStream::resume_part(&inner, offset, stride))
+            .detach(move || BatchStream::resume_part(&inner, &storage, offset, stride))
             .map_err(|e| to_py(py, &e))?;
         Ok(Stream {
             inner: Mutex::new(Some(stream)),

@@ -2,13 +2,13 @@
 //! records. Plain files keep a sparse byte-offset index so a read can seek near its first row;
 //! gzip streams are read forward, skipping lines before the range without parsing them.
 
-use std::fs::File;
-use std::io::{BufRead, BufReader, Read, Seek, SeekFrom};
+use std::io::{BufRead, BufReader, Read};
 use std::ops::Range;
 use std::sync::Arc;
 
 use flate2::read::MultiGzDecoder;
 
+use super::cursor::ObjectCursor;
 use super::{
     read_record_ranges, Encoding, RecordCursor, ShardIndex, ShardMeta, ShardReader, INDEX_STRIDE,
 };
@@ -16,6 +16,7 @@ use crate::columns::Chunk;
 use crate::error::{Error, Result};
 use crate::projection::Projection;
 use crate::record::project_record;
+use crate::storage::{self, Object};
 
 const BUF_BYTES: usize = 1 << 20;
 
@@ -26,6 +27,7 @@ fn is_blank(line: &[u8]) -> bool {
 /// Reads lines of one shard, tracking the record number of the next line.
 pub struct Reader {
     path: String,
+    object: Arc<Object>,
     encoding: Encoding,
     offsets: Option<Arc<Vec<u64>>>,
     lines: Option<Box<dyn BufRead + Send>>,
@@ -35,9 +37,14 @@ pub struct Reader {
 }
 
 impl Reader {
-    pub fn open(path: &str, encoding: Encoding, offsets: Option<Arc<Vec<u64>>>) -> Result<Self> {
+    pub fn open(
+        object: Arc<Object>,
+        encoding: Encoding,
+        offsets: Option<Arc<Vec<u64>>>,
+    ) -> Result<Self> {
         let mut reader = Reader {
-            path: path.to_owned(),
+            path: object.uri().to_owned(),
+            object,
             encoding,
             offsets,
             lines: None,
@@ -51,7 +58,6 @@ impl Reader {
     /// Positions the reader at or before `row`: at the nearest indexed offset for plain files,
     /// at the start for compressed ones.
     fn rewind(&mut self, row: u64) -> Result<()> {
-        let mut file = File::open(&self.path).map_err(|e| Error::io(&self.path, e))?;
         let (offset, first_row) = match &self.offsets {
             Some(offsets) => {
                 let k = (row / INDEX_STRIDE) as usize;
@@ -59,12 +65,9 @@ impl Reader {
             }
             None => (0, 0),
         };
-        file.seek(SeekFrom::Start(offset))
-            .map_err(|e| Error::io(&self.path, e))?;
+        let file = ObjectCursor::new(self.object.clone(), offset, BUF_BYTES)?;
         let inner: Box<dyn Read + Send> = if self.encoding == Encoding::JsonlGz {
-            Box::new(MultiGzDecoder::new(BufReader::with_capacity(
-                BUF_BYTES, file,
-            )))
+            Box::new(MultiGzDecoder::new(file))
         } else {
             Box::new(file)
         };
@@ -80,7 +83,7 @@ impl Reader {
             self.line.clear();
             let n = lines
                 .read_until(b'\n', &mut self.line)
-                .map_err(|e| read_error(&self.path, self.encoding, self.next_row, &e))?;
+                .map_err(|e| read_error(&self.path, self.encoding, self.next_row, e))?;
             if n == 0 {
                 return Ok(false);
             }
@@ -108,13 +111,14 @@ impl Reader {
     }
 }
 
-fn read_error(path: &str, encoding: Encoding, row: u64, e: &std::io::Error) -> Error {
-    Error::Format {
+fn read_error(path: &str, encoding: Encoding, row: u64, e: std::io::Error) -> Error {
+    // A storage failure is reported as such; anything else is the shard's bytes at fault.
+    storage::from_io(e, |e| Error::Format {
         path: path.to_owned(),
         encoding: encoding.name(),
         row: Some(row),
         message: e.to_string(),
-    }
+    })
 }
 
 fn truncated(path: &str, encoding: Encoding, row: u64) -> Error {
@@ -184,8 +188,13 @@ impl ShardReader for Reader {
     }
 }
 
-pub fn inspect(path: &str, encoding: Encoding, projection: &Projection) -> Result<ShardMeta> {
-    let mut reader = Reader::open(path, encoding, None)?;
+pub fn inspect(
+    object: Arc<Object>,
+    encoding: Encoding,
+    projection: &Projection,
+) -> Result<ShardMeta> {
+    let path = &object.uri().to_owned();
+    let mut reader = Reader::open(object, encoding, None)?;
     let plain = encoding == Encoding::Jsonl;
     let mut offsets = Vec::new();
     let mut offset = 0u64;
@@ -196,7 +205,7 @@ pub fn inspect(path: &str, encoding: Encoding, projection: &Projection) -> Resul
         reader.line.clear();
         let n = lines
             .read_until(b'\n', &mut reader.line)
-            .map_err(|e| read_error(path, encoding, rows, &e))?;
+            .map_err(|e| read_error(path, encoding, rows, e))?;
         if n == 0 {
             break;
         }
@@ -220,6 +229,7 @@ pub fn inspect(path: &str, encoding: Encoding, projection: &Projection) -> Resul
     };
     Ok(ShardMeta {
         rows,
+        version: None,
         scratch_bytes: longest as u64 + 2 * BUF_BYTES as u64,
         index,
     })

@@ -4,6 +4,7 @@
 //! whatever index lets later reads start mid-shard, and projects the first record so a bad
 //! field fails at open. A [`ShardReader`] then decodes row ranges into column chunks.
 
+mod cursor;
 mod jsonl;
 mod msgpack;
 mod parquet;
@@ -16,6 +17,7 @@ use serde::{Deserialize, Serialize};
 use crate::columns::Chunk;
 use crate::error::{Error, Result};
 use crate::projection::Projection;
+use crate::storage::Storage;
 
 pub use msgpack::{records_as_json as msgpack_records_as_json, FRAME_HEADER_BYTES};
 
@@ -116,6 +118,8 @@ pub struct ShardMeta {
     /// column chunks (compressed, decompressed and decoded; two row groups at most), the
     /// longest JSON line, the longest `MessagePack` frame, plus read buffers.
     pub scratch_bytes: u64,
+    /// The remote object's version (`ETag`) at inspection; later reads are pinned to it.
+    pub version: Option<String>,
     index: ShardIndex,
 }
 
@@ -129,12 +133,21 @@ enum ShardIndex {
 }
 
 /// Counts a shard's rows, indexes it, and checks the projection against its first record.
-pub fn inspect(path: &str, encoding: Encoding, projection: &Projection) -> Result<ShardMeta> {
-    match encoding {
-        Encoding::Parquet => parquet::inspect(path, projection),
-        Encoding::Jsonl | Encoding::JsonlGz => jsonl::inspect(path, encoding, projection),
-        Encoding::Msgpack => msgpack::inspect(path, projection),
-    }
+pub fn inspect(
+    storage: &Storage,
+    path: &str,
+    encoding: Encoding,
+    projection: &Projection,
+) -> Result<ShardMeta> {
+    let object = Arc::new(storage.open(path)?);
+    let version = object.version().map(str::to_owned);
+    let mut meta = match encoding {
+        Encoding::Parquet => parquet::inspect(object, projection),
+        Encoding::Jsonl | Encoding::JsonlGz => jsonl::inspect(object, encoding, projection),
+        Encoding::Msgpack => msgpack::inspect(object, projection),
+    }?;
+    meta.version = version;
+    Ok(meta)
 }
 
 /// Decodes row ranges of one shard. Readers keep their position, so reading ranges in
@@ -181,15 +194,24 @@ fn read_record_ranges(
 }
 
 /// Opens a reader over a shard that [`inspect`] has seen.
-pub fn open(path: &str, encoding: Encoding, meta: &ShardMeta) -> Result<Box<dyn ShardReader>> {
+pub fn open(
+    storage: &Storage,
+    path: &str,
+    encoding: Encoding,
+    meta: &ShardMeta,
+) -> Result<Box<dyn ShardReader>> {
+    let object = Arc::new(storage.open(path)?);
+    object.expect_version(meta.version.as_deref())?;
     Ok(match (&meta.index, encoding) {
-        (ShardIndex::Parquet(index), _) => Box::new(parquet::Reader::open(path, index.clone())?),
+        (ShardIndex::Parquet(index), _) => Box::new(parquet::Reader::open(object, index.clone())?),
         (ShardIndex::Offsets(offsets), Encoding::Msgpack) => {
-            Box::new(msgpack::Reader::open(path, offsets.clone())?)
+            Box::new(msgpack::Reader::open(object, offsets.clone())?)
         }
-        (ShardIndex::Offsets(offsets), _) => {
-            Box::new(jsonl::Reader::open(path, encoding, Some(offsets.clone()))?)
-        }
-        (ShardIndex::Sequential, _) => Box::new(jsonl::Reader::open(path, encoding, None)?),
+        (ShardIndex::Offsets(offsets), _) => Box::new(jsonl::Reader::open(
+            object,
+            encoding,
+            Some(offsets.clone()),
+        )?),
+        (ShardIndex::Sequential, _) => Box::new(jsonl::Reader::open(object, encoding, None)?),
     })
 }

@@ -2,16 +2,17 @@
 //! little-endian u32 (`docs/formats.md`). Frames before a read's first row are skipped by their
 //! length alone, never decoded.
 
-use std::fs::File;
-use std::io::{BufReader, Read, Seek, SeekFrom};
+use std::io::Read;
 use std::ops::Range;
 use std::sync::Arc;
 
+use super::cursor::ObjectCursor;
 use super::{read_record_ranges, RecordCursor, ShardIndex, ShardMeta, ShardReader, INDEX_STRIDE};
 use crate::columns::Chunk;
 use crate::error::{Error, Result};
 use crate::projection::Projection;
 use crate::record::project_record;
+use crate::storage::{self, Object, Storage};
 
 /// Bytes of the length prefix before every frame.
 pub const FRAME_HEADER_BYTES: usize = 4;
@@ -32,18 +33,17 @@ fn format_error(path: &str, row: u64, message: impl Into<String>) -> Error {
 pub struct Reader {
     path: String,
     offsets: Arc<Vec<u64>>,
-    file: BufReader<File>,
+    file: ObjectCursor,
     next_row: u64,
     frame: Vec<u8>,
 }
 
 impl Reader {
-    pub fn open(path: &str, offsets: Arc<Vec<u64>>) -> Result<Self> {
-        let file = File::open(path).map_err(|e| Error::io(path, e))?;
+    pub fn open(object: Arc<Object>, offsets: Arc<Vec<u64>>) -> Result<Self> {
         Ok(Reader {
-            path: path.to_owned(),
+            path: object.uri().to_owned(),
             offsets,
-            file: BufReader::with_capacity(BUF_BYTES, file),
+            file: ObjectCursor::new(object, 0, BUF_BYTES)?,
             next_row: 0,
             frame: Vec::new(),
         })
@@ -57,7 +57,7 @@ impl Reader {
             let n = self
                 .file
                 .read(&mut header[got..])
-                .map_err(|e| Error::io(&self.path, e))?;
+                .map_err(|e| storage::from_io(e, |e| Error::io(&self.path, e)))?;
             if n == 0 {
                 if got == 0 {
                     return Ok(None);
@@ -77,9 +77,7 @@ impl Reader {
         let Some(len) = self.next_len()? else {
             return Ok(false);
         };
-        self.file
-            .seek_relative(len as i64)
-            .map_err(|e| Error::io(&self.path, e))?;
+        self.file.skip(len as u64)?;
         Ok(true)
     }
 
@@ -96,7 +94,7 @@ impl Reader {
                     format!("truncated frame: expected {len} bytes"),
                 )
             } else {
-                Error::io(&self.path, e)
+                storage::from_io(e, |e| Error::io(&self.path, e))
             }
         })?;
         Ok(true)
@@ -106,9 +104,7 @@ impl Reader {
         // The nearest indexed frame at or before `row` (an index may be sparser than the shard).
         let k = ((row / INDEX_STRIDE) as usize).min(self.offsets.len().saturating_sub(1));
         if row < self.next_row || k as u64 * INDEX_STRIDE > self.next_row {
-            self.file
-                .seek(SeekFrom::Start(self.offsets[k]))
-                .map_err(|e| Error::io(&self.path, e))?;
+            self.file.seek_to(self.offsets[k])?;
             self.next_row = k as u64 * INDEX_STRIDE;
         }
         while self.next_row < row {
@@ -182,8 +178,13 @@ impl ShardReader for Reader {
 
 /// Decodes up to `count` records from record `start` on, each as a JSON document: whole records,
 /// for tools that iterate a shard's contents rather than stream projected batches.
-pub fn records_as_json(path: &str, start: u64, count: u64) -> Result<Vec<String>> {
-    let mut reader = Reader::open(path, Arc::new(vec![0]))?;
+pub fn records_as_json(
+    storage: &Storage,
+    path: &str,
+    start: u64,
+    count: u64,
+) -> Result<Vec<String>> {
+    let mut reader = Reader::open(Arc::new(storage.open(path)?), Arc::new(vec![0]))?;
     reader.seek_row(start)?;
     let mut out = Vec::new();
     while (out.len() as u64) < count && reader.read_frame()? {
@@ -195,14 +196,10 @@ pub fn records_as_json(path: &str, start: u64, count: u64) -> Result<Vec<String>
     Ok(out)
 }
 
-pub fn inspect(path: &str, projection: &Projection) -> Result<ShardMeta> {
-    let mut reader = Reader::open(path, Arc::new(vec![0]))?;
-    let size = reader
-        .file
-        .get_ref()
-        .metadata()
-        .map_err(|e| Error::io(path, e))?
-        .len();
+pub fn inspect(object: Arc<Object>, projection: &Projection) -> Result<ShardMeta> {
+    let path = &object.uri().to_owned();
+    let size = object.size();
+    let mut reader = Reader::open(object, Arc::new(vec![0]))?;
     let mut offsets = Vec::new();
     let mut offset = 0u64;
     let mut longest = 0u64;
@@ -231,10 +228,7 @@ pub fn inspect(path: &str, projection: &Projection) -> Result<ShardMeta> {
         }
         rows += 1;
         reader.next_row = rows;
-        let end = reader
-            .file
-            .stream_position()
-            .map_err(|e| Error::io(path, e))?;
+        let end = reader.file.position();
         longest = longest.max(end - offset);
         offset = end;
         if offset > size {
@@ -254,6 +248,7 @@ pub fn inspect(path: &str, projection: &Projection) -> Result<ShardMeta> {
     }
     Ok(ShardMeta {
         rows,
+        version: None,
         scratch_bytes: longest + BUF_BYTES as u64,
         index: ShardIndex::Offsets(Arc::new(offsets)),
     })

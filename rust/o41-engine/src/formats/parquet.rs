@@ -3,19 +3,28 @@
 
 use std::fs::File;
 use std::ops::Range;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
+
+use bytes::{Buf, Bytes};
 
 use parquet::arrow::arrow_reader::{
     ArrowReaderMetadata, ArrowReaderOptions, ParquetRecordBatchReaderBuilder, RowSelection,
     RowSelector,
 };
 use parquet::arrow::ProjectionMask;
+use parquet::errors::ParquetError;
 use parquet::file::metadata::PageIndexPolicy;
+use parquet::file::reader::{ChunkReader, Length};
 
 use super::{ShardIndex, ShardMeta, ShardReader};
 use crate::columns::Chunk;
 use crate::error::{Error, Result};
 use crate::projection::{project_arrow_column, Projection};
+use crate::storage::Object;
+
+/// Bytes fetched from the end of a remote shard at open: the footer and, for shards written by
+/// the saver, the page index before it, in one request.
+const REMOTE_TAIL_BYTES: u64 = 256 << 10;
 
 const ENCODING: &str = "parquet";
 
@@ -42,11 +51,93 @@ fn open_file(path: &str) -> Result<File> {
     File::open(path).map_err(|e| Error::io(path, e))
 }
 
-pub fn inspect(path: &str, projection: &Projection) -> Result<ShardMeta> {
-    let file = open_file(path)?;
+/// Byte ranges of a remote object fetched ahead of decoding, served to the Parquet reader as if
+/// they were the file. A read outside them is fetched on demand; its failure is kept so the
+/// caller reports the storage error rather than a decoding error.
+struct Fetched {
+    object: Arc<Object>,
+    parts: Vec<(u64, Bytes)>,
+    failure: Mutex<Option<Error>>,
+}
+
+impl Fetched {
+    fn new(object: Arc<Object>, ranges: &[Range<u64>]) -> Result<Self> {
+        let bytes = object.read_ranges(ranges)?;
+        Ok(Fetched {
+            parts: ranges.iter().map(|r| r.start).zip(bytes).collect(),
+            object,
+            failure: Mutex::new(None),
+        })
+    }
+
+    fn slice(&self, start: u64, len: u64) -> parquet::errors::Result<Bytes> {
+        for (at, bytes) in &self.parts {
+            if start >= *at && start + len <= at + bytes.len() as u64 {
+                let from = (start - at) as usize;
+                return Ok(bytes.slice(from..from + len as usize));
+            }
+        }
+        self.object.read_range(start..start + len).map_err(|e| {
+            let message = e.to_string();
+            *self
+                .failure
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(e);
+            ParquetError::General(message)
+        })
+    }
+
+    /// The storage error behind a decoding failure, if there was one.
+    fn take_failure(&self) -> Option<Error> {
+        self.failure
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .take()
+    }
+}
+
+impl Length for Fetched {
+    fn len(&self) -> u64 {
+        self.object.size()
+    }
+}
+
+impl ChunkReader for Fetched {
+    type T = bytes::buf::Reader<Bytes>;
+
+    fn get_read(&self, start: u64) -> parquet::errors::Result<Self::T> {
+        let end = self
+            .parts
+            .iter()
+            .find(|(at, bytes)| start >= *at && start < at + bytes.len() as u64)
+            .map_or(self.object.size(), |(at, bytes)| at + bytes.len() as u64);
+        Ok(self.slice(start, end - start)?.reader())
+    }
+
+    fn get_bytes(&self, start: u64, length: usize) -> parquet::errors::Result<Bytes> {
+        self.slice(start, length as u64)
+    }
+}
+
+fn load_metadata(object: &Arc<Object>) -> Result<ArrowReaderMetadata> {
+    let path = object.uri();
     let options = ArrowReaderOptions::new().with_offset_index_policy(PageIndexPolicy::Optional);
-    let metadata =
-        ArrowReaderMetadata::load(&file, options).map_err(|e| format_error(path, None, e))?;
+    if object.local_file().is_some() {
+        let file = open_file(path)?;
+        return ArrowReaderMetadata::load(&file, options).map_err(|e| format_error(path, None, e));
+    }
+    let size = object.size();
+    let tail_range = size.saturating_sub(REMOTE_TAIL_BYTES)..size;
+    let tail = Fetched::new(object.clone(), std::slice::from_ref(&tail_range))?;
+    ArrowReaderMetadata::load(&tail, options).map_err(|e| {
+        tail.take_failure()
+            .unwrap_or_else(|| format_error(path, None, e))
+    })
+}
+
+pub fn inspect(object: Arc<Object>, projection: &Projection) -> Result<ShardMeta> {
+    let path = &object.uri().to_owned();
+    let metadata = load_metadata(&object)?;
     let schema = metadata.schema().clone();
     let mut roots = Vec::with_capacity(projection.columns.len());
     for column in &projection.columns {
@@ -98,17 +189,14 @@ pub fn inspect(path: &str, projection: &Projection) -> Result<ShardMeta> {
     });
     let meta = ShardMeta {
         rows,
+        version: None,
         // A job spans at most two row groups (it holds at most one group's worth of rows).
         scratch_bytes: 2 * largest_group,
         index: ShardIndex::Parquet(index.clone()),
     };
     if rows > 0 {
         // Decoding the first record checks every projected column's type now, not mid-run.
-        let mut reader = Reader {
-            path: path.to_owned(),
-            file,
-            index,
-        };
+        let mut reader = Reader::open(object, index)?;
         let mut chunk = Chunk::padded(projection, 1);
         reader.read_ranges(std::slice::from_ref(&(0..1)), projection, &mut chunk)?;
     }
@@ -118,17 +206,41 @@ pub fn inspect(path: &str, projection: &Projection) -> Result<ShardMeta> {
 /// Reads row ranges of one Parquet file.
 pub struct Reader {
     path: String,
-    file: File,
+    object: Arc<Object>,
+    /// Local shards are read through the file itself, which the OS caches and reads ahead.
+    file: Option<File>,
     index: Arc<ParquetIndex>,
 }
 
 impl Reader {
-    pub fn open(path: &str, index: Arc<ParquetIndex>) -> Result<Self> {
+    pub fn open(object: Arc<Object>, index: Arc<ParquetIndex>) -> Result<Self> {
+        let path = object.uri().to_owned();
+        let file = match object.local_file() {
+            Some(_) => Some(open_file(&path)?),
+            None => None,
+        };
         Ok(Reader {
-            path: path.to_owned(),
-            file: open_file(path)?,
+            path,
+            object,
+            file,
             index,
         })
+    }
+
+    /// Byte ranges of the projected column chunks in `groups`, fetched together before decoding.
+    fn chunk_ranges(&self, groups: &[usize], projection: &Projection) -> Vec<Range<u64>> {
+        let metadata = self.index.metadata.metadata();
+        let mut ranges = Vec::new();
+        for &g in groups {
+            for column in metadata.row_group(g).columns() {
+                let root = &column.column_path().parts()[0];
+                if projection.columns.iter().any(|c| &c.source == root) {
+                    let (start, len) = column.byte_range();
+                    ranges.push(start..start + len);
+                }
+            }
+        }
+        ranges
     }
 }
 
@@ -139,12 +251,28 @@ impl ShardReader for Reader {
         projection: &Projection,
         chunk: &mut Chunk,
     ) -> Result<()> {
-        // The builder takes its reader by value; a cloned handle shares the open file.
-        let file = self
-            .file
-            .try_clone()
-            .map_err(|e| Error::io(&self.path, e))?;
-        read_ranges(file, &self.index, ranges, projection, chunk, &self.path)
+        if let Some(file) = &self.file {
+            // The builder takes its reader by value; a cloned handle shares the open file.
+            let file = file.try_clone().map_err(|e| Error::io(&self.path, e))?;
+            return read_ranges(file, &self.index, ranges, projection, chunk, &self.path);
+        }
+        if ranges.iter().all(Range::is_empty) {
+            return Ok(());
+        }
+        let (groups, _) = selection(&self.index.group_starts, ranges);
+        let fetched = Arc::new(Fetched::new(
+            self.object.clone(),
+            &self.chunk_ranges(&groups, projection),
+        )?);
+        read_ranges(
+            ArcReader(fetched.clone()),
+            &self.index,
+            ranges,
+            projection,
+            chunk,
+            &self.path,
+        )
+        .map_err(|e| fetched.take_failure().unwrap_or(e))
     }
 }
 
@@ -186,8 +314,30 @@ fn selection(starts: &[u64], ranges: &[Range<u64>]) -> (Vec<usize>, RowSelection
     (groups, RowSelection::from(selectors))
 }
 
-fn read_ranges(
-    file: File,
+/// Shares one [`Fetched`] between the reader that decodes from it and the caller that asks it
+/// for a storage failure afterwards.
+struct ArcReader(Arc<Fetched>);
+
+impl Length for ArcReader {
+    fn len(&self) -> u64 {
+        self.0.len()
+    }
+}
+
+impl ChunkReader for ArcReader {
+    type T = bytes::buf::Reader<Bytes>;
+
+    fn get_read(&self, start: u64) -> parquet::errors::Result<Self::T> {
+        self.0.get_read(start)
+    }
+
+    fn get_bytes(&self, start: u64, length: usize) -> parquet::errors::Result<Bytes> {
+        self.0.get_bytes(start, length)
+    }
+}
+
+fn read_ranges<R: ChunkReader + 'static>(
+    file: R,
     index: &ParquetIndex,
     ranges: &[Range<u64>],
     projection: &Projection,

@@ -1,0 +1,152 @@
+//! Local files. Create-only writes go through a temporary file in the target's directory and a
+//! hard link, which fails instead of replacing an existing file, so a crash never leaves a
+//! half-written object at the target.
+
+use std::fs::File;
+use std::io::{Read, Seek, SeekFrom, Write};
+use std::ops::Range;
+use std::os::unix::fs::FileExt;
+use std::path::Path;
+use std::sync::Arc;
+
+use bytes::Bytes;
+
+use super::{sha256_hex, Object, Source, WriteMode, Written};
+use crate::error::{Error, Result};
+
+pub fn open(path: &str) -> Result<Object> {
+    let file = File::open(path).map_err(|e| Error::io(path, e))?;
+    let size = file.metadata().map_err(|e| Error::io(path, e))?.len();
+    Ok(Object {
+        uri: path.to_owned(),
+        size,
+        source: Source::Local(Arc::new(file)),
+    })
+}
+
+pub fn read_range(path: &str, file: &File, range: Range<u64>) -> Result<Bytes> {
+    let mut buf = vec![0u8; (range.end - range.start) as usize];
+    file.read_exact_at(&mut buf, range.start)
+        .map_err(|e| Error::io(path, e))?;
+    Ok(Bytes::from(buf))
+}
+
+pub fn reader(path: &str, file: &File, offset: u64) -> Result<Box<dyn Read + Send>> {
+    // A fresh handle keeps its own position, so readers of one object do not disturb each other.
+    let mut handle = file.try_clone().map_err(|e| Error::io(path, e))?;
+    handle
+        .seek(SeekFrom::Start(offset))
+        .map_err(|e| Error::io(path, e))?;
+    Ok(Box::new(handle))
+}
+
+fn temp_beside(target: &Path) -> Result<(std::path::PathBuf, File)> {
+    let dir = target.parent().unwrap_or_else(|| Path::new("."));
+    std::fs::create_dir_all(dir).map_err(|e| Error::io(&dir.to_string_lossy(), e))?;
+    let name = target
+        .file_name()
+        .map_or_else(String::new, |n| n.to_string_lossy().into_owned());
+    for attempt in 0u32.. {
+        let tmp = dir.join(format!(".tmp-{}-{attempt}-{name}", std::process::id()));
+        match File::options().write(true).create_new(true).open(&tmp) {
+            Ok(file) => return Ok((tmp, file)),
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+            Err(e) => return Err(Error::io(&tmp.to_string_lossy(), e)),
+        }
+    }
+    unreachable!("the attempt counter does not run out")
+}
+
+/// Publishes `tmp` at `path`, then removes `tmp` whatever happened.
+fn publish(tmp: &Path, path: &str, mode: WriteMode, sha256: &str) -> Result<Written> {
+    let result = match mode {
+        WriteMode::Overwrite => std::fs::rename(tmp, path)
+            .map(|()| Written::Created)
+            .map_err(|e| Error::io(path, e)),
+        WriteMode::CreateOnly => match std::fs::hard_link(tmp, path) {
+            Ok(()) => Ok(Written::Created),
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => compare(path, sha256),
+            Err(e) => Err(Error::io(path, e)),
+        },
+    };
+    let _ = std::fs::remove_file(tmp);
+    result
+}
+
+fn compare(path: &str, sha256: &str) -> Result<Written> {
+    let existing = std::fs::read(path).map_err(|e| Error::io(path, e))?;
+    if sha256_hex(&existing) == sha256 {
+        Ok(Written::AlreadyEqual)
+    } else {
+        Err(Error::Conflict {
+            path: path.to_owned(),
+            message: "a different object already exists here; it is never replaced".into(),
+        })
+    }
+}
+
+pub fn write(path: &str, data: &[u8], mode: WriteMode, sha256: &str) -> Result<Written> {
+    let (tmp, mut file) = temp_beside(Path::new(path))?;
+    let written = file
+        .write_all(data)
+        .and_then(|()| file.sync_all())
+        .map_err(|e| Error::io(path, e));
+    drop(file);
+    if let Err(e) = written {
+        let _ = std::fs::remove_file(&tmp);
+        return Err(e);
+    }
+    publish(&tmp, path, mode, sha256)
+}
+
+pub fn write_file(path: &str, source: &str, mode: WriteMode, sha256: &str) -> Result<Written> {
+    let (tmp, file) = temp_beside(Path::new(path))?;
+    drop(file);
+    // A link shares the bytes when both are on one file system; otherwise copy them.
+    let _ = std::fs::remove_file(&tmp);
+    if std::fs::hard_link(source, &tmp).is_err() {
+        if let Err(e) = std::fs::copy(source, &tmp) {
+            let _ = std::fs::remove_file(&tmp);
+            return Err(Error::io(source, e));
+        }
+    }
+    publish(&tmp, path, mode, sha256)
+}
+
+pub fn checksum(path: &str) -> Result<String> {
+    let mut file = File::open(path).map_err(|e| Error::io(path, e))?;
+    let mut context = ring::digest::Context::new(&ring::digest::SHA256);
+    let mut buf = vec![0u8; 1 << 20];
+    loop {
+        let n = file.read(&mut buf).map_err(|e| Error::io(path, e))?;
+        if n == 0 {
+            break;
+        }
+        context.update(&buf[..n]);
+    }
+    Ok(super::hex(context.finish().as_ref()))
+}
+
+pub fn list(dir: &str) -> Result<Vec<String>> {
+    let mut found = Vec::new();
+    let mut pending = vec![std::path::PathBuf::from(dir)];
+    while let Some(dir) = pending.pop() {
+        let entries = match std::fs::read_dir(&dir) {
+            Ok(entries) => entries,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+            Err(e) => return Err(Error::io(&dir.to_string_lossy(), e)),
+        };
+        for entry in entries {
+            let entry = entry.map_err(|e| Error::io(&dir.to_string_lossy(), e))?;
+            let kind = entry
+                .file_type()
+                .map_err(|e| Error::io(&entry.path().to_string_lossy(), e))?;
+            if kind.is_dir() {
+                pending.push(entry.path());
+            } else {
+                found.push(entry.path().to_string_lossy().into_owned());
+            }
+        }
+    }
+    Ok(found)
+}

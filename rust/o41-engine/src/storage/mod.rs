@@ -1,0 +1,458 @@
+//! Where objects live: local paths and `s3://bucket/key` locations behind one interface that the
+//! shard readers, manifests and the dataset saver share.
+//!
+//! Reads of remote objects are pinned to the `ETag` seen when the object was opened and recover
+//! from transient failures by re-requesting from the last received byte (`docs/storage.md`).
+//! Writes that publish something are create-only: an equal object already there counts as done,
+//! a different one is a [`Error::Conflict`].
+
+mod local;
+mod retry;
+mod s3;
+
+use std::fmt;
+use std::io::Read;
+use std::ops::Range;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+
+use crate::error::{Error, Result};
+
+pub use retry::RetryPolicy;
+pub use s3::S3Settings;
+
+/// User metadata key under which a create-only write stores the SHA-256 of its content, so a
+/// retried write that finds its own earlier success can tell it from a conflicting object.
+pub const CHECKSUM_METADATA_KEY: &str = "o41-sha256";
+
+/// How a write treats an object already at its location.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WriteMode {
+    /// Never replace: an equal object counts as written, a different one is a conflict.
+    CreateOnly,
+    /// Replace whatever is there.
+    Overwrite,
+}
+
+/// What a write did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Written {
+    /// The object was written.
+    Created,
+    /// An identical object was already there (a repeated or retried publication).
+    AlreadyEqual,
+}
+
+/// A parsed location.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Location<'a> {
+    /// A path on the local file system.
+    Local(&'a str),
+    /// An object in an S3-compatible bucket.
+    S3 {
+        /// Bucket name.
+        bucket: &'a str,
+        /// Object key within the bucket.
+        key: &'a str,
+    },
+}
+
+impl<'a> Location<'a> {
+    /// Parses `uri`: `s3://bucket/key` or a local path.
+    pub fn parse(uri: &'a str) -> Result<Self> {
+        let Some(rest) = uri.strip_prefix("s3://") else {
+            if uri.contains("://") {
+                return Err(Error::Storage {
+                    path: uri.to_owned(),
+                    message: "unsupported scheme; use a local path or s3://bucket/key".into(),
+                });
+            }
+            return Ok(Location::Local(uri));
+        };
+        match rest.split_once('/') {
+            Some((bucket, key)) if !bucket.is_empty() && !key.is_empty() => {
+                Ok(Location::S3 { bucket, key })
+            }
+            _ => Err(Error::Storage {
+                path: uri.to_owned(),
+                message: "an s3:// location needs a bucket and a key: s3://bucket/key".into(),
+            }),
+        }
+    }
+}
+
+/// True when `uri` names an object in S3 rather than a local path.
+pub fn is_remote(uri: &str) -> bool {
+    uri.starts_with("s3://")
+}
+
+/// Joins a location relative to the directory of `base` (a manifest's location).
+pub fn sibling(base: &str, relative: &str) -> String {
+    if is_remote(relative) || relative.starts_with('/') {
+        return relative.to_owned();
+    }
+    let dir = base.rsplit_once('/').map_or("", |(dir, _)| dir);
+    let mut parts: Vec<&str> = dir.split('/').collect();
+    // Never climb above `s3://bucket` (three parts) or the root directory (one empty part).
+    let floor = if is_remote(base) { 3 } else { 1 };
+    for part in relative.split('/') {
+        match part {
+            "" | "." => {}
+            ".." => {
+                if parts.len() > floor {
+                    parts.pop();
+                }
+            }
+            other => parts.push(other),
+        }
+    }
+    parts.join("/")
+}
+
+/// Storage settings shared by every object a stream, saver or manifest touches. Cheap to clone.
+#[derive(Clone, Default)]
+pub struct Storage {
+    s3: Option<Arc<s3::S3>>,
+}
+
+impl fmt::Debug for Storage {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.s3 {
+            Some(s3) => write!(f, "Storage({s3:?})"),
+            None => f.write_str("Storage(local)"),
+        }
+    }
+}
+
+impl Storage {
+    /// Local paths only: an `s3://` location fails with a config error naming the missing settings.
+    pub fn local() -> Self {
+        Storage { s3: None }
+    }
+
+    /// Local paths and `s3://` locations on the S3-compatible service `settings` describes.
+    pub fn with_s3(settings: S3Settings, policy: RetryPolicy) -> Result<Self> {
+        Ok(Storage {
+            s3: Some(Arc::new(s3::S3::new(settings, policy)?)),
+        })
+    }
+
+    /// Whether `s3://` locations can be served.
+    pub fn has_s3(&self) -> bool {
+        self.s3.is_some()
+    }
+
+    fn s3(&self, uri: &str) -> Result<&s3::S3> {
+        self.s3.as_deref().ok_or_else(|| {
+            Error::config(
+                "storage",
+                format!(
+                    "{uri} is in object storage, but no storage settings were given; open it \
+                     through TrainingData(s3_base_url=..., region=..., access_key_id=..., \
+                     secret_access_key=...)"
+                ),
+            )
+        })
+    }
+
+    /// Fails at open when `uri` cannot be served by these settings.
+    pub fn check(&self, uri: &str) -> Result<()> {
+        if let Location::S3 { .. } = Location::parse(uri)? {
+            self.s3(uri)?;
+        }
+        Ok(())
+    }
+
+    /// Opens `uri` for reading: its size, and for remote objects the version reads are pinned to.
+    pub fn open(&self, uri: &str) -> Result<Object> {
+        match Location::parse(uri)? {
+            Location::Local(path) => local::open(path),
+            Location::S3 { bucket, key } => self.s3(uri)?.open(uri, bucket, key),
+        }
+    }
+
+    /// The whole content of `uri`.
+    pub fn read(&self, uri: &str) -> Result<Bytes> {
+        let object = self.open(uri)?;
+        object.read_range(0..object.size())
+    }
+
+    /// Whether `uri` exists.
+    pub fn exists(&self, uri: &str) -> Result<bool> {
+        match self.open(uri) {
+            Ok(_) => Ok(true),
+            Err(Error::NotFound { .. }) => Ok(false),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Writes `data` to `uri`. `sha256` is the hex digest of `data`; create-only writes store it
+    /// with the object and compare it when the location is taken.
+    pub fn write(&self, uri: &str, data: Bytes, sha256: &str, mode: WriteMode) -> Result<Written> {
+        match Location::parse(uri)? {
+            Location::Local(path) => local::write(path, &data, mode, sha256),
+            Location::S3 { bucket, key } => {
+                self.s3(uri)?.write(uri, bucket, key, data, sha256, mode)
+            }
+        }
+    }
+
+    /// Writes the local file `source` to `uri` (see [`Storage::write`]). Local targets are linked,
+    /// not copied, when `source` is on the same file system.
+    pub fn write_file(
+        &self,
+        uri: &str,
+        source: &str,
+        sha256: &str,
+        mode: WriteMode,
+    ) -> Result<Written> {
+        match Location::parse(uri)? {
+            Location::Local(path) => local::write_file(path, source, mode, sha256),
+            Location::S3 { bucket, key } => {
+                let data = std::fs::read(source).map_err(|e| Error::io(source, e))?;
+                self.s3(uri)?
+                    .write(uri, bucket, key, Bytes::from(data), sha256, mode)
+            }
+        }
+    }
+
+    /// Hex SHA-256 of the object at `uri`. Remote objects written by [`Storage::write`] carry it
+    /// as metadata, so it is not recomputed from their bytes.
+    pub fn checksum(&self, uri: &str) -> Result<String> {
+        match Location::parse(uri)? {
+            Location::Local(path) => local::checksum(path),
+            Location::S3 { bucket, key } => self.s3(uri)?.checksum(uri, bucket, key),
+        }
+    }
+
+    /// Every object under the directory `prefix` (a local directory or an `s3://` prefix), as
+    /// full locations in lexicographic order; empty when there is none.
+    pub fn list(&self, prefix: &str) -> Result<Vec<String>> {
+        let mut found = match Location::parse(prefix)? {
+            Location::Local(path) => local::list(path)?,
+            Location::S3 { bucket, key } => self.s3(prefix)?.list(prefix, bucket, key)?,
+        };
+        found.sort();
+        Ok(found)
+    }
+
+    /// Removes `uri`; a missing object is not an error.
+    pub fn delete(&self, uri: &str) -> Result<()> {
+        match Location::parse(uri)? {
+            Location::Local(path) => match std::fs::remove_file(path) {
+                Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(Error::io(path, e)),
+                _ => Ok(()),
+            },
+            Location::S3 { bucket, key } => self.s3(uri)?.delete(uri, bucket, key),
+        }
+    }
+}
+
+/// An object opened for reading.
+pub struct Object {
+    uri: String,
+    size: u64,
+    source: Source,
+}
+
+enum Source {
+    Local(Arc<std::fs::File>),
+    Remote(s3::Remote),
+}
+
+impl fmt::Debug for Object {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Object({}, {} bytes)", self.uri, self.size)
+    }
+}
+
+impl Object {
+    /// Location the object was opened from.
+    pub fn uri(&self) -> &str {
+        &self.uri
+    }
+
+    /// Size in bytes.
+    pub fn size(&self) -> u64 {
+        self.size
+    }
+
+    /// The remote object's version (`ETag`) that reads are pinned to; None for local files.
+    pub fn version(&self) -> Option<&str> {
+        match &self.source {
+            Source::Local(_) => None,
+            Source::Remote(remote) => remote.version(),
+        }
+    }
+
+    /// Fails closed when the object is no longer the version `expected` that was seen before.
+    pub fn expect_version(&self, expected: Option<&str>) -> Result<()> {
+        match (expected, self.version()) {
+            (Some(expected), Some(now)) if expected != now => Err(Error::Storage {
+                path: self.uri.clone(),
+                message: format!(
+                    "the object was replaced since the stream opened it (ETag {expected} is now \
+                     {now}); the stream stops instead of mixing two versions"
+                ),
+            }),
+            _ => Ok(()),
+        }
+    }
+
+    /// The open local file, when the object is local (the Parquet reader's fast path).
+    pub fn local_file(&self) -> Option<&Arc<std::fs::File>> {
+        match &self.source {
+            Source::Local(file) => Some(file),
+            Source::Remote(_) => None,
+        }
+    }
+
+    /// The bytes of `range`.
+    pub fn read_range(&self, range: Range<u64>) -> Result<Bytes> {
+        self.check_range(&range)?;
+        match &self.source {
+            Source::Local(file) => local::read_range(&self.uri, file, range),
+            Source::Remote(remote) => remote.read_range(range),
+        }
+    }
+
+    /// The bytes of each of `ranges`, fetched concurrently from remote storage.
+    pub fn read_ranges(&self, ranges: &[Range<u64>]) -> Result<Vec<Bytes>> {
+        for range in ranges {
+            self.check_range(range)?;
+        }
+        match &self.source {
+            Source::Local(file) => ranges
+                .iter()
+                .map(|r| local::read_range(&self.uri, file, r.clone()))
+                .collect(),
+            Source::Remote(remote) => remote.read_ranges(ranges),
+        }
+    }
+
+    /// A reader of the bytes from `offset` to the end. Remote readers fetch ahead of the caller
+    /// and recover from transient failures; their errors carry the engine error, which
+    /// [`from_io`] recovers.
+    pub fn reader(&self, offset: u64) -> Result<Box<dyn Read + Send>> {
+        match &self.source {
+            Source::Local(file) => local::reader(&self.uri, file, offset),
+            Source::Remote(remote) => Ok(Box::new(remote.reader(offset..self.size))),
+        }
+    }
+
+    fn check_range(&self, range: &Range<u64>) -> Result<()> {
+        if range.start > range.end || range.end > self.size {
+            return Err(Error::Storage {
+                path: self.uri.clone(),
+                message: format!(
+                    "byte range {}..{} is outside the object's {} bytes",
+                    range.start, range.end, self.size
+                ),
+            });
+        }
+        Ok(())
+    }
+}
+
+/// An engine error carried through `std::io::Read`, which only speaks `io::Error`.
+#[derive(Debug)]
+struct Carried(Error);
+
+impl fmt::Display for Carried {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+impl std::error::Error for Carried {}
+
+fn carry(error: Error) -> std::io::Error {
+    std::io::Error::other(Carried(error))
+}
+
+/// Turns an `io::Error` from an [`Object::reader`] back into the engine error it carries, or
+/// into `otherwise(e)` when it is a plain I/O or decoding failure.
+pub fn from_io(e: std::io::Error, otherwise: impl FnOnce(std::io::Error) -> Error) -> Error {
+    if e.get_ref()
+        .is_some_and(<dyn std::error::Error + Send + Sync>::is::<Carried>)
+    {
+        let inner = e.into_inner().expect("checked above");
+        return inner.downcast::<Carried>().expect("checked above").0;
+    }
+    otherwise(e)
+}
+
+/// Hex SHA-256 of `data`.
+pub fn sha256_hex(data: &[u8]) -> String {
+    hex(ring::digest::digest(&ring::digest::SHA256, data).as_ref())
+}
+
+fn hex(bytes: &[u8]) -> String {
+    use std::fmt::Write;
+    bytes
+        .iter()
+        .fold(String::with_capacity(2 * bytes.len()), |mut out, b| {
+            let _ = write!(out, "{b:02x}");
+            out
+        })
+}
+
+/// Default connect timeout of remote requests.
+pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_locations() {
+        assert_eq!(
+            Location::parse("s3://b/k/x.parquet").unwrap(),
+            Location::S3 {
+                bucket: "b",
+                key: "k/x.parquet"
+            }
+        );
+        assert_eq!(Location::parse("/a/b").unwrap(), Location::Local("/a/b"));
+        assert!(Location::parse("s3://bucket").is_err());
+        assert!(Location::parse("s3:///key").is_err());
+        assert!(Location::parse("gs://b/k").is_err());
+    }
+
+    #[test]
+    fn joins_relative_locations() {
+        assert_eq!(
+            sibling("s3://b/run/m.json", "train/x"),
+            "s3://b/run/train/x"
+        );
+        assert_eq!(sibling("s3://b/run/m.json", "../y"), "s3://b/y");
+        assert_eq!(sibling("s3://b/m.json", "../../y"), "s3://b/y");
+        assert_eq!(sibling("s3://b/m.json", "s3://c/z"), "s3://c/z");
+        assert_eq!(sibling("/d/run/m.json", "./a/b"), "/d/run/a/b");
+        assert_eq!(sibling("/d/run/m.json", "/abs"), "/abs");
+    }
+
+    #[test]
+    fn hashes() {
+        assert_eq!(
+            sha256_hex(b"abc"),
+            "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
+        );
+    }
+
+    #[test]
+    fn carried_errors_come_back() {
+        let e = carry(Error::NotFound { path: "x".into() });
+        assert!(matches!(
+            from_io(e, |_| unreachable!()),
+            Error::NotFound { .. }
+        ));
+        let plain = std::io::Error::other("boom");
+        assert!(matches!(
+            from_io(plain, |e| Error::io("p", e)),
+            Error::Io { .. }
+        ));
+    }
+}

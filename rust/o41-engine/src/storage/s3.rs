@@ -1,0 +1,605 @@
+//! S3-compatible object storage over the `object_store` crate.
+//!
+//! `object_store`'s own retries are turned off and its whole-request timeout disabled: a large
+//! GET would otherwise be cut off by a timeout meant for small requests, and its retry budget
+//! counts attempts and total time rather than failures in a row. The loops here resume a broken
+//! body from the last received byte with `If-Match` on the `ETag` seen at open, so a replaced
+//! object fails closed instead of splicing two versions.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::future::Future;
+use std::ops::Range;
+use std::sync::{Arc, Mutex, Once};
+
+use bytes::{Bytes, BytesMut};
+use futures::{FutureExt, StreamExt};
+use object_store::aws::{AmazonS3, AmazonS3Builder, S3ConditionalPut};
+use object_store::path::Path;
+use object_store::{
+    Attribute, Attributes, ClientOptions, GetOptions, GetRange, ObjectStore, ObjectStoreExt,
+    PutMode, PutOptions, PutPayload, RetryConfig,
+};
+use tokio::runtime::Runtime;
+use tokio::sync::mpsc;
+
+use super::retry::{Attempts, RetryPolicy};
+use super::{carry, sha256_hex, Object, Source, WriteMode, Written, CHECKSUM_METADATA_KEY};
+use crate::error::{Error, Result};
+
+/// Objects of this size or more cannot be written with one atomic request.
+pub const MAX_PUT_BYTES: u64 = 5 << 30;
+
+/// Chunks a remote reader may fetch ahead of its consumer.
+const READ_AHEAD_CHUNKS: usize = 64;
+
+/// Where and as whom to reach an S3-compatible service. `Debug` never shows the secrets.
+#[derive(Clone)]
+pub struct S3Settings {
+    /// Endpoint URL, such as `https://t3.storage.dev` or `http://127.0.0.1:8333`.
+    pub endpoint: String,
+    /// Signing region (`auto` for services that ignore it).
+    pub region: String,
+    /// Access key id.
+    pub access_key_id: String,
+    /// Secret access key.
+    pub secret_access_key: String,
+    /// Session token of temporary credentials.
+    pub session_token: Option<String>,
+}
+
+impl fmt::Debug for S3Settings {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "S3Settings({}, region {})", self.endpoint, self.region)
+    }
+}
+
+/// The tokio runtime that drives requests, one per process: after a fork the child cannot use
+/// the parent's runtime threads or pooled connections, so it builds its own.
+fn runtime() -> &'static Runtime {
+    static RUNTIME: Mutex<Option<(u32, &'static Runtime)>> = Mutex::new(None);
+    let pid = std::process::id();
+    let mut slot = RUNTIME
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    match *slot {
+        Some((owner, runtime)) if owner == pid => runtime,
+        _ => {
+            let runtime: &'static Runtime = Box::leak(Box::new(
+                tokio::runtime::Builder::new_multi_thread()
+                    .worker_threads(2)
+                    .thread_name("o41-io")
+                    .enable_all()
+                    .build()
+                    .expect("the I/O runtime starts"),
+            ));
+            *slot = Some((pid, runtime));
+            runtime
+        }
+    }
+}
+
+/// Replaces credentials in text that came from the service or the client library.
+#[derive(Clone)]
+struct Scrubber(Arc<Vec<String>>);
+
+impl Scrubber {
+    fn clean(&self, text: &str) -> String {
+        self.0.iter().fold(text.to_owned(), |out, secret| {
+            out.replace(secret.as_str(), "<redacted>")
+        })
+    }
+}
+
+/// The HTTP status of a failed request, read from `object_store`'s message because its request
+/// error type is not public.
+fn status_code(message: &str) -> Option<u16> {
+    let (_, rest) = message.split_once("status code: ")?;
+    rest.get(..3)?.parse().ok()
+}
+
+/// How one failed request is handled.
+enum Failure {
+    /// Fail closed with this error.
+    Fatal(Error),
+    /// The object already exists (a create-only write).
+    Exists,
+    /// Retry; the text is the cause to report if retries run out.
+    Transient(String),
+}
+
+#[derive(Clone)]
+struct Context {
+    policy: RetryPolicy,
+    scrubber: Scrubber,
+}
+
+impl Context {
+    fn classify(&self, uri: &str, error: object_store::Error) -> Failure {
+        use object_store::Error as E;
+        let path = uri.to_owned();
+        match error {
+            E::NotFound { .. } => Failure::Fatal(Error::NotFound { path }),
+            E::AlreadyExists { .. } => Failure::Exists,
+            E::Precondition { .. } => Failure::Fatal(Error::Storage {
+                path,
+                message: "the object was replaced while it was being read (its ETag changed); \
+                          the read stops instead of mixing two versions"
+                    .into(),
+            }),
+            E::PermissionDenied { source, .. } | E::Unauthenticated { source, .. } => {
+                Failure::Fatal(Error::AccessDenied {
+                    path,
+                    message: self.scrubber.clean(&source.to_string()),
+                })
+            }
+            E::Generic { source, .. } => {
+                let message = self.scrubber.clean(&source.to_string());
+                let status = status_code(&source.to_string());
+                match status {
+                    // A request the service rejects as such will be rejected again.
+                    Some(code) if (400..500).contains(&code) && code != 408 && code != 429 => {
+                        Failure::Fatal(Error::Storage {
+                            path,
+                            message: format!("the service refused the request: {message}"),
+                        })
+                    }
+                    _ => Failure::Transient(message),
+                }
+            }
+            other => Failure::Fatal(Error::Storage {
+                path,
+                message: self.scrubber.clean(&other.to_string()),
+            }),
+        }
+    }
+
+    /// Runs `op` until it succeeds, fails closed, or the retry budget runs out. `Exists` is
+    /// handed back to the caller as `Ok(None)`.
+    async fn retrying<T, F, Fut>(&self, uri: &str, mut op: F) -> Result<Option<T>>
+    where
+        F: FnMut() -> Fut,
+        Fut: Future<Output = object_store::Result<T>>,
+    {
+        let mut attempts = Attempts::new(self.policy);
+        loop {
+            let cause = match op().await {
+                Ok(value) => return Ok(Some(value)),
+                Err(e) => match self.classify(uri, e) {
+                    Failure::Fatal(e) => return Err(e),
+                    Failure::Exists => return Ok(None),
+                    Failure::Transient(cause) => cause,
+                },
+            };
+            match attempts.failed() {
+                Ok(wait) => tokio::time::sleep(wait).await,
+                Err(reason) => {
+                    return Err(Error::Storage {
+                        path: uri.to_owned(),
+                        message: format!("{reason}; last error: {cause}"),
+                    })
+                }
+            }
+        }
+    }
+}
+
+/// A configured service: one client per bucket, built lazily in each process.
+pub struct S3 {
+    settings: S3Settings,
+    context: Context,
+    clients: Mutex<(u32, HashMap<String, Arc<AmazonS3>>)>,
+}
+
+impl fmt::Debug for S3 {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.settings.fmt(f)
+    }
+}
+
+impl S3 {
+    pub fn new(settings: S3Settings, policy: RetryPolicy) -> Result<Self> {
+        if !(settings.endpoint.starts_with("http://") || settings.endpoint.starts_with("https://"))
+        {
+            return Err(Error::config(
+                "s3_base_url",
+                format!("'{}' is not an http:// or https:// URL", settings.endpoint),
+            ));
+        }
+        for (option, value) in [
+            ("region", &settings.region),
+            ("access_key_id", &settings.access_key_id),
+            ("secret_access_key", &settings.secret_access_key),
+        ] {
+            if value.is_empty() {
+                return Err(Error::config(option, "must not be empty"));
+            }
+        }
+        let secrets: Vec<String> = [
+            Some(&settings.access_key_id),
+            Some(&settings.secret_access_key),
+            settings.session_token.as_ref(),
+        ]
+        .into_iter()
+        .flatten()
+        .filter(|s| !s.is_empty())
+        .cloned()
+        .collect();
+        let s3 = S3 {
+            settings,
+            context: Context {
+                policy,
+                scrubber: Scrubber(Arc::new(secrets)),
+            },
+            clients: Mutex::new((0, HashMap::new())),
+        };
+        // Build one client now so a malformed setting fails here, not at the first read.
+        s3.client("o41-settings-check")?;
+        Ok(s3)
+    }
+
+    fn client(&self, bucket: &str) -> Result<Arc<AmazonS3>> {
+        static CRYPTO: Once = Once::new();
+        CRYPTO.call_once(|| {
+            // Another library may have installed one already; either serves.
+            let _ = rustls::crypto::ring::default_provider().install_default();
+        });
+        let pid = std::process::id();
+        let mut clients = self
+            .clients
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if clients.0 != pid {
+            // Pooled connections belong to the process that opened them.
+            *clients = (pid, HashMap::new());
+        }
+        if let Some(client) = clients.1.get(bucket) {
+            return Ok(client.clone());
+        }
+        let policy = self.context.policy;
+        let options = ClientOptions::new()
+            .with_timeout_disabled()
+            .with_connect_timeout(policy.connect_timeout)
+            .with_read_timeout(policy.read_timeout)
+            .with_allow_http(self.settings.endpoint.starts_with("http://"));
+        let retry = RetryConfig {
+            max_retries: 0,
+            ..RetryConfig::default()
+        };
+        let mut builder = AmazonS3Builder::new()
+            .with_endpoint(self.settings.endpoint.trim_end_matches('/'))
+            .with_region(&self.settings.region)
+            .with_bucket_name(bucket)
+            .with_access_key_id(&self.settings.access_key_id)
+            .with_secret_access_key(&self.settings.secret_access_key)
+            .with_virtual_hosted_style_request(false)
+            .with_conditional_put(S3ConditionalPut::ETagMatch)
+            .with_retry(retry)
+            .with_client_options(options);
+        if let Some(token) = &self.settings.session_token {
+            builder = builder.with_token(token);
+        }
+        let client = Arc::new(builder.build().map_err(|e| {
+            Error::config("s3_base_url", self.context.scrubber.clean(&e.to_string()))
+        })?);
+        clients.1.insert(bucket.to_owned(), client.clone());
+        Ok(client)
+    }
+
+    pub fn open(&self, uri: &str, bucket: &str, key: &str) -> Result<Object> {
+        let store = self.client(bucket)?;
+        let path = Path::from(key);
+        let meta = runtime()
+            .block_on(self.context.retrying(uri, || store.head(&path)))?
+            .expect("reads never report an existing object");
+        Ok(Object {
+            uri: uri.to_owned(),
+            size: meta.size,
+            source: Source::Remote(Remote(Arc::new(RemoteObject {
+                uri: uri.to_owned(),
+                store,
+                path,
+                etag: meta.e_tag,
+                context: self.context.clone(),
+            }))),
+        })
+    }
+
+    pub fn write(
+        &self,
+        uri: &str,
+        bucket: &str,
+        key: &str,
+        data: Bytes,
+        sha256: &str,
+        mode: WriteMode,
+    ) -> Result<Written> {
+        if data.len() as u64 >= MAX_PUT_BYTES {
+            return Err(Error::Storage {
+                path: uri.to_owned(),
+                message: format!(
+                    "{} bytes is at or over the 5 GiB limit of one atomic upload; split the data \
+                     over more shards",
+                    data.len()
+                ),
+            });
+        }
+        let store = self.client(bucket)?;
+        let path = Path::from(key);
+        let mut attributes = Attributes::new();
+        attributes.insert(
+            Attribute::Metadata(CHECKSUM_METADATA_KEY.into()),
+            sha256.to_owned().into(),
+        );
+        let options = PutOptions {
+            mode: match mode {
+                WriteMode::CreateOnly => PutMode::Create,
+                WriteMode::Overwrite => PutMode::Overwrite,
+            },
+            attributes,
+            ..PutOptions::default()
+        };
+        let payload = PutPayload::from(data);
+        let put = runtime().block_on(self.context.retrying(uri, || {
+            store.put_opts(&path, payload.clone(), options.clone())
+        }))?;
+        if put.is_some() {
+            return Ok(Written::Created);
+        }
+        // The location is taken, possibly by this very write whose answer was lost.
+        let equal = self.checksum(uri, bucket, key)? == sha256;
+        if equal {
+            Ok(Written::AlreadyEqual)
+        } else {
+            Err(Error::Conflict {
+                path: uri.to_owned(),
+                message: "a different object already exists here; it is never replaced".into(),
+            })
+        }
+    }
+
+    pub fn checksum(&self, uri: &str, bucket: &str, key: &str) -> Result<String> {
+        let store = self.client(bucket)?;
+        let path = Path::from(key);
+        let head = runtime()
+            .block_on(self.context.retrying(uri, || {
+                store.get_opts(
+                    &path,
+                    GetOptions {
+                        head: true,
+                        ..GetOptions::default()
+                    },
+                )
+            }))?
+            .expect("reads never report an existing object");
+        if let Some(stored) = head
+            .attributes
+            .get(&Attribute::Metadata(CHECKSUM_METADATA_KEY.into()))
+        {
+            return Ok(stored.as_ref().to_owned());
+        }
+        let object = self.open(uri, bucket, key)?;
+        Ok(sha256_hex(&object.read_range(0..object.size())?))
+    }
+
+    pub fn list(&self, uri: &str, bucket: &str, key: &str) -> Result<Vec<String>> {
+        let store = self.client(bucket)?;
+        let prefix = Path::from(key);
+        let metas = runtime()
+            .block_on(self.context.retrying(uri, || {
+                store
+                    .list(Some(&prefix))
+                    .collect::<Vec<_>>()
+                    .map(|all| all.into_iter().collect::<object_store::Result<Vec<_>>>())
+            }))?
+            .expect("reads never report an existing object");
+        Ok(metas
+            .into_iter()
+            .map(|m| format!("s3://{bucket}/{}", m.location))
+            .collect())
+    }
+
+    pub fn delete(&self, uri: &str, bucket: &str, key: &str) -> Result<()> {
+        let store = self.client(bucket)?;
+        let path = Path::from(key);
+        match runtime().block_on(self.context.retrying(uri, || store.delete(&path))) {
+            Ok(_) | Err(Error::NotFound { .. }) => Ok(()),
+            Err(e) => Err(e),
+        }
+    }
+}
+
+struct RemoteObject {
+    uri: String,
+    store: Arc<AmazonS3>,
+    path: Path,
+    /// The version every read of this object is pinned to.
+    etag: Option<String>,
+    context: Context,
+}
+
+impl RemoteObject {
+    /// Sends the bytes of `range` to `tx`, resuming from the last received byte after transient
+    /// failures. Stops early, without error, when the receiver is gone.
+    async fn stream_range(&self, range: Range<u64>, tx: mpsc::Sender<Bytes>) -> Result<()> {
+        let mut pos = range.start;
+        let mut attempts = Attempts::new(self.context.policy);
+        while pos < range.end {
+            let options = GetOptions {
+                if_match: self.etag.clone(),
+                range: Some(GetRange::Bounded(pos..range.end)),
+                ..GetOptions::default()
+            };
+            let cause = match self.store.get_opts(&self.path, options).await {
+                Err(e) => match self.context.classify(&self.uri, e) {
+                    Failure::Fatal(e) => return Err(e),
+                    Failure::Exists => unreachable!("reads do not create"),
+                    Failure::Transient(cause) => cause,
+                },
+                Ok(result) => {
+                    let mut body = result.into_stream();
+                    loop {
+                        match body.next().await {
+                            Some(Ok(chunk)) => {
+                                let take = (chunk.len() as u64).min(range.end - pos);
+                                if take == 0 {
+                                    continue;
+                                }
+                                pos += take;
+                                attempts.progress();
+                                if tx.send(chunk.slice(..take as usize)).await.is_err() {
+                                    return Ok(());
+                                }
+                            }
+                            Some(Err(e)) => match self.context.classify(&self.uri, e) {
+                                Failure::Fatal(e) => return Err(e),
+                                Failure::Exists => unreachable!("reads do not create"),
+                                Failure::Transient(cause) => break cause,
+                            },
+                            None if pos < range.end => {
+                                break format!(
+                                    "the response ended at byte {pos}, before byte {}",
+                                    range.end
+                                )
+                            }
+                            None => return Ok(()),
+                        }
+                    }
+                }
+            };
+            match attempts.failed() {
+                Ok(wait) => tokio::time::sleep(wait).await,
+                Err(reason) => {
+                    return Err(Error::Storage {
+                        path: self.uri.clone(),
+                        message: format!(
+                            "{reason} while reading bytes {pos}..{}; last error: {cause}",
+                            range.end
+                        ),
+                    })
+                }
+            }
+        }
+        Ok(())
+    }
+
+    async fn collect(&self, range: Range<u64>) -> Result<Bytes> {
+        let (tx, mut rx) = mpsc::channel(READ_AHEAD_CHUNKS);
+        let gather = async {
+            let mut parts: Vec<Bytes> = Vec::new();
+            while let Some(chunk) = rx.recv().await {
+                parts.push(chunk);
+            }
+            parts
+        };
+        let (done, mut parts) = tokio::join!(self.stream_range(range.clone(), tx), gather);
+        done?;
+        // One response chunk is the common case for small ranges: hand it over without a copy.
+        if parts.len() == 1 {
+            return Ok(parts.pop().expect("one part"));
+        }
+        let mut out = BytesMut::with_capacity((range.end - range.start) as usize);
+        for part in parts {
+            out.extend_from_slice(&part);
+        }
+        Ok(out.freeze())
+    }
+}
+
+/// The remote half of an [`Object`].
+pub struct Remote(Arc<RemoteObject>);
+
+impl Remote {
+    pub fn version(&self) -> Option<&str> {
+        self.0.etag.as_deref()
+    }
+
+    pub fn read_range(&self, range: Range<u64>) -> Result<Bytes> {
+        if range.is_empty() {
+            return Ok(Bytes::new());
+        }
+        runtime().block_on(self.0.collect(range))
+    }
+
+    pub fn read_ranges(&self, ranges: &[Range<u64>]) -> Result<Vec<Bytes>> {
+        let object = &self.0;
+        runtime().block_on(async {
+            futures::future::join_all(ranges.iter().map(|r| async move {
+                if r.is_empty() {
+                    Ok(Bytes::new())
+                } else {
+                    object.collect(r.clone()).await
+                }
+            }))
+            .await
+            .into_iter()
+            .collect()
+        })
+    }
+
+    /// A blocking reader of `range` whose bytes are fetched ahead by a background task.
+    pub fn reader(&self, range: Range<u64>) -> RemoteReader {
+        let (tx, rx) = mpsc::channel(READ_AHEAD_CHUNKS);
+        let (err_tx, err_rx) = std::sync::mpsc::sync_channel(1);
+        let object = self.0.clone();
+        let task = runtime().spawn(async move {
+            if let Err(e) = object.stream_range(range, tx).await {
+                let _ = err_tx.send(e);
+            }
+        });
+        RemoteReader {
+            rx,
+            errors: err_rx,
+            current: Bytes::new(),
+            task,
+        }
+    }
+}
+
+/// Blocking `Read` over a background fetch; dropping it stops the fetch.
+pub struct RemoteReader {
+    rx: mpsc::Receiver<Bytes>,
+    errors: std::sync::mpsc::Receiver<Error>,
+    current: Bytes,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl std::io::Read for RemoteReader {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        while self.current.is_empty() {
+            match self.rx.blocking_recv() {
+                Some(chunk) => self.current = chunk,
+                // The fetch has ended; its error, if any, is sent before the task finishes.
+                None => {
+                    return match self.errors.recv() {
+                        Ok(e) => Err(carry(e)),
+                        Err(_) => Ok(0),
+                    }
+                }
+            }
+        }
+        let n = buf.len().min(self.current.len());
+        buf[..n].copy_from_slice(&self.current[..n]);
+        let _ = self.current.split_to(n);
+        Ok(n)
+    }
+}
+
+impl Drop for RemoteReader {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::status_code;
+
+    #[test]
+    fn reads_status_codes_from_messages() {
+        let message = "Error performing GET http://h/b/k in 1ms - Server returned non-2xx status \
+                       code: 400 Bad Request: <Error/>";
+        assert_eq!(status_code(message), Some(400));
+        assert_eq!(status_code("connection reset"), None);
+    }
+}

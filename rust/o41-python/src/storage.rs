@@ -1,0 +1,191 @@
+//! `_core.Storage`: storage settings and the object operations the Python saver and manifest
+//! code need. It holds credentials, so it has no pickle support and its repr omits them.
+
+use std::time::Duration;
+
+use o41_engine::storage::{
+    sha256_hex, RetryPolicy, S3Settings, Storage as EngineStorage, WriteMode, Written,
+};
+use pyo3::prelude::*;
+use pyo3::types::PyBytes;
+
+use crate::errors::to_py;
+
+/// Local paths, plus `s3://` locations when an endpoint is given. Use
+/// `o41_training_data.TrainingData`, not this class.
+#[pyclass(module = "o41_training_data._core", frozen)]
+pub struct Storage {
+    pub inner: EngineStorage,
+    endpoint: Option<String>,
+}
+
+fn seconds(option: &str, value: f64) -> PyResult<Duration> {
+    Duration::try_from_secs_f64(value).map_err(|_| {
+        Python::attach(|py| {
+            to_py(
+                py,
+                &o41_engine::Error::config(option, format!("{value} is not a duration in seconds")),
+            )
+        })
+    })
+}
+
+#[pymethods]
+impl Storage {
+    #[new]
+    #[pyo3(signature = (
+        endpoint=None, region=None, access_key_id=None, secret_access_key=None, session_token=None,
+        *, max_consecutive_failures=64, no_progress_timeout_s=900.0, read_timeout_s=60.0,
+        connect_timeout_s=10.0, initial_backoff_s=0.1, max_backoff_s=15.0
+    ))]
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        py: Python<'_>,
+        endpoint: Option<String>,
+        region: Option<String>,
+        access_key_id: Option<String>,
+        secret_access_key: Option<String>,
+        session_token: Option<String>,
+        max_consecutive_failures: u32,
+        no_progress_timeout_s: f64,
+        read_timeout_s: f64,
+        connect_timeout_s: f64,
+        initial_backoff_s: f64,
+        max_backoff_s: f64,
+    ) -> PyResult<Self> {
+        let Some(endpoint) = endpoint else {
+            return Ok(Storage {
+                inner: EngineStorage::local(),
+                endpoint: None,
+            });
+        };
+        let policy = RetryPolicy {
+            max_consecutive_failures: max_consecutive_failures.max(1),
+            no_progress_timeout: seconds("no_progress_timeout_s", no_progress_timeout_s)?,
+            read_timeout: seconds("read_timeout_s", read_timeout_s)?,
+            connect_timeout: seconds("connect_timeout_s", connect_timeout_s)?,
+            initial_backoff: seconds("initial_backoff_s", initial_backoff_s)?,
+            max_backoff: seconds("max_backoff_s", max_backoff_s)?,
+        };
+        let settings = S3Settings {
+            endpoint: endpoint.clone(),
+            region: region.unwrap_or_default(),
+            access_key_id: access_key_id.unwrap_or_default(),
+            secret_access_key: secret_access_key.unwrap_or_default(),
+            session_token,
+        };
+        let inner = EngineStorage::with_s3(settings, policy).map_err(|e| to_py(py, &e))?;
+        Ok(Storage {
+            inner,
+            endpoint: Some(endpoint),
+        })
+    }
+
+    /// Whether `s3://` locations can be served.
+    #[getter]
+    fn has_s3(&self) -> bool {
+        self.inner.has_s3()
+    }
+
+    /// The whole content of `uri`.
+    fn read<'py>(&self, py: Python<'py>, uri: &str) -> PyResult<Bound<'py, PyBytes>> {
+        let data = py
+            .detach(|| self.inner.read(uri))
+            .map_err(|e| to_py(py, &e))?;
+        Ok(PyBytes::new(py, &data))
+    }
+
+    /// Bytes `start..end` of `uri`.
+    fn read_range<'py>(
+        &self,
+        py: Python<'py>,
+        uri: &str,
+        start: u64,
+        end: u64,
+    ) -> PyResult<Bound<'py, PyBytes>> {
+        let data = py
+            .detach(|| self.inner.open(uri)?.read_range(start..end))
+            .map_err(|e| to_py(py, &e))?;
+        Ok(PyBytes::new(py, &data))
+    }
+
+    /// Size of `uri` in bytes.
+    fn size(&self, py: Python<'_>, uri: &str) -> PyResult<u64> {
+        py.detach(|| self.inner.open(uri).map(|o| o.size()))
+            .map_err(|e| to_py(py, &e))
+    }
+
+    /// Whether `uri` exists.
+    fn exists(&self, py: Python<'_>, uri: &str) -> PyResult<bool> {
+        py.detach(|| self.inner.exists(uri))
+            .map_err(|e| to_py(py, &e))
+    }
+
+    /// Writes `data` to `uri`; True when written, False when an equal object was already there.
+    /// Create-only by default: a different object there raises `ObjectConflictError`.
+    #[pyo3(signature = (uri, data, *, create_only=true))]
+    fn write(&self, py: Python<'_>, uri: &str, data: Vec<u8>, create_only: bool) -> PyResult<bool> {
+        py.detach(|| {
+            let sha = sha256_hex(&data);
+            self.inner.write(uri, data.into(), &sha, mode(create_only))
+        })
+        .map(|w| w == Written::Created)
+        .map_err(|e| to_py(py, &e))
+    }
+
+    /// Writes the local file `source` (whose hex SHA-256 is `sha256`) to `uri`, as `write`.
+    #[pyo3(signature = (uri, source, sha256, *, create_only=true))]
+    fn write_file(
+        &self,
+        py: Python<'_>,
+        uri: &str,
+        source: &str,
+        sha256: &str,
+        create_only: bool,
+    ) -> PyResult<bool> {
+        py.detach(|| {
+            self.inner
+                .write_file(uri, source, sha256, mode(create_only))
+        })
+        .map(|w| w == Written::Created)
+        .map_err(|e| to_py(py, &e))
+    }
+
+    /// Hex SHA-256 of `uri`: stored with remote objects this library wrote, else computed.
+    fn checksum(&self, py: Python<'_>, uri: &str) -> PyResult<String> {
+        py.detach(|| self.inner.checksum(uri))
+            .map_err(|e| to_py(py, &e))
+    }
+
+    /// Every object under the directory `prefix`, as full locations, sorted.
+    fn list(&self, py: Python<'_>, prefix: &str) -> PyResult<Vec<String>> {
+        py.detach(|| self.inner.list(prefix))
+            .map_err(|e| to_py(py, &e))
+    }
+
+    /// Removes `uri`; a missing object is not an error.
+    fn delete(&self, py: Python<'_>, uri: &str) -> PyResult<()> {
+        py.detach(|| self.inner.delete(uri))
+            .map_err(|e| to_py(py, &e))
+    }
+
+    fn __repr__(&self) -> String {
+        match &self.endpoint {
+            Some(endpoint) => format!("Storage({endpoint})"),
+            None => "Storage(local)".to_owned(),
+        }
+    }
+}
+
+fn mode(create_only: bool) -> WriteMode {
+    if create_only {
+        WriteMode::CreateOnly
+    } else {
+        WriteMode::Overwrite
+    }
+}
+
+/// The engine storage for an optional Python `Storage` (local only when absent).
+pub fn engine(storage: Option<&Storage>) -> EngineStorage {
+    storage.map_or_else(EngineStorage::local, |s| s.inner.clone())
+}
