@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import signal
-from pathlib import Path
 from typing import Any
 
 import o41_training_data._saver as saver_module
@@ -27,11 +26,12 @@ def die_mid_save(victims: str) -> None:
     """Worker initializer: SIGKILL this process right before the descriptor of a victim shard is
     published, that is after its data object was written (a crash mid-save)."""
     chosen = set(victims.split(","))
-    real = saver_module._publish
+    real = saver_module._publish_descriptor
 
-    def publish(tmp: Path, target: Path) -> None:
-        if target.name.endswith(".done.json") and target.name.split(".")[0].removeprefix("shard-") in chosen:
+    def publish(store: Any, uri: str, document: bytes) -> None:
+        name = uri.rsplit("/", 1)[-1]
+        if name.split(".")[0].removeprefix("shard-") in chosen:
             os.kill(os.getpid(), signal.SIGKILL)
-        real(tmp, target)
+        real(store, uri, document)
 
-    saver_module._publish = publish
+    saver_module._publish_descriptor = publish

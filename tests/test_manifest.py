@@ -12,6 +12,7 @@ from o41_training_data import (
     ConfigError,
     MalformedShardError,
     ManifestSource,
+    ObjectConflictError,
     ObjectNotFoundError,
     ProjectedField,
     TrainingData,
@@ -169,16 +170,22 @@ def test_save_manifest_copies_and_refuses_a_different_one(tmp_path: Path) -> Non
     source = ManifestSource(str(copy), "train", ["late"])
     assert values(config_for([source], [V], batch_size=10))[:3] == [300, 301, 302]
     other = load_manifest(make_dataset(tmp_path / "other"))
-    with pytest.raises(ConfigError, match="already holds a different manifest"):
+    with pytest.raises(ObjectConflictError, match="already holds a different manifest"):
         save_manifest(copy, other)
     save_manifest(copy, other, overwrite=True)
     assert load_manifest(copy).splits["train"].shards[0].path.startswith(str(tmp_path / "other"))
-    assert not list((tmp_path / "run").glob(".manifest-*"))  # no temporary file left behind
+    assert not list((tmp_path / "run").glob(".tmp-*"))  # no temporary file left behind
 
 
-def test_training_data_refuses_storage_settings_it_cannot_serve() -> None:
-    with pytest.raises(ConfigError, match="s3_base_url"):
+def test_training_data_needs_credentials_for_object_storage(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3"):
+        monkeypatch.delenv(name, raising=False)
+    with pytest.raises(ConfigError, match="access_key_id"):
         TrainingData(s3_base_url="http://127.0.0.1:1")
+    with pytest.raises(ConfigError, match="s3_base_url"):
+        TrainingData(region="auto")
+    with pytest.raises(ConfigError, match="s3_base_url"):
+        TrainingData(s3_base_url="ftp://host", access_key_id="k", secret_access_key="s")
 
 
 def test_a_republished_manifest_does_not_change_a_resumed_stream(tmp_path: Path) -> None:

@@ -31,11 +31,13 @@ from ._config import (
 )
 from ._core import __version__
 from ._errors import (
+    AccessDeniedError,
     CheckpointError,
     ConfigError,
     DataError,
     MalformedShardError,
     O41Error,
+    ObjectConflictError,
     ObjectNotFoundError,
     ProjectionError,
     StorageError,
@@ -44,6 +46,7 @@ from ._errors import (
 from ._iter_shard import iter_shard
 from ._manifest import Curriculum, DataManifest, ManifestShard, ManifestSplit, load_manifest, save_manifest
 from ._saver import DatasetSaver, SavedShard
+from ._storage import RetryPolicy, StorageConfig
 from ._stream import (
     Batch,
     BatchStream,
@@ -59,6 +62,7 @@ from ._training_data import TrainingData
 __all__ = [
     "DTYPES",
     "ENCODINGS",
+    "AccessDeniedError",
     "Batch",
     "BatchStream",
     "BatchStreamConfig",
@@ -78,12 +82,15 @@ __all__ = [
     "ManifestSplit",
     "MemoryBound",
     "O41Error",
+    "ObjectConflictError",
     "ObjectNotFoundError",
     "ProjectedField",
     "ProjectionError",
+    "RetryPolicy",
     "SavedShard",
     "Shuffle",
     "Stage",
+    "StorageConfig",
     "StorageError",
     "StreamClosedError",
     "StreamStats",

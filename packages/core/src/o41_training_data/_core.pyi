@@ -8,16 +8,16 @@ __version__: str
 
 _Segment = tuple[int, int, int, int, int]
 
-def resolve_config(config_json: str) -> str:
+def resolve_config(config_json: str, storage: Storage | None = None) -> str:
     """Resolves a stream config (JSON) and returns the resolved document (JSON)."""
 
-def load_manifest(uri: str) -> str:
+def load_manifest(uri: str, storage: Storage | None = None) -> str:
     """Reads and checks a local data manifest; returns it as JSON."""
 
 def check_manifest(text: str, uri: str) -> str:
     """Checks a data manifest document against the format's rules; returns it as JSON."""
 
-def msgpack_records(path: str, start: int, count: int) -> list[str]:
+def msgpack_records(path: str, start: int, count: int, storage: Storage | None = None) -> list[str]:
     """Up to ``count`` records of a framed MessagePack shard from record ``start`` on, as JSON."""
 
 def host_memory_bytes() -> int | None:
@@ -79,11 +79,15 @@ class Checkpoint:
 class Stream:
     """An open batch stream. Use ``o41_training_data.open_batch_stream``, not this class."""
 
-    def __new__(cls, config_json: str, offset: int = 0, stride: int = 1) -> Stream: ...
+    def __new__(
+        cls, config_json: str, offset: int = 0, stride: int = 1, storage: Storage | None = None
+    ) -> Stream: ...
     def position_at(self, consumed: int, segment: _Segment) -> str:
         """The position (JSON, no resolved config) once ``consumed`` local batches are consumed."""
     @staticmethod
-    def resume(checkpoint: Checkpoint, offset: int = 0, stride: int = 1) -> Stream:
+    def resume(
+        checkpoint: Checkpoint, offset: int = 0, stride: int = 1, storage: Storage | None = None
+    ) -> Stream:
         """Re-opens the stream a checkpoint describes; ``offset``/``stride`` select a share."""
     def next_batch(self) -> tuple[pa.RecordBatch, int, int, int, _Segment] | None:
         """The next batch as ``(record_batch, stage, batch_index, local_index, segment)``."""
@@ -109,3 +113,43 @@ class Stream:
         """Delivery counters: batches_yielded, rows_yielded, dropped_rows."""
     def memory_bound(self) -> dict[str, Any]:
         """The working-set bound computed at open, by term, in bytes."""
+
+class Storage:
+    """Local paths, plus ``s3://`` locations when an endpoint is given; holds credentials."""
+
+    def __new__(
+        cls,
+        endpoint: str | None = None,
+        region: str | None = None,
+        access_key_id: str | None = None,
+        secret_access_key: str | None = None,
+        session_token: str | None = None,
+        *,
+        max_consecutive_failures: int = 64,
+        no_progress_timeout_s: float = 900.0,
+        read_timeout_s: float = 60.0,
+        connect_timeout_s: float = 10.0,
+        initial_backoff_s: float = 0.1,
+        max_backoff_s: float = 15.0,
+    ) -> Storage: ...
+    @property
+    def has_s3(self) -> bool:
+        """Whether ``s3://`` locations can be served."""
+    def read(self, uri: str) -> bytes:
+        """The whole content of ``uri``."""
+    def read_range(self, uri: str, start: int, end: int) -> bytes:
+        """Bytes ``start..end`` of ``uri``."""
+    def size(self, uri: str) -> int:
+        """Size of ``uri`` in bytes."""
+    def exists(self, uri: str) -> bool:
+        """Whether ``uri`` exists."""
+    def write(self, uri: str, data: bytes, *, create_only: bool = True) -> bool:
+        """Writes ``data``; True when written, False when an equal object was already there."""
+    def write_file(self, uri: str, source: str, sha256: str, *, create_only: bool = True) -> bool:
+        """Writes the local file ``source`` to ``uri``, as ``write``."""
+    def checksum(self, uri: str) -> str:
+        """Hex SHA-256 of ``uri``."""
+    def list(self, prefix: str) -> list[str]:
+        """Every object under the directory ``prefix``, sorted."""
+    def delete(self, uri: str) -> None:
+        """Removes ``uri``; a missing object is not an error."""

@@ -12,11 +12,13 @@ Each instance carries the thing at fault as attributes, ``None`` where they do n
 from __future__ import annotations
 
 __all__ = [
+    "AccessDeniedError",
     "CheckpointError",
     "ConfigError",
     "DataError",
     "MalformedShardError",
     "O41Error",
+    "ObjectConflictError",
     "ObjectNotFoundError",
     "ProjectionError",
     "StorageError",
@@ -64,6 +66,14 @@ class StorageError(O41Error, OSError):
 
 class ObjectNotFoundError(StorageError, FileNotFoundError):
     """A shard or other object does not exist."""
+
+
+class AccessDeniedError(StorageError, PermissionError):
+    """The storage service refused the credentials or the permission for an object."""
+
+
+class ObjectConflictError(StorageError, FileExistsError):
+    """A create-only write found a different object at its location; nothing was replaced."""
 
 
 class CheckpointError(O41Error, ValueError):

@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from . import _core
-from ._errors import ConfigError
+from ._errors import ObjectConflictError
+from ._storage import StorageConfig, join_location, normalize, parent, relative_location
 
 __all__ = ["Curriculum", "DataManifest", "ManifestShard", "ManifestSplit", "load_manifest", "save_manifest"]
 
@@ -27,7 +26,7 @@ class ManifestShard:
     curriculum_stage: str | None = None
     metadata: dict[str, Any] = field(default_factory=dict)
     path: str = ""
-    """The shard's absolute path, resolved against the manifest it was loaded from."""
+    """The shard's absolute path or ``s3://`` location, resolved against its manifest's."""
 
 
 @dataclass(frozen=True)
@@ -69,13 +68,13 @@ class DataManifest:
         Locations are relative to ``relative_to``'s directory where they can be (the
         manifest's own directory by default).
         """
-        base = Path(relative_to or self.uri or ".").resolve().parent
+        base = parent(normalize(relative_to or self.uri or "./manifest"))
 
         def location(shard: ManifestShard) -> str:
             target = shard.path or shard.location
-            if not os.path.isabs(target):
+            if not (os.path.isabs(target) or target.startswith("s3://")):
                 return target
-            return os.path.relpath(target, base)
+            return relative_location(target, base)
 
         def split_document(split: ManifestSplit) -> dict[str, Any]:
             # New location of every shard, computed once per split for the curricula below.
@@ -109,7 +108,7 @@ class DataManifest:
 
 def _parse(text: str, uri: str) -> DataManifest:
     document = json.loads(_core.check_manifest(text, uri))
-    base = Path(uri).resolve().parent
+    base = parent(uri)
     splits = {
         name: ManifestSplit(
             shards=tuple(
@@ -120,7 +119,7 @@ def _parse(text: str, uri: str) -> DataManifest:
                     checksum=s["checksum"],
                     curriculum_stage=s.get("curriculum_stage"),
                     metadata=s.get("metadata", {}),
-                    path=str((base / s["location"]).resolve()),
+                    path=join_location(base, s["location"]),
                 )
                 for s in split["shards"]
             ),
@@ -131,44 +130,44 @@ def _parse(text: str, uri: str) -> DataManifest:
         )
         for name, split in document["splits"].items()
     }
-    return DataManifest(data_format=document["data_format"], splits=splits, uri=str(Path(uri).resolve()))
+    return DataManifest(data_format=document["data_format"], splits=splits, uri=uri)
 
 
-def load_manifest(uri: str | os.PathLike[str]) -> DataManifest:
-    """Reads and checks a local data manifest.
+def load_manifest(uri: str | os.PathLike[str], *, storage: StorageConfig | None = None) -> DataManifest:
+    """Reads and checks a data manifest at a local path or, given ``storage``, an ``s3://`` location.
 
     Raises ``MalformedShardError`` naming the manifest when it breaks the format's rules and
     ``ObjectNotFoundError`` when it does not exist.
     """
-    text = _core.load_manifest(str(uri))
-    return _parse(text, str(uri))
+    target = normalize(uri)
+    text = _core.load_manifest(target, (storage or StorageConfig()).core())
+    return _parse(text, target)
 
 
-def save_manifest(uri: str | os.PathLike[str], manifest: DataManifest, *, overwrite: bool = False) -> None:
+def save_manifest(
+    uri: str | os.PathLike[str],
+    manifest: DataManifest,
+    *,
+    overwrite: bool = False,
+    storage: StorageConfig | None = None,
+) -> None:
     """Writes ``manifest`` to ``uri`` (a copy: locations are rewritten relative to ``uri``).
 
-    The write is all or nothing (a temporary file, then a link that cannot replace an existing
-    file). Writing the same manifest again is a no-op; a different manifest already at ``uri``
-    is refused unless ``overwrite``.
+    The write is all or nothing: a local temporary file then a link that cannot replace an
+    existing file, or a create-only conditional upload. Writing the same manifest again is a
+    no-op; a different manifest already at ``uri`` raises :class:`ObjectConflictError` unless
+    ``overwrite``.
     """
-    target = Path(uri).resolve()
-    text = manifest.to_json(relative_to=str(target))
-    _core.check_manifest(text, str(target))
-    target.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.NamedTemporaryFile("w", dir=target.parent, prefix=".manifest-", delete=False) as tmp:
-        tmp.write(text)
+    target = normalize(uri)
+    text = manifest.to_json(relative_to=target)
+    _core.check_manifest(text, target)
+    store = (storage or StorageConfig()).core()
     try:
-        if overwrite:
-            os.replace(tmp.name, target)
-            return
-        try:
-            os.link(tmp.name, target)
-        except FileExistsError:
-            existing = _parse(target.read_text(), str(target))
-            if existing.to_json(relative_to=str(target)) != text:
-                raise ConfigError(
-                    f"{target} already holds a different manifest; pass overwrite=True to replace it"
-                ) from None
-    finally:
-        if os.path.exists(tmp.name):
-            os.unlink(tmp.name)
+        store.write(target, text.encode(), create_only=not overwrite)
+    except ObjectConflictError:
+        # Equal documents with other formatting are the same publication.
+        existing = _parse(store.read(target).decode(), target)
+        if existing.to_json(relative_to=target) != text:
+            raise ObjectConflictError(
+                f"{target} already holds a different manifest; pass overwrite=True to replace it"
+            ) from None

@@ -22,8 +22,10 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from ._errors import ConfigError, DataError, MalformedShardError, ObjectNotFoundError
+from . import _core
+from ._errors import ConfigError, DataError, MalformedShardError, ObjectConflictError, ObjectNotFoundError
 from ._manifest import Curriculum, DataManifest, ManifestShard, ManifestSplit, load_manifest, save_manifest
+from ._storage import StorageConfig, is_remote, join_location, normalize, parent
 
 __all__ = ["DatasetSaver", "SavedShard"]
 
@@ -31,6 +33,7 @@ DESCRIPTOR_VERSION = 1
 MAX_SHARD_BYTES = 5 * 2**30
 _EXTENSIONS = {"parquet": ".parquet", "msgpack": ".msgpack", "jsonl.gz": ".jsonl.gz"}
 _ID = re.compile(r"^[A-Za-z0-9._-]+$")
+_DESCRIPTOR = re.compile(r"^[A-Za-z0-9._-]+/[A-Za-z0-9._-]+/shard-[A-Za-z0-9._-]+\.done\.json$")
 
 
 @dataclass(frozen=True)
@@ -168,12 +171,9 @@ def _write_data(path: Path, data_format: str, records: Sequence[Mapping[str, Any
                 out.write(struct.pack("<I", len(frame)) + frame)
 
 
-def _publish(tmp: Path, target: Path) -> None:
-    """Moves ``tmp`` to ``target`` unless ``target`` exists: an all-or-nothing, create-only write."""
-    try:
-        os.link(tmp, target)
-    finally:
-        tmp.unlink()
+def _publish_descriptor(store: _core.Storage, uri: str, document: bytes) -> None:
+    """Writes a completion descriptor, create-only: the step that marks a shard complete."""
+    store.write(uri, document)
 
 
 class DatasetSaver:
@@ -181,7 +181,7 @@ class DatasetSaver:
 
     Picklable: send it to worker processes (``ProcessPoolExecutor``, Ray tasks); the parent's
     :meth:`commit_manifest` finds every shard the workers completed from their descriptors.
-    Local storage only in this release.
+    The pickle carries no credentials (see :class:`StorageConfig` for how workers get them).
 
     Example:
         >>> saver = TrainingData().dataset_saver("out/data-manifest-v1.json")  # doctest: +SKIP
@@ -190,24 +190,42 @@ class DatasetSaver:
 
     """
 
-    def __init__(self, manifest_uri: str | os.PathLike[str], data_format: str = "parquet") -> None:
+    def __init__(
+        self,
+        manifest_uri: str | os.PathLike[str],
+        data_format: str = "parquet",
+        *,
+        storage: StorageConfig | None = None,
+    ) -> None:
         if data_format not in _EXTENSIONS:
             raise ConfigError(
                 f"invalid data_format: {data_format!r}; expected one of {', '.join(_EXTENSIONS)}"
             )
-        self.manifest_uri = str(Path(manifest_uri).resolve())
+        self.manifest_uri = normalize(manifest_uri)
         self.data_format = data_format
-        self._root = Path(self.manifest_uri).parent
+        self._storage = storage or StorageConfig()
+        if is_remote(self.manifest_uri) and not self._storage.has_s3:
+            self._storage_missing()
+        self._root = parent(self.manifest_uri)
         self._known: dict[tuple[str, str], SavedShard] = {}
         self._curricula: dict[str, dict[str, tuple[tuple[str, ...], dict[str, Any]]]] = {}
         self._orders: dict[str, tuple[str, ...]] = {}
 
     def __getstate__(self) -> dict[str, Any]:
         # Registrations belong to the process that made them; workers only save.
-        return {"manifest_uri": self.manifest_uri, "data_format": self.data_format}
+        return {"manifest_uri": self.manifest_uri, "data_format": self.data_format, "storage": self._storage}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__init__(state["manifest_uri"], state["data_format"])  # type: ignore[misc]
+        self.__init__(state["manifest_uri"], state["data_format"], storage=state["storage"])  # type: ignore[misc]
+
+    def _storage_missing(self) -> None:
+        raise ConfigError(
+            f"storage: {self.manifest_uri} is in object storage; create the saver with "
+            "TrainingData(s3_base_url=...).dataset_saver(...)"
+        )
+
+    def _uri(self, location: str) -> str:
+        return join_location(self._root, location)
 
     def _location(self, split: str, stage: str | None, shard_id: str) -> str:
         for name, value in (("split", split), ("curriculum_stage", stage or "_"), ("shard_id", shard_id)):
@@ -216,15 +234,22 @@ class DatasetSaver:
         return f"{split}/{stage or '_'}/shard-{shard_id}{_EXTENSIONS[self.data_format]}"
 
     def _read_descriptor(self, location: str) -> SavedShard | None:
-        descriptor = self._root / (location + ".done.json")
-        data = self._root / location
-        if not descriptor.exists():
+        descriptor = self._uri(location + ".done.json")
+        data = self._uri(location)
+        store = self._storage.core()
+        try:
+            text = store.read(descriptor)
+        except ObjectNotFoundError:
             return None
-        document = json.loads(descriptor.read_text())
+        document = json.loads(text)
         if document.pop("version", None) != DESCRIPTOR_VERSION:
             raise MalformedShardError(f"{descriptor}: unknown descriptor version")
         shard = SavedShard(**document)
-        if not data.exists() or data.stat().st_size != shard.bytes or _sha256(data) != shard.checksum:
+        try:
+            intact = store.size(data) == shard.bytes and "sha256:" + store.checksum(data) == shard.checksum
+        except ObjectNotFoundError:
+            intact = False
+        if not intact:
             raise MalformedShardError(
                 f"{data}: the data object does not match its completion descriptor {descriptor}; "
                 "remove both to regenerate the shard"
@@ -241,7 +266,7 @@ class DatasetSaver:
         shard = self._read_descriptor(location)
         if shard is None:
             raise ObjectNotFoundError(
-                f"{self._root / location}: no completion descriptor; the shard was never completed"
+                f"{self._uri(location)}: no completion descriptor; the shard was never completed"
             )
         self._known[(split, location)] = shard
         return shard
@@ -267,28 +292,35 @@ class DatasetSaver:
             self._known[(split, location)] = done
             return done
         rows = list(records)
-        where = str(self._root / location)
-        table = _to_table(rows, where)
+        data = self._uri(location)
+        table = _to_table(rows, data)
         schema = {f.name: _arrow_type_name(f.type) for f in table.schema}
-        data = self._root / location
-        data.parent.mkdir(parents=True, exist_ok=True)
-        with tempfile.NamedTemporaryFile(dir=data.parent, prefix=".tmp-", delete=False) as handle:
+        # A local target gets its temporary file beside it, so publishing is a link, not a copy.
+        scratch = None if is_remote(data) else Path(data).parent
+        if scratch is not None:
+            scratch.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=scratch, prefix=".tmp-", delete=False) as handle:
             tmp = Path(handle.name)
         try:
-            _write_data(tmp, self.data_format, rows, table)
-        except (pa.ArrowException, TypeError) as err:
-            tmp.unlink()
-            raise DataError(f"{where}: {err}") from None
-        size = tmp.stat().st_size
-        if size >= MAX_SHARD_BYTES:
-            tmp.unlink()
-            raise DataError(
-                f"{where}: {size} bytes is over the 5 GiB limit of an atomic shard write; "
-                "split the records over more shard ids"
-            )
-        if data.exists():
-            data.unlink()  # an orphan of a crash before its descriptor was written
-        _publish(tmp, data)
+            try:
+                _write_data(tmp, self.data_format, rows, table)
+            except (pa.ArrowException, TypeError) as err:
+                raise DataError(f"{data}: {err}") from None
+            size = tmp.stat().st_size
+            if size >= MAX_SHARD_BYTES:
+                raise DataError(
+                    f"{data}: {size} bytes is over the 5 GiB limit of an atomic shard write; "
+                    "split the records over more shard ids"
+                )
+            checksum = _sha256(tmp)
+            store = self._storage.core()
+            try:
+                store.write_file(data, str(tmp), checksum.removeprefix("sha256:"))
+            except ObjectConflictError:
+                # No descriptor claims the object there: an orphan of a crash mid-save.
+                store.write_file(data, str(tmp), checksum.removeprefix("sha256:"), create_only=False)
+        finally:
+            tmp.unlink(missing_ok=True)
         shard = SavedShard(
             split=split,
             curriculum_stage=curriculum_stage,
@@ -296,14 +328,12 @@ class DatasetSaver:
             location=location,
             rows=len(rows),
             bytes=size,
-            checksum=_sha256(data),
+            checksum=checksum,
             schema=schema,
             metadata=dict(curriculum_metadata or {}),
         )
-        descriptor = self._root / (location + ".done.json")
-        with tempfile.NamedTemporaryFile("w", dir=data.parent, prefix=".tmp-", delete=False) as text:
-            json.dump({"version": DESCRIPTOR_VERSION, **asdict(shard)}, text)
-        _publish(Path(text.name), descriptor)
+        descriptor = json.dumps({"version": DESCRIPTOR_VERSION, **asdict(shard)}).encode()
+        _publish_descriptor(store, self._uri(location + ".done.json"), descriptor)
         self._known[(split, location)] = shard
         return shard
 
@@ -355,8 +385,11 @@ class DatasetSaver:
 
     def _completed(self) -> dict[str, list[SavedShard]]:
         splits: dict[str, list[SavedShard]] = {}
-        for descriptor in sorted(self._root.glob("*/*/shard-*.done.json")):
-            location = str(descriptor.relative_to(self._root))[: -len(".done.json")]
+        prefix = self._root + "/"
+        for descriptor in self._storage.core().list(self._root):
+            location = descriptor.removeprefix(prefix)[: -len(".done.json")]
+            if not _DESCRIPTOR.match(descriptor.removeprefix(prefix)):
+                continue
             shard = self._read_descriptor(location)
             if shard is not None:
                 splits.setdefault(shard.split, []).append(shard)
@@ -374,7 +407,7 @@ class DatasetSaver:
                     merged = _merge(schema.get(name, kind), kind)
                     if merged is None:
                         raise DataError(
-                            f"{self._root / shard.location}, field '{name}': {kind} conflicts with "
+                            f"{self._uri(shard.location)}, field '{name}': {kind} conflicts with "
                             f"{schema[name]} in other shards of split '{split}'"
                         )
                     schema[name] = merged
@@ -399,7 +432,7 @@ class DatasetSaver:
                         checksum=s.checksum,
                         curriculum_stage=s.curriculum_stage,
                         metadata=s.metadata,
-                        path=str(self._root / s.location),
+                        path=self._uri(s.location),
                     )
                     for s in ordered
                 ),
@@ -416,5 +449,5 @@ class DatasetSaver:
         Committing the same completed publication again is a no-op.
         """
         manifest = self.build_manifest()
-        save_manifest(self.manifest_uri, manifest)
-        return load_manifest(self.manifest_uri)
+        save_manifest(self.manifest_uri, manifest, storage=self._storage)
+        return load_manifest(self.manifest_uri, storage=self._storage)

@@ -14,6 +14,7 @@ from . import _core
 from ._config import BatchStreamConfig
 from ._core import Checkpoint
 from ._errors import CheckpointError
+from ._storage import StorageConfig
 
 __all__ = [
     "Batch",
@@ -235,21 +236,27 @@ class BatchStream:
         return result
 
 
-def open_batch_stream(config: BatchStreamConfig, *, share: tuple[int, int] = (0, 1)) -> BatchStream:
-    """Opens a stream over local shards, eagerly.
+def open_batch_stream(
+    config: BatchStreamConfig,
+    *,
+    share: tuple[int, int] = (0, 1),
+    storage: StorageConfig | None = None,
+) -> BatchStream:
+    """Opens a stream, eagerly, over local shards or, with ``storage``, ``s3://`` ones too.
 
     Every shard is opened, counted and checked against the projected fields before this
     returns, so a missing file, an unknown encoding or a field that no record carries raises
     here, not at the first ``next``. ``share=(offset, stride)`` yields only this rank's local
     batches ``offset, offset + stride, ...``: a framework adapter's worker ``w`` of ``N`` uses
-    ``(w, N)``, so the workers' batches taken in turn are the rank's sequence.
+    ``(w, N)``, so the workers' batches taken in turn are the rank's sequence. An ``s3://``
+    source without ``storage`` (see :class:`TrainingData`) raises :class:`ConfigError` here.
 
     Example:
         >>> stream = open_batch_stream(config)  # doctest: +SKIP
 
     """
     offset, stride = share
-    return BatchStream(_core.Stream(config.to_json(), offset, stride))
+    return BatchStream(_core.Stream(config.to_json(), offset, stride, _core_storage(storage)))
 
 
 def resume_batch_stream(
@@ -259,6 +266,7 @@ def resume_batch_stream(
     world_size: int | None = None,
     config: BatchStreamConfig | None = None,
     share: tuple[int, int] = (0, 1),
+    storage: StorageConfig | None = None,
 ) -> BatchStream:
     """Re-opens the stream ``checkpoint`` was taken from, eagerly, right after its last batch.
 
@@ -266,7 +274,8 @@ def resume_batch_stream(
     mismatch refused (use :meth:`Checkpoint.for_world` to move a position to another world
     size on purpose). Pass ``config`` to have a checkpoint of a different stream refused. The
     shards are re-opened; any whose row count changed since is refused. ``share`` is as in
-    :func:`open_batch_stream`, counted from the checkpoint's position.
+    :func:`open_batch_stream`, counted from the checkpoint's position. The checkpoint holds
+    no credentials: pass ``storage`` again to re-open ``s3://`` shards.
 
     Example:
         >>> checkpoint = Checkpoint.from_json(path.read_text())  # doctest: +SKIP
@@ -282,7 +291,7 @@ def resume_batch_stream(
             "checkpoint, or move the position with checkpoint.for_world(rank, world_size)"
         )
     if config is not None:
-        resolved = resolve_batch_stream_config(config)
+        resolved = resolve_batch_stream_config(config, storage=storage)
         expected = json.loads(checkpoint.resolved_json())
         if resolved["fields"] != expected["fields"] or resolved["stages"] != expected["stages"]:
             raise CheckpointError(
@@ -294,10 +303,12 @@ def resume_batch_stream(
                 f"checkpoint refused: seed {expected['seed']} != config seed {resolved['seed']}"
             )
     offset, stride = share
-    return BatchStream(_core.Stream.resume(checkpoint, offset, stride))
+    return BatchStream(_core.Stream.resume(checkpoint, offset, stride, _core_storage(storage)))
 
 
-def resolve_batch_stream_config(config: BatchStreamConfig) -> dict[str, Any]:
+def resolve_batch_stream_config(
+    config: BatchStreamConfig, *, storage: StorageConfig | None = None
+) -> dict[str, Any]:
     """The resolved document a stream over ``config`` would run.
 
     It pins every shard's absolute path, encoding and row count, plus the config's own
@@ -309,5 +320,9 @@ def resolve_batch_stream_config(config: BatchStreamConfig) -> dict[str, Any]:
         [1000, 1000]
 
     """
-    result: dict[str, Any] = json.loads(_core.resolve_config(config.to_json()))
+    result: dict[str, Any] = json.loads(_core.resolve_config(config.to_json(), _core_storage(storage)))
     return result
+
+
+def _core_storage(storage: StorageConfig | None) -> _core.Storage | None:
+    return None if storage is None else storage.core()

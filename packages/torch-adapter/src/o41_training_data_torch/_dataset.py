@@ -19,6 +19,7 @@ from o41_training_data import (
     Checkpoint,
     CheckpointError,
     ConfigError,
+    TrainingData,
     open_batch_stream,
     resolve_batch_stream_config,
     resume_batch_stream,
@@ -117,14 +118,16 @@ class O41IterableDataset(IterableDataset[O41Batch]):
     def __init__(
         self,
         source: BatchStreamConfig | Checkpoint,
-        training_data: object | None = None,
+        training_data: TrainingData | None = None,
         *,
         bool_as: Literal["bool", "uint8"] = "bool",
     ) -> None:
-        if training_data is not None:
+        if training_data is not None and not isinstance(training_data, TrainingData):
             raise ConfigError(
-                "training_data: object storage is not available in this release; use local shards"
+                f"invalid training_data: expected a TrainingData, got {type(training_data).__name__}"
             )
+        # Pickled into DataLoader workers without credentials (see StorageConfig).
+        self._storage = training_data.storage_config if training_data is not None else None
         if bool_as not in ("bool", "uint8"):
             raise ConfigError(f"invalid bool_as: {bool_as!r}; expected 'bool' or 'uint8'")
         self._bool_as = bool_as
@@ -234,10 +237,10 @@ class O41IterableDataset(IterableDataset[O41Batch]):
         checkpoint, offset = self._start_checkpoint()
         if checkpoint is not None:
             self._origin = checkpoint.next_batch
-            return resume_batch_stream(checkpoint, share=(offset, workers))
+            return resume_batch_stream(checkpoint, share=(offset, workers), storage=self._storage)
         assert self._config is not None
         self._origin = 0
-        return open_batch_stream(self._config, share=(offset, workers))
+        return open_batch_stream(self._config, share=(offset, workers), storage=self._storage)
 
     def __iter__(self) -> Iterator[O41Batch]:
         _, workers = self._worker_share()
@@ -280,7 +283,7 @@ class O41IterableDataset(IterableDataset[O41Batch]):
                 self._resolved = json.dumps(json.loads(self._start)["resolved"])
             else:
                 assert self._config is not None
-                self._resolved = json.dumps(resolve_batch_stream_config(self._config))
+                self._resolved = json.dumps(resolve_batch_stream_config(self._config, storage=self._storage))
         return self._resolved
 
     def checkpoint(self, batch: Mapping[str, Any]) -> Checkpoint:

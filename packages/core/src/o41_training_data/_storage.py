@@ -1,0 +1,268 @@
+"""Storage settings: where ``s3://`` locations live and the credentials to reach them.
+
+Credentials stay in this process. A :class:`StorageConfig` never shows them in its repr, and
+its pickle (how a saver reaches ``ProcessPoolExecutor`` workers) carries only the endpoint and
+region plus a one-process token: a forked worker finds the parent's credentials under that
+token in its copy of the parent's memory; a spawned worker, which has no such copy, reads the
+standard ``AWS_*`` environment variables instead (docs/storage.md).
+"""
+
+from __future__ import annotations
+
+import os
+import posixpath
+import secrets
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from . import _core
+from ._errors import ConfigError
+
+__all__ = ["RetryPolicy", "StorageConfig", "is_remote", "join_location"]
+
+# Credentials registered by this process (and inherited by forked children), by token.
+_REGISTRY: dict[str, StorageConfig] = {}
+_REGISTRY_LOCK = threading.Lock()
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """When reads and writes of remote objects give up.
+
+    A failed attempt is retried, resuming a read at its last received byte, until
+    ``max_consecutive_failures`` attempts in a row fail or no byte arrives for
+    ``no_progress_timeout_s`` seconds. ``read_timeout_s`` is how long an open response may stay
+    silent before the attempt counts as failed. The defaults are the documented policy: 64
+    failures or 15 minutes without progress.
+
+    Example:
+        >>> RetryPolicy(max_consecutive_failures=8).no_progress_timeout_s
+        900.0
+
+    """
+
+    max_consecutive_failures: int = 64
+    no_progress_timeout_s: float = 900.0
+    read_timeout_s: float = 60.0
+    connect_timeout_s: float = 10.0
+    initial_backoff_s: float = 0.1
+    max_backoff_s: float = 15.0
+
+    def __post_init__(self) -> None:
+        if self.max_consecutive_failures < 1:
+            raise ConfigError("invalid retry.max_consecutive_failures: must be at least 1")
+        for name in (
+            "no_progress_timeout_s",
+            "read_timeout_s",
+            "connect_timeout_s",
+            "initial_backoff_s",
+            "max_backoff_s",
+        ):
+            if not getattr(self, name) >= 0:
+                raise ConfigError(f"invalid retry.{name}: must be a number of seconds >= 0")
+
+
+def _env(*names: str) -> str | None:
+    for name in names:
+        value = os.environ.get(name)
+        if value:
+            return value
+    return None
+
+
+@dataclass(frozen=True, repr=False)
+class StorageConfig:
+    """Object storage settings; ``StorageConfig()`` with nothing set serves local paths only.
+
+    Build one through :class:`TrainingData` (``training_data.storage_config``); it fills
+    omitted settings from ``AWS_ENDPOINT_URL_S3``/``AWS_ENDPOINT_URL``, ``AWS_REGION``/
+    ``AWS_DEFAULT_REGION``, ``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY`` and
+    ``AWS_SESSION_TOKEN``.
+
+    Example:
+        >>> StorageConfig()
+        StorageConfig(local)
+
+    """
+
+    s3_base_url: str | None = None
+    region: str | None = None
+    access_key_id: str | None = field(default=None, compare=False)
+    secret_access_key: str | None = field(default=None, compare=False)
+    session_token: str | None = field(default=None, compare=False)
+    retry: RetryPolicy = field(default_factory=RetryPolicy)
+    # Set on a copy unpickled in a process that could not recover the credentials.
+    _missing_credentials: str | None = field(default=None, compare=False)
+
+    def __post_init__(self) -> None:
+        if self.s3_base_url is not None and self.secret_access_key is not None:
+            # Registered now, before any worker is forked, so forked workers inherit the entry.
+            token = secrets.token_hex(16)
+            object.__setattr__(self, "_token", token)
+            with _REGISTRY_LOCK:
+                _REGISTRY[token] = self
+
+    @classmethod
+    def resolve(
+        cls,
+        s3_base_url: str | None = None,
+        region: str | None = None,
+        access_key_id: str | None = None,
+        secret_access_key: str | None = None,
+        session_token: str | None = None,
+        retry: RetryPolicy | None = None,
+    ) -> StorageConfig:
+        """Settings from the arguments, falling back to the standard AWS environment variables."""
+        endpoint = s3_base_url or _env("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL")
+        retry = retry or RetryPolicy()
+        if endpoint is None:
+            given = [
+                name
+                for name, value in (
+                    ("region", region),
+                    ("access_key_id", access_key_id),
+                    ("secret_access_key", secret_access_key),
+                    ("session_token", session_token),
+                )
+                if value is not None
+            ]
+            if given:
+                raise ConfigError(
+                    f"invalid {given[0]}: object storage settings need s3_base_url "
+                    "(or AWS_ENDPOINT_URL in the environment)"
+                )
+            return cls(retry=retry)
+        key = access_key_id or _env("AWS_ACCESS_KEY_ID")
+        secret = secret_access_key or _env("AWS_SECRET_ACCESS_KEY")
+        for name, value in (("access_key_id", key), ("secret_access_key", secret)):
+            if not value:
+                raise ConfigError(
+                    f"invalid {name}: object storage at {endpoint} needs credentials; pass {name} "
+                    f"or set AWS_{name.upper()}"
+                )
+        config = cls(
+            s3_base_url=endpoint,
+            region=region or _env("AWS_REGION", "AWS_DEFAULT_REGION") or "us-east-1",
+            access_key_id=key,
+            secret_access_key=secret,
+            session_token=session_token or _env("AWS_SESSION_TOKEN"),
+            retry=retry,
+        )
+        config.core()  # malformed settings fail here, not at the first read
+        return config
+
+    @property
+    def has_s3(self) -> bool:
+        """Whether ``s3://`` locations can be served."""
+        return self.s3_base_url is not None
+
+    def core(self) -> _core.Storage:
+        """The engine's storage object for these settings (built once per process)."""
+        if self._missing_credentials is not None:
+            raise ConfigError(self._missing_credentials)
+        cached: tuple[int, _core.Storage] | None = self.__dict__.get("_core_storage")
+        if cached is not None and cached[0] == os.getpid():
+            return cached[1]
+        r = self.retry
+        storage = _core.Storage(
+            self.s3_base_url,
+            self.region,
+            self.access_key_id,
+            self.secret_access_key,
+            self.session_token,
+            max_consecutive_failures=r.max_consecutive_failures,
+            no_progress_timeout_s=r.no_progress_timeout_s,
+            read_timeout_s=r.read_timeout_s,
+            connect_timeout_s=r.connect_timeout_s,
+            initial_backoff_s=r.initial_backoff_s,
+            max_backoff_s=r.max_backoff_s,
+        )
+        object.__setattr__(self, "_core_storage", (os.getpid(), storage))
+        return storage
+
+    def __repr__(self) -> str:
+        if self.s3_base_url is None:
+            return "StorageConfig(local)"
+        return (
+            f"StorageConfig(s3_base_url={self.s3_base_url!r}, region={self.region!r}, credentials=<redacted>)"
+        )
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        if self.s3_base_url is None:
+            return (_restore, (None, None, self.retry, None))
+        return (_restore, (self.s3_base_url, self.region, self.retry, self.__dict__.get("_token")))
+
+
+def _restore(
+    s3_base_url: str | None, region: str | None, retry: RetryPolicy, token: str | None
+) -> StorageConfig:
+    """Unpickles a :class:`StorageConfig`: the registered original, or one from the environment."""
+    if s3_base_url is None:
+        return StorageConfig(retry=retry)
+    with _REGISTRY_LOCK:
+        original = _REGISTRY.get(token or "")
+    if original is not None:
+        return original
+    key, secret = _env("AWS_ACCESS_KEY_ID"), _env("AWS_SECRET_ACCESS_KEY")
+    if key and secret:
+        return StorageConfig(
+            s3_base_url=s3_base_url,
+            region=region,
+            access_key_id=key,
+            secret_access_key=secret,
+            session_token=_env("AWS_SESSION_TOKEN"),
+            retry=retry,
+        )
+    return StorageConfig(
+        s3_base_url=s3_base_url,
+        region=region,
+        retry=retry,
+        _missing_credentials=(
+            f"storage: the credentials for {s3_base_url} do not travel in pickles, and this process "
+            "has neither a forked copy of them nor AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY in its "
+            "environment; use a fork-based process pool or set those variables for the workers"
+        ),
+    )
+
+
+def is_remote(uri: str | os.PathLike[str]) -> bool:
+    """True for ``s3://`` locations."""
+    return str(uri).startswith("s3://")
+
+
+def normalize(uri: str | os.PathLike[str]) -> str:
+    """An ``s3://`` location as given, a local path made absolute."""
+    return str(uri) if is_remote(uri) else str(Path(uri).resolve())
+
+
+def join_location(base_dir: str, relative: str) -> str:
+    """``relative`` resolved against the directory ``base_dir`` (local or ``s3://``)."""
+    if is_remote(relative) or relative.startswith("/"):
+        return relative
+    if is_remote(base_dir):
+        bucket, _, key = base_dir[len("s3://") :].partition("/")
+        joined = posixpath.normpath(posixpath.join("/", key, relative)).lstrip("/")
+        return f"s3://{bucket}/{joined}"
+    return str((Path(base_dir) / relative).resolve())
+
+
+def parent(uri: str) -> str:
+    """The directory part of a location."""
+    if is_remote(uri):
+        return uri.rsplit("/", 1)[0]
+    return str(Path(uri).parent)
+
+
+def relative_location(target: str, base_dir: str) -> str:
+    """``target`` relative to ``base_dir`` when both are in one store, else ``target`` itself."""
+    if is_remote(target) != is_remote(base_dir):
+        return target
+    if is_remote(target):
+        t_bucket, _, t_key = target[len("s3://") :].partition("/")
+        b_bucket, _, b_key = base_dir[len("s3://") :].partition("/")
+        if t_bucket != b_bucket:
+            return target
+        return posixpath.relpath("/" + t_key, "/" + b_key)
+    return os.path.relpath(target, base_dir)
