@@ -175,6 +175,14 @@ impl Shared {
             .map(|s| s.meta.scratch_bytes)
             .max()
             .unwrap_or(0);
+        // Remote reads are fetched from dispatch on, so every job in flight may hold its bytes,
+        // not only those being decoded.
+        let prefetching = shards.iter().any(|s| s.meta.version.is_some());
+        let scratch = if prefetching {
+            scratch * (max_jobs / config.threads.max(1)) as u64
+        } else {
+            scratch
+        };
         let bound = MemoryBound::compute(
             &config,
             &projection,
@@ -605,6 +613,8 @@ struct Job {
     id: u64,
     shard: usize,
     ranges: Vec<Range<u64>>,
+    /// The job's bytes, being fetched since it was dispatched (remote Parquet shards).
+    prefetch: Option<formats::Prefetch>,
 }
 
 type JobResult = (u64, Result<Chunk>);
@@ -623,7 +633,7 @@ fn decode_worker(
 ) {
     let mut readers: ReaderCache = Vec::new();
     loop {
-        let job = {
+        let mut job = {
             let Ok(rx) = jobs.lock() else { return };
             let Ok(job) = rx.recv() else { return };
             job
@@ -631,14 +641,14 @@ fn decode_worker(
         if stop.load(Ordering::Relaxed) {
             return;
         }
-        let result = decode(shared, &mut readers, &job);
+        let result = decode(shared, &mut readers, &mut job);
         if results.send((job.id, result)).is_err() {
             return;
         }
     }
 }
 
-fn decode(shared: &Shared, readers: &mut ReaderCache, job: &Job) -> Result<Chunk> {
+fn decode(shared: &Shared, readers: &mut ReaderCache, job: &mut Job) -> Result<Chunk> {
     if let Some(pos) = readers.iter().position(|(k, _)| *k == job.shard) {
         readers[..=pos].rotate_right(1);
     } else {
@@ -651,9 +661,13 @@ fn decode(shared: &Shared, readers: &mut ReaderCache, job: &Job) -> Result<Chunk
     }
     let rows: u64 = job.ranges.iter().map(|r| r.end - r.start).sum();
     let mut chunk = Chunk::padded(&shared.records, rows as usize);
-    readers[0]
-        .1
-        .read_ranges(&job.ranges, &shared.records, &mut chunk)?;
+    let reader = &mut readers[0].1;
+    match job.prefetch.take() {
+        Some(prefetched) => {
+            reader.read_prefetched(&job.ranges, &shared.records, &mut chunk, prefetched)?;
+        }
+        None => reader.read_ranges(&job.ranges, &shared.records, &mut chunk)?,
+    }
     Ok(chunk)
 }
 
@@ -725,17 +739,22 @@ impl Planner {
             return false;
         }
         if !shared.records.columns.is_empty() {
-            split_jobs(wanted, jobs, next_job);
+            split_jobs(wanted, jobs, next_job, |shard, row| {
+                shared.shards[shard].meta.block_of(row)
+            });
         }
         true
     }
 }
 
 /// Groups wanted rows by shard into sorted, merged ranges of at most `MAX_JOB_ROWS` unique rows.
+/// A contiguous run of rows is cut where it enters a new storage block (`block_of(shard, row)`,
+/// a Parquet row group), so a sequential job reads no more blocks than its rows need.
 fn split_jobs(
     mut wanted: Vec<(usize, u64, u64, u32)>,
     jobs: &mut VecDeque<(Job, Vec<Dest>)>,
     next_job: &mut u64,
+    block_of: impl Fn(usize, u64) -> u64,
 ) {
     wanted.sort_unstable();
     let mut i = 0;
@@ -744,8 +763,14 @@ fn split_jobs(
         let mut ranges: Vec<Range<u64>> = Vec::new();
         let mut dests: Vec<Dest> = Vec::new();
         let mut unique = 0u32;
+        let block = block_of(shard, wanted[i].1);
         while i < wanted.len() && wanted[i].0 == shard {
             let (_, row, seq, slot) = wanted[i];
+            // A contiguous read stops at the block's end; scattered (shuffled) rows do not, or
+            // their jobs would shrink to a few rows each.
+            if ranges.last().is_some_and(|r| r.end == row) && block_of(shard, row) != block {
+                break;
+            }
             match ranges.last_mut() {
                 // The same row again (a small source repeating inside one group).
                 Some(r) if r.end == row + 1 => {}
@@ -772,6 +797,7 @@ fn split_jobs(
                 id: *next_job,
                 shard,
                 ranges,
+                prefetch: None,
             },
             dests,
         ));
@@ -839,9 +865,17 @@ impl Assembler {
                     .plan_group(&mut pending, &mut queued, &mut next_job);
             }
             while in_flight.len() < shared.max_jobs {
-                let Some((job, dests)) = queued.pop_front() else {
+                let Some((mut job, dests)) = queued.pop_front() else {
                     break;
                 };
+                let entry = &shared.shards[job.shard];
+                job.prefetch = formats::prefetch(
+                    &shared.storage,
+                    &entry.path,
+                    &entry.meta,
+                    &job.ranges,
+                    &shared.records,
+                );
                 in_flight.insert(job.id, dests);
                 if self.jobs.send(job).is_err() {
                     return Ok(());

@@ -230,6 +230,7 @@ pub fn inspect(
     Ok(ShardMeta {
         rows,
         version: None,
+        bytes: 0,
         scratch_bytes: longest as u64 + 2 * BUF_BYTES as u64,
         index,
     })

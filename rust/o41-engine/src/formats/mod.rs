@@ -120,7 +120,20 @@ pub struct ShardMeta {
     pub scratch_bytes: u64,
     /// The remote object's version (`ETag`) at inspection; later reads are pinned to it.
     pub version: Option<String>,
+    /// Size of the shard in bytes at inspection.
+    pub bytes: u64,
     index: ShardIndex,
+}
+
+impl ShardMeta {
+    /// The storage block (a Parquet row group) holding `row`; 0 for encodings without blocks.
+    /// Read jobs do not straddle blocks, so each fetches and decodes only the blocks it needs.
+    pub fn block_of(&self, row: u64) -> u64 {
+        match &self.index {
+            ShardIndex::Parquet(index) => index.group_of(row),
+            _ => 0,
+        }
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -141,12 +154,14 @@ pub fn inspect(
 ) -> Result<ShardMeta> {
     let object = Arc::new(storage.open(path)?);
     let version = object.version().map(str::to_owned);
+    let bytes = object.size();
     let mut meta = match encoding {
         Encoding::Parquet => parquet::inspect(object, projection),
         Encoding::Jsonl | Encoding::JsonlGz => jsonl::inspect(object, encoding, projection),
         Encoding::Msgpack => msgpack::inspect(object, projection),
     }?;
     meta.version = version;
+    meta.bytes = bytes;
     Ok(meta)
 }
 
@@ -160,6 +175,39 @@ pub trait ShardReader: Send {
         projection: &Projection,
         chunk: &mut Chunk,
     ) -> Result<()>;
+
+    /// Like [`ShardReader::read_ranges`], from bytes [`prefetch`] started fetching earlier.
+    fn read_prefetched(
+        &mut self,
+        ranges: &[Range<u64>],
+        projection: &Projection,
+        chunk: &mut Chunk,
+        prefetched: Prefetch,
+    ) -> Result<()> {
+        drop(prefetched);
+        self.read_ranges(ranges, projection, chunk)
+    }
+}
+
+/// Bytes of a remote shard being fetched ahead of the reader that will decode them.
+pub struct Prefetch(crate::storage::PendingPieces);
+
+/// Starts fetching what reading `ranges` of a remote Parquet shard needs, so the transfer
+/// overlaps other decoding; None where reads are not fetched ahead (local files, and
+/// encodings read as a stream, whose readers fetch ahead on their own).
+pub fn prefetch(
+    storage: &Storage,
+    path: &str,
+    meta: &ShardMeta,
+    ranges: &[Range<u64>],
+    projection: &Projection,
+) -> Option<Prefetch> {
+    let ShardIndex::Parquet(index) = &meta.index else {
+        return None;
+    };
+    let version = meta.version.as_deref()?;
+    let object = storage.open_known(path, meta.bytes, Some(version)).ok()?;
+    parquet::prefetch(&object, index, ranges, projection).map(Prefetch)
 }
 
 /// A reader of self-describing records (one line or frame each) that can seek by record number.
@@ -200,8 +248,8 @@ pub fn open(
     encoding: Encoding,
     meta: &ShardMeta,
 ) -> Result<Box<dyn ShardReader>> {
-    let object = Arc::new(storage.open(path)?);
-    object.expect_version(meta.version.as_deref())?;
+    // Reads are pinned to the version inspected, so a replaced object fails at its first read.
+    let object = Arc::new(storage.open_known(path, meta.bytes, meta.version.as_deref())?);
     Ok(match (&meta.index, encoding) {
         (ShardIndex::Parquet(index), _) => Box::new(parquet::Reader::open(object, index.clone())?),
         (ShardIndex::Offsets(offsets), Encoding::Msgpack) => {

@@ -249,6 +249,7 @@ pub fn inspect(object: Arc<Object>, projection: &Projection) -> Result<ShardMeta
     Ok(ShardMeta {
         rows,
         version: None,
+        bytes: 0,
         scratch_bytes: longest + BUF_BYTES as u64,
         index: ShardIndex::Offsets(Arc::new(offsets)),
     })

@@ -16,11 +16,11 @@ use parquet::errors::ParquetError;
 use parquet::file::metadata::PageIndexPolicy;
 use parquet::file::reader::{ChunkReader, Length};
 
-use super::{ShardIndex, ShardMeta, ShardReader};
+use super::{Prefetch, ShardIndex, ShardMeta, ShardReader};
 use crate::columns::Chunk;
 use crate::error::{Error, Result};
 use crate::projection::{project_arrow_column, Projection};
-use crate::storage::Object;
+use crate::storage::{Object, PendingPieces};
 
 /// Bytes fetched from the end of a remote shard at open: the footer and, for shards written by
 /// the saver, the page index before it, in one request.
@@ -36,6 +36,62 @@ pub struct ParquetIndex {
     roots: Vec<usize>,
     /// First row of each row group, plus the total at the end.
     group_starts: Vec<u64>,
+}
+
+impl ParquetIndex {
+    /// Byte ranges to fetch before decoding the rows of `ranges` in `groups`: for each
+    /// projected column, its dictionary page and the data pages holding those rows (whole
+    /// column chunks where the shard has no page index), with nearby ranges merged.
+    fn fetch_ranges(&self, ranges: &[Range<u64>], projection: &Projection) -> Vec<Range<u64>> {
+        let (groups, _) = selection(&self.group_starts, ranges);
+        let metadata = self.metadata.metadata();
+        let starts = &self.group_starts;
+        let mut out: Vec<Range<u64>> = Vec::new();
+        for &g in &groups {
+            let (first, end) = (starts[g], starts[g + 1]);
+            // The selected rows of this group, relative to its first row.
+            let wanted: Vec<Range<u64>> = ranges
+                .iter()
+                .filter(|r| r.start < end && r.end > first)
+                .map(|r| r.start.max(first) - first..r.end.min(end) - first)
+                .collect();
+            let pages = metadata.page_index();
+            for (c, column) in metadata.row_group(g).columns().iter().enumerate() {
+                let root = &column.column_path().parts()[0];
+                if !projection.columns.iter().any(|p| &p.source == root) {
+                    continue;
+                }
+                let (start, len) = column.byte_range();
+                let Some(locations) = pages.and_then(|p| p.offset_index(g, c)).map(
+                    parquet::file::page_index::offset_index::OffsetIndexMetaData::page_locations,
+                ) else {
+                    out.push(start..start + len);
+                    continue;
+                };
+                if let Some(first_page) = locations.first() {
+                    if (first_page.offset as u64) > start {
+                        out.push(start..first_page.offset as u64); // the dictionary page
+                    }
+                }
+                for (k, page) in locations.iter().enumerate() {
+                    let from = page.first_row_index as u64;
+                    let to = locations
+                        .get(k + 1)
+                        .map_or(end - first, |next| next.first_row_index as u64);
+                    if wanted.iter().any(|w| w.start < to && w.end > from) {
+                        let offset = page.offset as u64;
+                        out.push(offset..offset + page.compressed_page_size as u64);
+                    }
+                }
+            }
+        }
+        merge_ranges(out)
+    }
+
+    /// The row group holding `row`.
+    pub fn group_of(&self, row: u64) -> u64 {
+        (self.group_starts.partition_point(|&s| s <= row) - 1) as u64
+    }
 }
 
 fn format_error(path: &str, row: Option<u64>, e: impl std::fmt::Display) -> Error {
@@ -62,22 +118,46 @@ struct Fetched {
 
 impl Fetched {
     fn new(object: Arc<Object>, ranges: &[Range<u64>]) -> Result<Self> {
-        let bytes = object.read_ranges(ranges)?;
-        Ok(Fetched {
-            parts: ranges.iter().map(|r| r.start).zip(bytes).collect(),
-            object,
-            failure: Mutex::new(None),
-        })
+        let pieces = object.read_pieces(ranges)?;
+        Ok(Self::from_pieces(object, pieces))
     }
 
+    fn from_pieces(object: Arc<Object>, mut parts: Vec<(u64, Bytes)>) -> Self {
+        parts.sort_by_key(|(at, _)| *at);
+        Fetched {
+            parts,
+            object,
+            failure: Mutex::new(None),
+        }
+    }
+
+    /// Bytes `start..start + len`: a view of one piece when it holds them all, else a copy
+    /// of the consecutive pieces that do, else (outside what was fetched) a remote read.
     fn slice(&self, start: u64, len: u64) -> parquet::errors::Result<Bytes> {
-        for (at, bytes) in &self.parts {
-            if start >= *at && start + len <= at + bytes.len() as u64 {
+        let end = start + len;
+        let k = self.parts.partition_point(|(at, _)| *at <= start);
+        if k > 0 {
+            let (at, bytes) = &self.parts[k - 1];
+            if end <= at + bytes.len() as u64 {
                 let from = (start - at) as usize;
                 return Ok(bytes.slice(from..from + len as usize));
             }
+            let mut out = Vec::with_capacity(len as usize);
+            let mut next = start;
+            for (at, bytes) in &self.parts[k - 1..] {
+                let piece_end = at + bytes.len() as u64;
+                if *at > next || next >= end {
+                    break;
+                }
+                let take = piece_end.min(end);
+                out.extend_from_slice(&bytes[(next - at) as usize..(take - at) as usize]);
+                next = take;
+            }
+            if next == end {
+                return Ok(Bytes::from(out));
+            }
         }
-        self.object.read_range(start..start + len).map_err(|e| {
+        self.object.read_range(start..end).map_err(|e| {
             let message = e.to_string();
             *self
                 .failure
@@ -106,11 +186,18 @@ impl ChunkReader for Fetched {
     type T = bytes::buf::Reader<Bytes>;
 
     fn get_read(&self, start: u64) -> parquet::errors::Result<Self::T> {
-        let end = self
-            .parts
-            .iter()
-            .find(|(at, bytes)| start >= *at && start < at + bytes.len() as u64)
-            .map_or(self.object.size(), |(at, bytes)| at + bytes.len() as u64);
+        // To the end of the fetched run of consecutive pieces that holds `start`.
+        let k = self.parts.partition_point(|(at, _)| *at <= start);
+        let mut end = self.object.size();
+        if k > 0 && start < self.parts[k - 1].0 + self.parts[k - 1].1.len() as u64 {
+            end = self.parts[k - 1].0 + self.parts[k - 1].1.len() as u64;
+            for (at, bytes) in &self.parts[k..] {
+                if *at != end {
+                    break;
+                }
+                end += bytes.len() as u64;
+            }
+        }
         Ok(self.slice(start, end - start)?.reader())
     }
 
@@ -182,6 +269,19 @@ pub fn inspect(object: Arc<Object>, projection: &Projection) -> Result<ShardMeta
         })
         .max()
         .unwrap_or(0);
+    // Merged remote requests also fetch the gaps between the ranges they join: at most one gap
+    // per projected column chunk (and its dictionary) in each of a job's two row groups.
+    let gap_bytes = if object.local_file().is_some() {
+        0
+    } else {
+        let leaves = metadata.metadata().row_groups().first().map_or(0, |g| {
+            g.columns()
+                .iter()
+                .filter(|c| sources.contains(&c.column_path().parts()[0].as_str()))
+                .count() as u64
+        });
+        2 * 2 * leaves * MERGE_GAP
+    };
     let index = Arc::new(ParquetIndex {
         metadata,
         roots,
@@ -190,8 +290,9 @@ pub fn inspect(object: Arc<Object>, projection: &Projection) -> Result<ShardMeta
     let meta = ShardMeta {
         rows,
         version: None,
+        bytes: 0,
         // A job spans at most two row groups (it holds at most one group's worth of rows).
-        scratch_bytes: 2 * largest_group,
+        scratch_bytes: 2 * largest_group + gap_bytes,
         index: ShardIndex::Parquet(index.clone()),
     };
     if rows > 0 {
@@ -227,21 +328,56 @@ impl Reader {
         })
     }
 
-    /// Byte ranges of the projected column chunks in `groups`, fetched together before decoding.
-    fn chunk_ranges(&self, groups: &[usize], projection: &Projection) -> Vec<Range<u64>> {
-        let metadata = self.index.metadata.metadata();
-        let mut ranges = Vec::new();
-        for &g in groups {
-            for column in metadata.row_group(g).columns() {
-                let root = &column.column_path().parts()[0];
-                if projection.columns.iter().any(|c| &c.source == root) {
-                    let (start, len) = column.byte_range();
-                    ranges.push(start..start + len);
-                }
-            }
-        }
-        ranges
+    /// Decodes `ranges` from bytes fetched for them (remote shards only).
+    fn decode_fetched(
+        &self,
+        fetched: Fetched,
+        ranges: &[Range<u64>],
+        projection: &Projection,
+        chunk: &mut Chunk,
+    ) -> Result<()> {
+        let fetched = Arc::new(fetched);
+        read_ranges(
+            ArcReader(fetched.clone()),
+            &self.index,
+            ranges,
+            projection,
+            chunk,
+            &self.path,
+        )
+        .map_err(|e| fetched.take_failure().unwrap_or(e))
     }
+}
+
+/// Starts fetching what decoding `ranges` of the remote shard `object` will read.
+pub fn prefetch(
+    object: &Object,
+    index: &ParquetIndex,
+    ranges: &[Range<u64>],
+    projection: &Projection,
+) -> Option<PendingPieces> {
+    if ranges.iter().all(Range::is_empty) {
+        return None;
+    }
+    object.spawn_pieces(index.fetch_ranges(ranges, projection))
+}
+
+/// Remote byte ranges closer than this are fetched in one request. A request costs about as
+/// much as transferring a megabyte on object stores (and on `SeaweedFS` here), so reading a
+/// short gap is cheaper than asking twice; 1 MiB is also `object_store`'s coalescing default.
+const MERGE_GAP: u64 = 1 << 20;
+
+/// Sorts byte ranges and merges those less than [`MERGE_GAP`] apart.
+fn merge_ranges(mut ranges: Vec<Range<u64>>) -> Vec<Range<u64>> {
+    ranges.sort_by_key(|r| r.start);
+    let mut merged: Vec<Range<u64>> = Vec::with_capacity(ranges.len());
+    for range in ranges {
+        match merged.last_mut() {
+            Some(last) if range.start <= last.end + MERGE_GAP => last.end = last.end.max(range.end),
+            _ => merged.push(range),
+        }
+    }
+    merged
 }
 
 impl ShardReader for Reader {
@@ -259,20 +395,22 @@ impl ShardReader for Reader {
         if ranges.iter().all(Range::is_empty) {
             return Ok(());
         }
-        let (groups, _) = selection(&self.index.group_starts, ranges);
-        let fetched = Arc::new(Fetched::new(
+        let fetched = Fetched::new(
             self.object.clone(),
-            &self.chunk_ranges(&groups, projection),
-        )?);
-        read_ranges(
-            ArcReader(fetched.clone()),
-            &self.index,
-            ranges,
-            projection,
-            chunk,
-            &self.path,
-        )
-        .map_err(|e| fetched.take_failure().unwrap_or(e))
+            &self.index.fetch_ranges(ranges, projection),
+        )?;
+        self.decode_fetched(fetched, ranges, projection, chunk)
+    }
+
+    fn read_prefetched(
+        &mut self,
+        ranges: &[Range<u64>],
+        projection: &Projection,
+        chunk: &mut Chunk,
+        prefetched: Prefetch,
+    ) -> Result<()> {
+        let fetched = Fetched::from_pieces(self.object.clone(), prefetched.0.wait()?);
+        self.decode_fetched(fetched, ranges, projection, chunk)
     }
 }
 

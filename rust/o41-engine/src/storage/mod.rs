@@ -173,6 +173,17 @@ impl Storage {
         }
     }
 
+    /// Opens `uri` already known to be `size` bytes at `version`, without asking the service
+    /// again: reads are pinned to `version`, so a replaced object fails closed at its first read.
+    pub fn open_known(&self, uri: &str, size: u64, version: Option<&str>) -> Result<Object> {
+        if let (Location::S3 { bucket, key }, Some(version)) = (Location::parse(uri)?, version) {
+            return self.s3(uri)?.known(uri, bucket, key, size, version);
+        }
+        let object = self.open(uri)?;
+        object.expect_version(version)?;
+        Ok(object)
+    }
+
     /// The whole content of `uri`.
     pub fn read(&self, uri: &str) -> Result<Bytes> {
         let object = self.open(uri)?;
@@ -318,17 +329,31 @@ impl Object {
         }
     }
 
-    /// The bytes of each of `ranges`, fetched concurrently from remote storage.
-    pub fn read_ranges(&self, ranges: &[Range<u64>]) -> Result<Vec<Bytes>> {
+    /// The bytes of `ranges` as pieces `(offset, bytes)` that together cover each range
+    /// exactly, in order. Remote ranges are fetched concurrently and kept in the pieces they
+    /// arrived in, so no range is copied into one buffer.
+    pub fn read_pieces(&self, ranges: &[Range<u64>]) -> Result<Vec<(u64, Bytes)>> {
         for range in ranges {
             self.check_range(range)?;
         }
         match &self.source {
             Source::Local(file) => ranges
                 .iter()
-                .map(|r| local::read_range(&self.uri, file, r.clone()))
+                .map(|r| Ok((r.start, local::read_range(&self.uri, file, r.clone())?)))
                 .collect(),
-            Source::Remote(remote) => remote.read_ranges(ranges),
+            Source::Remote(remote) => remote.read_pieces(ranges),
+        }
+    }
+
+    /// Starts fetching `ranges` of a remote object in the background (see
+    /// [`Object::read_pieces`]); None for local files, which are read when needed.
+    pub fn spawn_pieces(&self, ranges: Vec<Range<u64>>) -> Option<PendingPieces> {
+        match &self.source {
+            Source::Local(_) => None,
+            Source::Remote(remote) => Some(PendingPieces {
+                uri: self.uri.clone(),
+                inner: remote.spawn_pieces(ranges),
+            }),
         }
     }
 
@@ -353,6 +378,19 @@ impl Object {
             });
         }
         Ok(())
+    }
+}
+
+/// Pieces of a remote object being fetched ahead of their reader; dropping it cancels the fetch.
+pub struct PendingPieces {
+    uri: String,
+    inner: s3::PendingPieces,
+}
+
+impl PendingPieces {
+    /// Waits for the fetch; the pieces are as [`Object::read_pieces`] returns them.
+    pub fn wait(self) -> Result<Vec<(u64, Bytes)>> {
+        self.inner.wait(&self.uri)
     }
 }
 

@@ -292,17 +292,40 @@ impl S3 {
         let meta = runtime()
             .block_on(self.context.retrying(uri, || store.head(&path)))?
             .expect("reads never report an existing object");
-        Ok(Object {
+        Ok(self.object(uri, store, path, meta.size, meta.e_tag))
+    }
+
+    pub fn known(
+        &self,
+        uri: &str,
+        bucket: &str,
+        key: &str,
+        size: u64,
+        etag: &str,
+    ) -> Result<Object> {
+        let store = self.client(bucket)?;
+        Ok(self.object(uri, store, Path::from(key), size, Some(etag.to_owned())))
+    }
+
+    fn object(
+        &self,
+        uri: &str,
+        store: Arc<AmazonS3>,
+        path: Path,
+        size: u64,
+        etag: Option<String>,
+    ) -> Object {
+        Object {
             uri: uri.to_owned(),
-            size: meta.size,
+            size,
             source: Source::Remote(Remote(Arc::new(RemoteObject {
                 uri: uri.to_owned(),
                 store,
                 path,
-                etag: meta.e_tag,
+                etag,
                 context: self.context.clone(),
             }))),
-        })
+        }
     }
 
     pub fn write(
@@ -483,26 +506,73 @@ impl RemoteObject {
         Ok(())
     }
 
-    async fn collect(&self, range: Range<u64>) -> Result<Bytes> {
-        let (tx, mut rx) = mpsc::channel(READ_AHEAD_CHUNKS);
+    /// The bytes of `range` as the pieces they arrived in, each with its offset.
+    async fn pieces(&self, range: Range<u64>) -> Result<Vec<(u64, Bytes)>> {
+        let (tx, mut rx) = mpsc::channel::<Bytes>(READ_AHEAD_CHUNKS);
         let gather = async {
-            let mut parts: Vec<Bytes> = Vec::new();
+            let mut pieces = Vec::new();
+            let mut at = range.start;
             while let Some(chunk) = rx.recv().await {
-                parts.push(chunk);
+                let len = chunk.len() as u64;
+                pieces.push((at, chunk));
+                at += len;
             }
-            parts
+            pieces
         };
-        let (done, mut parts) = tokio::join!(self.stream_range(range.clone(), tx), gather);
+        let (done, pieces) = tokio::join!(self.stream_range(range.clone(), tx), gather);
         done?;
+        Ok(pieces)
+    }
+
+    async fn collect(&self, range: Range<u64>) -> Result<Bytes> {
+        let mut pieces = self.pieces(range.clone()).await?;
         // One response chunk is the common case for small ranges: hand it over without a copy.
-        if parts.len() == 1 {
-            return Ok(parts.pop().expect("one part"));
+        if pieces.len() == 1 {
+            return Ok(pieces.pop().expect("one piece").1);
         }
         let mut out = BytesMut::with_capacity((range.end - range.start) as usize);
-        for part in parts {
-            out.extend_from_slice(&part);
+        for (_, piece) in pieces {
+            out.extend_from_slice(&piece);
         }
         Ok(out.freeze())
+    }
+}
+
+/// The pieces of every range, fetched concurrently, in range order.
+async fn all_pieces(
+    object: Arc<RemoteObject>,
+    ranges: Vec<Range<u64>>,
+) -> Result<Vec<(u64, Bytes)>> {
+    let all = futures::future::join_all(ranges.iter().map(|r| object.pieces(r.clone()))).await;
+    let mut out = Vec::new();
+    for pieces in all {
+        out.extend(pieces?);
+    }
+    Ok(out)
+}
+
+/// A background fetch; dropping it cancels the fetch.
+pub struct PendingPieces(Option<tokio::task::JoinHandle<Result<Pieces>>>);
+
+/// Byte pieces with their offsets.
+type Pieces = Vec<(u64, Bytes)>;
+
+impl PendingPieces {
+    /// Waits for the fetch to finish.
+    pub fn wait(mut self, uri: &str) -> Result<Vec<(u64, Bytes)>> {
+        let handle = self.0.take().expect("waited once");
+        runtime().block_on(handle).map_err(|e| Error::Storage {
+            path: uri.to_owned(),
+            message: format!("the background read stopped: {e}"),
+        })?
+    }
+}
+
+impl Drop for PendingPieces {
+    fn drop(&mut self) {
+        if let Some(handle) = self.0.take() {
+            handle.abort();
+        }
     }
 }
 
@@ -521,20 +591,13 @@ impl Remote {
         runtime().block_on(self.0.collect(range))
     }
 
-    pub fn read_ranges(&self, ranges: &[Range<u64>]) -> Result<Vec<Bytes>> {
-        let object = &self.0;
-        runtime().block_on(async {
-            futures::future::join_all(ranges.iter().map(|r| async move {
-                if r.is_empty() {
-                    Ok(Bytes::new())
-                } else {
-                    object.collect(r.clone()).await
-                }
-            }))
-            .await
-            .into_iter()
-            .collect()
-        })
+    pub fn read_pieces(&self, ranges: &[Range<u64>]) -> Result<Vec<(u64, Bytes)>> {
+        runtime().block_on(all_pieces(self.0.clone(), ranges.to_vec()))
+    }
+
+    /// Starts fetching `ranges` in the background.
+    pub fn spawn_pieces(&self, ranges: Vec<Range<u64>>) -> PendingPieces {
+        PendingPieces(Some(runtime().spawn(all_pieces(self.0.clone(), ranges))))
     }
 
     /// A blocking reader of `range` whose bytes are fetched ahead by a background task.
