@@ -24,8 +24,11 @@ Batches = Iterator[tuple[np.ndarray, np.ndarray]]
 
 
 def o41_stream(shards: list[str]) -> Batches:
-    """This project's core stream: one finite, unshuffled stage over the shards."""
-    from o41_training_data import BatchStreamConfig, FileSource, ProjectedField, Stage, open_batch_stream
+    """This project's core stream: one finite, unshuffled stage over the shards.
+
+    ``s3://`` shards are read with the storage settings of the ``AWS_*`` environment variables.
+    """
+    from o41_training_data import BatchStreamConfig, FileSource, ProjectedField, Stage, TrainingData
 
     config = BatchStreamConfig(
         fields=[
@@ -33,10 +36,10 @@ def o41_stream(shards: list[str]) -> Batches:
             ProjectedField(name="loss_mask", source="loss_mask", dtype="bool", length=SEQ, pad=False),
         ],
         stages=[Stage(sources=[FileSource(files=shards)], batch_size=BATCH)],
-        threads=2,
+        threads=int(__import__("os").environ.get("O41_THREADS", "2")),
         prefetch_batches=4,
     )
-    with open_batch_stream(config) as stream:
+    with TrainingData().batch_stream(config) as stream:
         for batch in stream:
             arrays = batch.arrays()
             yield arrays["tokens"], arrays["loss_mask"]
@@ -59,12 +62,40 @@ def pyarrow_loop(shards: list[str]) -> Batches:
 
     A partial batch at the end of a file is completed from the next file, as the stream does.
     """
+    yield from _parquet_loop(pq.ParquetFile(path) for path in shards)
+
+
+def boto3_pyarrow(shards: list[str]) -> Batches:
+    """The plain object-storage loop: boto3 downloads each shard, pyarrow decodes it from memory."""
+    import os
+
+    import boto3
+    from botocore.config import Config
+
+    client = boto3.client(
+        "s3",
+        endpoint_url=os.environ["AWS_ENDPOINT_URL"],
+        region_name=os.environ.get("AWS_REGION", "us-east-1"),
+        config=Config(s3={"addressing_style": "path"}),
+    )
+
+    def files() -> Iterator[pq.ParquetFile]:
+        for uri in shards:
+            bucket, _, key = uri.removeprefix("s3://").partition("/")
+            body = client.get_object(Bucket=bucket, Key=key)["Body"].read()
+            yield pq.ParquetFile(pa.BufferReader(body))
+
+    try:
+        yield from _parquet_loop(files())
+    finally:
+        client.close()
+
+
+def _parquet_loop(files: Iterator[pq.ParquetFile]) -> Batches:
     pending: list[pa.RecordBatch] = []
     pending_rows = 0
-    for path in shards:
-        for record_batch in pq.ParquetFile(path).iter_batches(
-            batch_size=BATCH, columns=["input_ids", "loss_mask"]
-        ):
+    for parquet_file in files:
+        for record_batch in parquet_file.iter_batches(batch_size=BATCH, columns=["input_ids", "loss_mask"]):
             pending.append(record_batch)
             pending_rows += record_batch.num_rows
             while pending_rows >= BATCH:
@@ -81,6 +112,7 @@ def pyarrow_loop(shards: list[str]) -> Batches:
 CONTENDERS: dict[str, Callable[[list[str]], Batches]] = {
     "o41-stream": o41_stream,
     "pyarrow-loop": pyarrow_loop,
+    "boto3-pyarrow": boto3_pyarrow,
 }
 
 

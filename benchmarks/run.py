@@ -22,12 +22,14 @@ HERE = Path(__file__).parent
 REFERENCE = "o41-stream"
 
 
-def run_once(name: str, shards: list[str]) -> dict[str, float]:
+def run_once(name: str, shards: list[str], env: dict[str, str] | None = None) -> dict[str, float]:
+    """Runs one contender in its own process (with ``env``, if given) and returns its figures."""
     out = subprocess.run(
         [sys.executable, str(HERE / "contenders.py"), name, *shards],
         check=True,
         capture_output=True,
         text=True,
+        env=env,
     )
     result: dict[str, float] = json.loads(out.stdout.strip().splitlines()[-1])
     return result

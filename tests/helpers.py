@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -10,9 +11,12 @@ from o41_training_data import (
     BatchStreamConfig,
     FileSource,
     ProjectedField,
+    RetryPolicy,
     Stage,
+    TrainingData,
     open_batch_stream,
 )
+from o41_training_data._local_s3 import LocalS3Server
 
 
 def config_for(
@@ -40,3 +44,25 @@ def collect(config: BatchStreamConfig, limit: int | None = None) -> list[dict[st
 
 def rows_of(batches: list[dict[str, np.ndarray]], name: str) -> np.ndarray:
     return np.concatenate([b[name] for b in batches]) if batches else np.array([])
+
+
+# -- S3 tests: storage settings for the local SeaweedFS server and uploads with boto3.
+
+# Retries quick enough for tests; the limits under test are set per test.
+QUICK = RetryPolicy(initial_backoff_s=0.01, max_backoff_s=0.05, read_timeout_s=2.0, connect_timeout_s=2.0)
+
+
+def data_for(server: LocalS3Server, endpoint: str | None = None, retry: RetryPolicy = QUICK) -> TrainingData:
+    return TrainingData(
+        s3_base_url=endpoint or server.endpoint_url,
+        region=server.region,
+        access_key_id=server.access_key_id,
+        secret_access_key=server.secret_access_key,
+        retry=retry,
+    )
+
+
+def upload(client: Any, path: Path, uri: str) -> str:
+    bucket, _, key = uri.removeprefix("s3://").partition("/")
+    client.upload_file(str(path), bucket, key)
+    return uri

@@ -15,6 +15,12 @@ def records(split: str, stage: str | None, shard_id: int, n: int = 20) -> list[d
     return [{"v": base + i, "tokens": list(range(i % 5)), "w": i / 2, "ok": i % 2 == 0} for i in range(n)]
 
 
+def never_iterated() -> Any:
+    """Records that fail the test if a saver consumes them (a completed shard must not)."""
+    raise AssertionError("the records of a completed shard must not be consumed")
+    yield  # pragma: no cover
+
+
 def save_shard(job: tuple[DatasetSaver, str, str | None, dict | None, int]) -> str:
     saver, split, stage, metadata, shard_id = job
     return saver.save(

@@ -22,14 +22,9 @@ from o41_training_data import (
 )
 
 from helpers import collect, config_for
-from saver_jobs import die_mid_save, records, save_shard
+from saver_jobs import die_mid_save, never_iterated, records, save_shard
 
 V = ProjectedField("v", "v", "i64")
-
-
-def never_iterated():
-    raise AssertionError("the records of a completed shard must not be consumed")
-    yield  # pragma: no cover
 
 
 @pytest.fixture
