@@ -27,6 +27,24 @@ def test_demo_writes_two_formats_and_streams_them(tmp_path: Path, capsys: pytest
     assert "rows/s" in out
 
 
+def test_demo_streams_from_a_seaweedfs_server_it_starts_and_stops(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = ["demo", "--s3", "--dir", str(tmp_path), "--rows-per-shard", "200", "--seq-len", "64"]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "started a SeaweedFS S3 server at http://127.0.0.1:" in out
+    assert out.count("uploaded s3://o41-demo/corpus/part-") == 4
+    assert "25 batches, 800 rows" in out
+    # Nothing the demo started is still running.
+    server_dir = str(tmp_path / "s3-server")
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            assert server_dir not in cmdline.read_text(errors="replace")
+        except (FileNotFoundError, ProcessLookupError, PermissionError):
+            continue
+
+
 def test_console_script_is_installed() -> None:
     result = subprocess.run(
         [str(Path(sys.executable).parent / "o41"), "--help"], capture_output=True, text=True, check=True

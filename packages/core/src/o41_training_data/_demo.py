@@ -1,15 +1,24 @@
-"""The demo: write a small synthetic corpus in two formats, then stream a weighted mix of it."""
+"""The demo: write a small synthetic corpus in two formats, then stream a weighted mix of it.
+
+With ``s3=True`` the corpus is uploaded to a local SeaweedFS S3 server that the demo starts on
+127.0.0.1 and always stops, and the stream reads it from there.
+"""
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
+import secrets
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 from ._config import BatchStreamConfig, FileSource, ProjectedField, Stage
 from ._progress import Progress
-from ._stream import open_batch_stream
+from ._stream import BatchStream
 from ._synthetic import token_table, write_jsonl_gz, write_parquet
+from ._training_data import TrainingData
 
 __all__ = ["run_demo"]
 
@@ -21,6 +30,7 @@ def run_demo(
     shards: int = 4,
     seq_len: int = 1024,
     batch_size: int = 32,
+    s3: bool = False,
 ) -> dict[str, float]:
     """Writes the corpus under ``directory`` (a temporary one when None) and streams it.
 
@@ -34,6 +44,7 @@ def run_demo(
                 shards=shards,
                 seq_len=seq_len,
                 batch_size=batch_size,
+                s3=s3,
             )
     directory.mkdir(parents=True, exist_ok=True)
     print(f"writing a synthetic corpus to {directory}")
@@ -48,6 +59,58 @@ def run_demo(
         f"  {len(parquet_files)} Parquet shards, {len(jsonl_files)} jsonl.gz shards,"
         f" {rows_per_shard} rows each"
     )
+    with _storage(directory, s3) as training_data:
+        if s3:
+            parquet_files = [_upload(training_data, path) for path in parquet_files]
+            jsonl_files = [_upload(training_data, path) for path in jsonl_files]
+        return _stream(
+            training_data, parquet_files, jsonl_files, rows_per_shard * shards, seq_len, batch_size
+        )
+
+
+@contextlib.contextmanager
+def _storage(directory: Path, s3: bool) -> Iterator[TrainingData]:
+    """Local storage, or a SeaweedFS server started for the demo and stopped after it."""
+    if not s3:
+        yield TrainingData()
+        return
+    from ._local_s3 import LocalS3Server
+
+    server = LocalS3Server(
+        directory / "s3-server",
+        access_key_id="O41DEMO" + secrets.token_hex(4).upper(),
+        secret_access_key=secrets.token_urlsafe(30),
+        buckets=(_BUCKET,),
+    )
+    with server:
+        print(f"started a SeaweedFS S3 server at {server.endpoint_url} (stopped when the demo ends)")
+        yield TrainingData(
+            s3_base_url=server.endpoint_url,
+            region=server.region,
+            access_key_id=server.access_key_id,
+            secret_access_key=server.secret_access_key,
+        )
+
+
+_BUCKET = "o41-demo"
+
+
+def _upload(training_data: TrainingData, path: str) -> str:
+    uri = f"s3://{_BUCKET}/corpus/{Path(path).name}"
+    digest = hashlib.sha256(Path(path).read_bytes()).hexdigest()
+    training_data.storage_config.core().write_file(uri, path, digest)
+    print(f"  uploaded {uri}")
+    return uri
+
+
+def _stream(
+    training_data: TrainingData,
+    parquet_files: list[str],
+    jsonl_files: list[str],
+    total_rows: int,
+    seq_len: int,
+    batch_size: int,
+) -> dict[str, float]:
 
     config = BatchStreamConfig(
         fields=[
@@ -69,9 +132,10 @@ def run_demo(
         prefetch_batches=4,
     )
     start = time.perf_counter()
-    with open_batch_stream(config) as stream:
+    stream: BatchStream
+    with training_data.batch_stream(config) as stream:
         opened = time.perf_counter() - start
-        progress = Progress(total=rows_per_shard * shards, label="streaming")
+        progress = Progress(total=total_rows, label="streaming")
         first = None
         for batch in stream:
             if first is None:
