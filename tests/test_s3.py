@@ -16,6 +16,7 @@ from o41_training_data import (
     Checkpoint,
     ConfigError,
     FileSource,
+    MalformedShardError,
     ObjectNotFoundError,
     ProjectedField,
     RetryPolicy,
@@ -127,8 +128,24 @@ def test_missing_objects_fail_closed_at_open(s3_server: LocalS3Server, s3_prefix
     assert info.value.path == missing
 
 
+def test_a_malformed_shard_in_s3_fails_closed_at_open(
+    s3_server: LocalS3Server, boto3_client: Any, s3_prefix: str, tmp_path: Path
+) -> None:
+    bad = tmp_path / "bad.parquet"
+    bad.write_bytes(b"PAR1 this is not a parquet file PAR1")
+    broken = upload(boto3_client, bad, f"{s3_prefix}bad.parquet")
+    with pytest.raises(MalformedShardError) as info:
+        data_for(s3_server).batch_stream(config([FileSource([broken])]))
+    assert info.value.path == broken
+
+
 def test_bad_credentials_fail_closed_without_leaking_them(
-    tmp_path: Path, s3_server: LocalS3Server, boto3_client: Any, s3_prefix: str
+    tmp_path: Path,
+    s3_server: LocalS3Server,
+    boto3_client: Any,
+    s3_prefix: str,
+    capfd: pytest.CaptureFixture[str],
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     _, remote = make_shards(tmp_path, boto3_client, s3_prefix, "parquet", count=1)
     wrong_secret = "wrong-" + s3_server.secret_access_key[::-1]
@@ -147,6 +164,11 @@ def test_bad_credentials_fail_closed_without_leaking_them(
         for leaked in (secret, key_id, s3_server.secret_access_key):
             assert leaked not in message
             assert leaked not in repr(bad)
+    # Nothing printed or logged on the way carries them either.
+    captured = capfd.readouterr()
+    logged = captured.out + captured.err + caplog.text
+    for leaked in (wrong_secret, s3_server.secret_access_key, "O41UNKNOWNKEY"):
+        assert leaked not in logged
 
 
 @pytest.mark.parametrize(("encoding", "after_bytes"), [("jsonl", 20_000), ("parquet", 500)])

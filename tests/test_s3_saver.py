@@ -182,3 +182,33 @@ def test_writes_are_create_only_and_idempotent(training_data: TrainingData, s3_p
     assert storage.read(uri) == b"first"
     assert storage.write(uri, b"second", create_only=False) is True
     assert storage.read(uri) == b"second"
+
+
+def test_cli_inspects_and_verifies_an_s3_manifest_with_environment_settings(
+    training_data: TrainingData,
+    s3_server: LocalS3Server,
+    boto3_client: Any,
+    s3_prefix: str,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from o41_training_data._cli import main
+
+    saver = training_data.dataset_saver(f"{s3_prefix}data-manifest-v1.json")
+    for k in range(2):
+        saver.save("train", "easy", records("train", "easy", k), shard_id=str(k))
+    saver.commit_manifest()
+    monkeypatch.setenv("AWS_ENDPOINT_URL", s3_server.endpoint_url)
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", s3_server.access_key_id)
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", s3_server.secret_access_key)
+    assert main(["manifest", "inspect", saver.manifest_uri]) == 0
+    assert "stage easy" in capsys.readouterr().out
+    assert main(["manifest", "verify", saver.manifest_uri]) == 0
+    assert "2 of 2 shards verified" in capsys.readouterr().out
+    shard = f"{s3_prefix}train/easy/shard-1.parquet"
+    original = get(boto3_client, shard)
+    put(boto3_client, shard, original[:-1] + bytes([original[-1] ^ 1]))
+    assert main(["manifest", "verify", saver.manifest_uri]) == 1
+    captured = capsys.readouterr()
+    assert "checksum differs" in captured.err
+    assert s3_server.secret_access_key not in captured.out + captured.err

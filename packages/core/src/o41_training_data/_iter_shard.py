@@ -24,7 +24,7 @@ _READ_BYTES = 8 << 20
 
 
 class _ObjectFile(io.RawIOBase):
-    """A seekable read-only file over one object, read by ranged requests."""
+    """A seekable read-only file over one object (local or remote), read by ranged requests."""
 
     def __init__(self, storage: _core.Storage, uri: str) -> None:
         super().__init__()
