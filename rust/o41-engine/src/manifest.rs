@@ -238,22 +238,16 @@ impl Manifest {
     }
 }
 
-/// Where a shard location of the manifest at `uri` points.
+/// Where a shard location of the manifest at `uri` points: an absolute path or `s3://`
+/// location as it is, anything else relative to the manifest's directory, with `.` and `..`
+/// resolved lexically (never above the root or the bucket).
 pub fn shard_path(uri: &str, location: &str) -> String {
-    if storage::is_remote(uri) || storage::is_remote(location) {
+    if storage::is_remote(location) || Path::new(location).is_absolute() {
+        return location.to_owned();
+    }
+    if storage::is_remote(uri) {
         return storage::sibling(uri, location);
     }
-    let location = Path::new(location);
-    if location.is_absolute() {
-        return location.to_string_lossy().into_owned();
-    }
-    let base: PathBuf = Path::new(uri)
-        .parent()
-        .map(Path::to_path_buf)
-        .unwrap_or_default();
-    let joined = base.join(location);
-    std::path::absolute(&joined)
-        .map_or(joined, |p| p)
-        .to_string_lossy()
-        .into_owned()
+    let base: PathBuf = std::path::absolute(Path::new(uri)).unwrap_or_else(|_| PathBuf::from(uri));
+    storage::sibling(&base.to_string_lossy(), location)
 }

@@ -21,6 +21,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(stream::host_memory_bytes, m)?)?;
     m.add_function(wrap_pyfunction!(stream::load_manifest, m)?)?;
     m.add_function(wrap_pyfunction!(stream::check_manifest, m)?)?;
+    m.add_function(wrap_pyfunction!(stream::shard_location, m)?)?;
     m.add_function(wrap_pyfunction!(stream::msgpack_records, m)?)?;
     Ok(())
 }

@@ -49,6 +49,12 @@ pub fn load_manifest(py: Python<'_>, uri: &str, storage: Option<&Storage>) -> Py
         .map_err(|e| to_py(py, &e))
 }
 
+/// Where the shard `location` of the manifest at `manifest_uri` is (`docs/manifest.md`).
+#[pyfunction]
+pub fn shard_location(manifest_uri: &str, location: &str) -> String {
+    o41_engine::manifest::shard_path(manifest_uri, location)
+}
+
 /// Checks a data manifest document (JSON) against the format's rules; `uri` names it in errors.
 #[pyfunction]
 pub fn check_manifest(py: Python<'_>, text: &str, uri: &str) -> PyResult<String> {

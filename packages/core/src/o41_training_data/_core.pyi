@@ -14,6 +14,9 @@ def resolve_config(config_json: str, storage: Storage | None = None) -> str:
 def load_manifest(uri: str, storage: Storage | None = None) -> str:
     """Reads and checks a local data manifest; returns it as JSON."""
 
+def shard_location(manifest_uri: str, location: str) -> str:
+    """Where the shard ``location`` of the manifest at ``manifest_uri`` is."""
+
 def check_manifest(text: str, uri: str) -> str:
     """Checks a data manifest document against the format's rules; returns it as JSON."""
 

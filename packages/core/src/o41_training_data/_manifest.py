@@ -9,7 +9,7 @@ from typing import Any
 
 from . import _core
 from ._errors import ObjectConflictError
-from ._storage import StorageConfig, join_location, normalize, parent, relative_location
+from ._storage import StorageConfig, normalize, parent, relative_location
 
 __all__ = ["Curriculum", "DataManifest", "ManifestShard", "ManifestSplit", "load_manifest", "save_manifest"]
 
@@ -108,7 +108,6 @@ class DataManifest:
 
 def _parse(text: str, uri: str) -> DataManifest:
     document = json.loads(_core.check_manifest(text, uri))
-    base = parent(uri)
     splits = {
         name: ManifestSplit(
             shards=tuple(
@@ -119,7 +118,7 @@ def _parse(text: str, uri: str) -> DataManifest:
                     checksum=s["checksum"],
                     curriculum_stage=s.get("curriculum_stage"),
                     metadata=s.get("metadata", {}),
-                    path=join_location(base, s["location"]),
+                    path=_core.shard_location(uri, s["location"]),
                 )
                 for s in split["shards"]
             ),

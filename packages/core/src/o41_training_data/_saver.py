@@ -25,7 +25,7 @@ import pyarrow.parquet as pq
 from . import _core
 from ._errors import ConfigError, DataError, MalformedShardError, ObjectConflictError, ObjectNotFoundError
 from ._manifest import Curriculum, DataManifest, ManifestShard, ManifestSplit, load_manifest, save_manifest
-from ._storage import StorageConfig, is_remote, join_location, normalize, parent
+from ._storage import StorageConfig, is_remote, normalize, parent
 
 __all__ = ["DatasetSaver", "SavedShard"]
 
@@ -225,7 +225,7 @@ class DatasetSaver:
         )
 
     def _uri(self, location: str) -> str:
-        return join_location(self._root, location)
+        return _core.shard_location(self.manifest_uri, location)
 
     def _location(self, split: str, stage: str | None, shard_id: str) -> str:
         for name, value in (("split", split), ("curriculum_stage", stage or "_"), ("shard_id", shard_id)):

@@ -20,7 +20,7 @@ from typing import Any
 from . import _core
 from ._errors import ConfigError
 
-__all__ = ["RetryPolicy", "StorageConfig", "is_remote", "join_location"]
+__all__ = ["RetryPolicy", "StorageConfig", "is_remote"]
 
 # Credentials registered by this process (and inherited by forked children), by token.
 _REGISTRY: dict[str, StorageConfig] = {}
@@ -235,17 +235,6 @@ def is_remote(uri: str | os.PathLike[str]) -> bool:
 def normalize(uri: str | os.PathLike[str]) -> str:
     """An ``s3://`` location as given, a local path made absolute."""
     return str(uri) if is_remote(uri) else str(Path(uri).resolve())
-
-
-def join_location(base_dir: str, relative: str) -> str:
-    """``relative`` resolved against the directory ``base_dir`` (local or ``s3://``)."""
-    if is_remote(relative) or relative.startswith("/"):
-        return relative
-    if is_remote(base_dir):
-        bucket, _, key = base_dir[len("s3://") :].partition("/")
-        joined = posixpath.normpath(posixpath.join("/", key, relative)).lstrip("/")
-        return f"s3://{bucket}/{joined}"
-    return str((Path(base_dir) / relative).resolve())
 
 
 def parent(uri: str) -> str:
