@@ -14,7 +14,7 @@ import pyarrow.parquet as pq
 from . import _core
 from ._errors import ConfigError, MalformedShardError
 from ._manifest import ManifestShard
-from ._storage import StorageConfig, normalize
+from ._storage import StorageConfig, is_remote, normalize
 
 __all__ = ["iter_shard"]
 
@@ -80,6 +80,7 @@ def iter_shard(
         )
     uri = normalize(shard.path or shard.location) if isinstance(shard, ManifestShard) else normalize(shard)
     storage = (storage_config or StorageConfig()).core()
+    storage.size(uri)  # a missing shard raises ObjectNotFoundError, local or remote
     if data_format == "msgpack":
         start = 0
         while True:
@@ -88,7 +89,12 @@ def iter_shard(
             if len(chunk) < _CHUNK:
                 return
             start += len(chunk)
-    raw: IO[bytes] = io.BufferedReader(_ObjectFile(storage, uri), buffer_size=_READ_BYTES)
+    # Local files are opened natively; remote objects are read in large ranged requests.
+    raw: IO[bytes] = (
+        io.BufferedReader(_ObjectFile(storage, uri), buffer_size=_READ_BYTES)
+        if is_remote(uri)
+        else open(uri, "rb")  # noqa: SIM115 - closed by the with below
+    )
     with raw:
         if data_format == "parquet":
             for batch in pq.ParquetFile(raw).iter_batches():
