@@ -336,6 +336,10 @@ def test_the_torch_adapter_streams_s3_shards_in_dataloader_workers(
     local, remote = make_shards(tmp_path, boto3_client, s3_prefix, "parquet")
     expected = batches(lambda: open_batch_stream(config([FileSource(local)])))
     dataset = O41IterableDataset(config([FileSource(remote)]), data_for(s3_server))
+    # In this process first, so the workers below are forked from a parent whose I/O runtime and
+    # pooled connections already exist; each child must build its own.
+    in_process = [(b["v"].tolist(), b["t"].tolist()) for b in DataLoader(dataset, batch_size=None)]
+    assert in_process == expected
     # Forked workers find the credentials the dataset's pickle refers to.
     loader = DataLoader(dataset, batch_size=None, num_workers=2)
     got = [(b["v"].tolist(), b["t"].tolist()) for b in loader]
