@@ -27,7 +27,7 @@ from typing import Literal, NamedTuple
 
 __all__ = ["Fault", "FaultProxy", "RequestRecord"]
 
-FaultKind = Literal["reset", "status", "stall"]
+FaultKind = Literal["reset", "status", "stall", "lose"]
 
 _CHUNK = 64 * 1024
 _REASONS = {
@@ -49,7 +49,9 @@ class Fault:
             if it is shorter), then aborts the client connection with a TCP RST; ``"status"``
             answers ``status`` with an S3 XML error without contacting the server (a request body
             is read and dropped); ``"stall"`` relays the head and ``after_bytes`` body bytes,
-            holds the connection silent for ``seconds``, then closes it.
+            holds the connection silent for ``seconds``, then closes it; ``"lose"`` relays the
+            request, so the server does the work, then resets the client connection instead of
+            relaying the answer (a response lost in transit).
         after_bytes: Response body bytes relayed before a ``reset`` or ``stall`` (as framed on the
             wire, so chunk headers count for chunked bodies).
         method: Matches only this HTTP method (``GET``, ``PUT``, ...); any method when None.
@@ -69,7 +71,7 @@ class Fault:
     times: int = 1
 
     def __post_init__(self) -> None:
-        if self.kind not in ("reset", "status", "stall"):
+        if self.kind not in ("reset", "status", "stall", "lose"):
             raise ValueError(f"unknown fault kind {self.kind!r}")
         if self.times < 1 or self.after_bytes < 0 or self.seconds < 0:
             raise ValueError(f"invalid fault {self!r}")
@@ -438,6 +440,8 @@ class FaultProxy:
                     body_sent = True
                 continue
             break
+        if fault is not None and fault.kind == "lose":
+            return "reset"  # the server did the work; its answer never reaches the client
         client.sendall(response.raw)
         bodiless = method == "HEAD" or status in (204, 304)
         framed = "chunked" in response.tokens("transfer-encoding") or response.header("content-length")

@@ -21,6 +21,7 @@ from o41_training_data import (
 )
 from o41_training_data._local_s3 import LocalS3Server
 
+from fault_proxy import Fault, FaultProxy
 from helpers import data_for
 from saver_jobs import die_mid_save, never_iterated, records, save_shard
 
@@ -212,3 +213,20 @@ def test_cli_inspects_and_verifies_an_s3_manifest_with_environment_settings(
     captured = capsys.readouterr()
     assert "checksum differs" in captured.err
     assert s3_server.secret_access_key not in captured.out + captured.err
+
+
+def test_a_write_whose_answer_was_lost_is_retried_and_counts_as_done(
+    s3_server: LocalS3Server, fault_proxy: FaultProxy, s3_prefix: str
+) -> None:
+    storage = data_for(s3_server, fault_proxy.endpoint_url).storage_config.core()
+    uri = f"{s3_prefix}descriptor.json"
+    fault_proxy.add_fault(Fault(kind="lose", method="PUT"))
+    # The server stored the object but the answer never arrived: the retry finds it taken and
+    # compares checksums instead of reporting a conflict.
+    assert storage.write(uri, b'{"rows": 20}') is False
+    puts = [r for r in fault_proxy.requests if r.method == "PUT"]
+    assert [(r.fault, r.if_none_match) for r in puts] == [("lose", "*"), (None, "*")]
+    assert storage.read(uri) == b'{"rows": 20}'
+    fault_proxy.add_fault(Fault(kind="lose", method="PUT"))
+    with pytest.raises(ObjectConflictError):
+        storage.write(uri, b'{"rows": 21}')  # a different object is still a conflict
