@@ -81,12 +81,6 @@ impl Storage {
         })
     }
 
-    /// Whether `s3://` locations can be served.
-    #[getter]
-    fn has_s3(&self) -> bool {
-        self.inner.has_s3()
-    }
-
     /// The whole content of `uri`.
     fn read<'py>(&self, py: Python<'py>, uri: &str) -> PyResult<Bound<'py, PyBytes>> {
         let data = py
@@ -112,12 +106,6 @@ impl Storage {
     /// Size of `uri` in bytes.
     fn size(&self, py: Python<'_>, uri: &str) -> PyResult<u64> {
         py.detach(|| self.inner.open(uri).map(|o| o.size()))
-            .map_err(|e| to_py(py, &e))
-    }
-
-    /// Whether `uri` exists.
-    fn exists(&self, py: Python<'_>, uri: &str) -> PyResult<bool> {
-        py.detach(|| self.inner.exists(uri))
             .map_err(|e| to_py(py, &e))
     }
 
@@ -160,12 +148,6 @@ impl Storage {
     /// Every object under the directory `prefix`, as full locations, sorted.
     fn list(&self, py: Python<'_>, prefix: &str) -> PyResult<Vec<String>> {
         py.detach(|| self.inner.list(prefix))
-            .map_err(|e| to_py(py, &e))
-    }
-
-    /// Removes `uri`; a missing object is not an error.
-    fn delete(&self, py: Python<'_>, uri: &str) -> PyResult<()> {
-        py.detach(|| self.inner.delete(uri))
             .map_err(|e| to_py(py, &e))
     }
 

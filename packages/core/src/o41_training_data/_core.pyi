@@ -135,17 +135,12 @@ class Storage:
         initial_backoff_s: float = 0.1,
         max_backoff_s: float = 15.0,
     ) -> Storage: ...
-    @property
-    def has_s3(self) -> bool:
-        """Whether ``s3://`` locations can be served."""
     def read(self, uri: str) -> bytes:
         """The whole content of ``uri``."""
     def read_range(self, uri: str, start: int, end: int) -> bytes:
         """Bytes ``start..end`` of ``uri``."""
     def size(self, uri: str) -> int:
         """Size of ``uri`` in bytes."""
-    def exists(self, uri: str) -> bool:
-        """Whether ``uri`` exists."""
     def write(self, uri: str, data: bytes, *, create_only: bool = True) -> bool:
         """Writes ``data``; True when written, False when an equal object was already there."""
     def write_file(self, uri: str, source: str, sha256: str, *, create_only: bool = True) -> bool:
@@ -154,5 +149,3 @@ class Storage:
         """Hex SHA-256 of ``uri``."""
     def list(self, prefix: str) -> list[str]:
         """Every object under the directory ``prefix``, sorted."""
-    def delete(self, uri: str) -> None:
-        """Removes ``uri``; a missing object is not an error."""

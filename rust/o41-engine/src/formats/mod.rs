@@ -251,7 +251,7 @@ pub fn open(
     // Reads are pinned to the version inspected, so a replaced object fails at its first read.
     let object = Arc::new(storage.open_known(path, meta.bytes, meta.version.as_deref())?);
     Ok(match (&meta.index, encoding) {
-        (ShardIndex::Parquet(index), _) => Box::new(parquet::Reader::open(object, index.clone())?),
+        (ShardIndex::Parquet(index), _) => Box::new(parquet::Reader::open(object, index.clone())),
         (ShardIndex::Offsets(offsets), Encoding::Msgpack) => {
             Box::new(msgpack::Reader::open(object, offsets.clone())?)
         }

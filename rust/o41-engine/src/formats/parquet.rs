@@ -103,10 +103,6 @@ fn format_error(path: &str, row: Option<u64>, e: impl std::fmt::Display) -> Erro
     }
 }
 
-fn open_file(path: &str) -> Result<File> {
-    File::open(path).map_err(|e| Error::io(path, e))
-}
-
 /// Byte ranges of a remote object fetched ahead of decoding, served to the Parquet reader as if
 /// they were the file. A read outside them is fetched on demand; its failure is kept so the
 /// caller reports the storage error rather than a decoding error.
@@ -209,9 +205,9 @@ impl ChunkReader for Fetched {
 fn load_metadata(object: &Arc<Object>) -> Result<ArrowReaderMetadata> {
     let path = object.uri();
     let options = ArrowReaderOptions::new().with_offset_index_policy(PageIndexPolicy::Optional);
-    if object.local_file().is_some() {
-        let file = open_file(path)?;
-        return ArrowReaderMetadata::load(&file, options).map_err(|e| format_error(path, None, e));
+    if let Some(file) = object.local_file() {
+        return ArrowReaderMetadata::load(file.as_ref(), options)
+            .map_err(|e| format_error(path, None, e));
     }
     let size = object.size();
     let tail_range = size.saturating_sub(REMOTE_TAIL_BYTES)..size;
@@ -297,7 +293,7 @@ pub fn inspect(object: Arc<Object>, projection: &Projection) -> Result<ShardMeta
     };
     if rows > 0 {
         // Decoding the first record checks every projected column's type now, not mid-run.
-        let mut reader = Reader::open(object, index)?;
+        let mut reader = Reader::open(object, index);
         let mut chunk = Chunk::padded(projection, 1);
         reader.read_ranges(std::slice::from_ref(&(0..1)), projection, &mut chunk)?;
     }
@@ -309,23 +305,18 @@ pub struct Reader {
     path: String,
     object: Arc<Object>,
     /// Local shards are read through the file itself, which the OS caches and reads ahead.
-    file: Option<File>,
+    file: Option<Arc<File>>,
     index: Arc<ParquetIndex>,
 }
 
 impl Reader {
-    pub fn open(object: Arc<Object>, index: Arc<ParquetIndex>) -> Result<Self> {
-        let path = object.uri().to_owned();
-        let file = match object.local_file() {
-            Some(_) => Some(open_file(&path)?),
-            None => None,
-        };
-        Ok(Reader {
-            path,
+    pub fn open(object: Arc<Object>, index: Arc<ParquetIndex>) -> Self {
+        Reader {
+            path: object.uri().to_owned(),
+            file: object.local_file().cloned(),
             object,
-            file,
             index,
-        })
+        }
     }
 
     /// Decodes `ranges` from bytes fetched for them (remote shards only).

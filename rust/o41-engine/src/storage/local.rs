@@ -31,9 +31,10 @@ pub fn read_range(path: &str, file: &File, range: Range<u64>) -> Result<Bytes> {
     Ok(Bytes::from(buf))
 }
 
-pub fn reader(path: &str, file: &File, offset: u64) -> Result<Box<dyn Read + Send>> {
-    // A fresh handle keeps its own position, so readers of one object do not disturb each other.
-    let mut handle = file.try_clone().map_err(|e| Error::io(path, e))?;
+pub fn reader(path: &str, offset: u64) -> Result<Box<dyn Read + Send>> {
+    // A handle of its own (not a clone, which would share the offset), so readers of one
+    // object do not move each other's position.
+    let mut handle = File::open(path).map_err(|e| Error::io(path, e))?;
     handle
         .seek(SeekFrom::Start(offset))
         .map_err(|e| Error::io(path, e))?;

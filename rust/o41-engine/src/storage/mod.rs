@@ -14,7 +14,6 @@ use std::fmt;
 use std::io::Read;
 use std::ops::Range;
 use std::sync::Arc;
-use std::time::Duration;
 
 use bytes::Bytes;
 
@@ -139,11 +138,6 @@ impl Storage {
         })
     }
 
-    /// Whether `s3://` locations can be served.
-    pub fn has_s3(&self) -> bool {
-        self.s3.is_some()
-    }
-
     fn s3(&self, uri: &str) -> Result<&s3::S3> {
         self.s3.as_deref().ok_or_else(|| {
             Error::config(
@@ -188,15 +182,6 @@ impl Storage {
     pub fn read(&self, uri: &str) -> Result<Bytes> {
         let object = self.open(uri)?;
         object.read_range(0..object.size())
-    }
-
-    /// Whether `uri` exists.
-    pub fn exists(&self, uri: &str) -> Result<bool> {
-        match self.open(uri) {
-            Ok(_) => Ok(true),
-            Err(Error::NotFound { .. }) => Ok(false),
-            Err(e) => Err(e),
-        }
     }
 
     /// Writes `data` to `uri`. `sha256` is the hex digest of `data`; create-only writes store it
@@ -247,17 +232,6 @@ impl Storage {
         };
         found.sort();
         Ok(found)
-    }
-
-    /// Removes `uri`; a missing object is not an error.
-    pub fn delete(&self, uri: &str) -> Result<()> {
-        match Location::parse(uri)? {
-            Location::Local(path) => match std::fs::remove_file(path) {
-                Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(Error::io(path, e)),
-                _ => Ok(()),
-            },
-            Location::S3 { bucket, key } => self.s3(uri)?.delete(uri, bucket, key),
-        }
     }
 }
 
@@ -362,7 +336,7 @@ impl Object {
     /// [`from_io`] recovers.
     pub fn reader(&self, offset: u64) -> Result<Box<dyn Read + Send>> {
         match &self.source {
-            Source::Local(file) => local::reader(&self.uri, file, offset),
+            Source::Local(_) => local::reader(&self.uri, offset),
             Source::Remote(remote) => Ok(Box::new(remote.reader(offset..self.size))),
         }
     }
@@ -436,9 +410,6 @@ fn hex(bytes: &[u8]) -> String {
             out
         })
 }
-
-/// Default connect timeout of remote requests.
-pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 
 #[cfg(test)]
 mod tests {

@@ -27,7 +27,7 @@ impl Default for RetryPolicy {
             max_consecutive_failures: 64,
             no_progress_timeout: Duration::from_secs(15 * 60),
             read_timeout: Duration::from_secs(60),
-            connect_timeout: super::CONNECT_TIMEOUT,
+            connect_timeout: Duration::from_secs(10),
             initial_backoff: Duration::from_millis(100),
             max_backoff: Duration::from_secs(15),
         }

@@ -421,15 +421,6 @@ impl S3 {
             .map(|m| format!("s3://{bucket}/{}", m.location))
             .collect())
     }
-
-    pub fn delete(&self, uri: &str, bucket: &str, key: &str) -> Result<()> {
-        let store = self.client(bucket)?;
-        let path = Path::from(key);
-        match runtime().block_on(self.context.retrying(uri, || store.delete(&path))) {
-            Ok(_) | Err(Error::NotFound { .. }) => Ok(()),
-            Err(e) => Err(e),
-        }
-    }
 }
 
 struct RemoteObject {
