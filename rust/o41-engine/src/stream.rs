@@ -661,13 +661,12 @@ fn decode(shared: &Shared, readers: &mut ReaderCache, job: &mut Job) -> Result<C
     }
     let rows: u64 = job.ranges.iter().map(|r| r.end - r.start).sum();
     let mut chunk = Chunk::padded(&shared.records, rows as usize);
-    let reader = &mut readers[0].1;
-    match job.prefetch.take() {
-        Some(prefetched) => {
-            reader.read_prefetched(&job.ranges, &shared.records, &mut chunk, prefetched)?;
-        }
-        None => reader.read_ranges(&job.ranges, &shared.records, &mut chunk)?,
-    }
+    readers[0].1.read_ranges(
+        &job.ranges,
+        &shared.records,
+        &mut chunk,
+        job.prefetch.take(),
+    )?;
     Ok(chunk)
 }
 

@@ -10,7 +10,8 @@ use flate2::read::MultiGzDecoder;
 
 use super::cursor::ObjectCursor;
 use super::{
-    read_record_ranges, Encoding, RecordCursor, ShardIndex, ShardMeta, ShardReader, INDEX_STRIDE,
+    read_record_ranges, Encoding, Prefetch, RecordCursor, ShardIndex, ShardMeta, ShardReader,
+    INDEX_STRIDE,
 };
 use crate::columns::Chunk;
 use crate::error::{Error, Result};
@@ -183,6 +184,7 @@ impl ShardReader for Reader {
         ranges: &[Range<u64>],
         projection: &Projection,
         chunk: &mut Chunk,
+        _prefetched: Option<Prefetch>,
     ) -> Result<()> {
         read_record_ranges(self, ranges, projection, chunk)
     }

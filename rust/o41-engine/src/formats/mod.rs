@@ -169,24 +169,15 @@ pub fn inspect(
 /// increasing order never re-reads a compressed stream from its start.
 pub trait ShardReader: Send {
     /// Decodes the rows of `ranges` (sorted, disjoint) into consecutive rows of `chunk`.
+    /// `prefetched` holds bytes [`prefetch`] started fetching for exactly these ranges;
+    /// readers that do not fetch ahead ignore it.
     fn read_ranges(
         &mut self,
         ranges: &[Range<u64>],
         projection: &Projection,
         chunk: &mut Chunk,
+        prefetched: Option<Prefetch>,
     ) -> Result<()>;
-
-    /// Like [`ShardReader::read_ranges`], from bytes [`prefetch`] started fetching earlier.
-    fn read_prefetched(
-        &mut self,
-        ranges: &[Range<u64>],
-        projection: &Projection,
-        chunk: &mut Chunk,
-        prefetched: Prefetch,
-    ) -> Result<()> {
-        drop(prefetched);
-        self.read_ranges(ranges, projection, chunk)
-    }
 }
 
 /// Bytes of a remote shard being fetched ahead of the reader that will decode them.

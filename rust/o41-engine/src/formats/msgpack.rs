@@ -7,7 +7,9 @@ use std::ops::Range;
 use std::sync::Arc;
 
 use super::cursor::ObjectCursor;
-use super::{read_record_ranges, RecordCursor, ShardIndex, ShardMeta, ShardReader, INDEX_STRIDE};
+use super::{
+    read_record_ranges, Prefetch, RecordCursor, ShardIndex, ShardMeta, ShardReader, INDEX_STRIDE,
+};
 use crate::columns::Chunk;
 use crate::error::{Error, Result};
 use crate::projection::Projection;
@@ -171,6 +173,7 @@ impl ShardReader for Reader {
         ranges: &[Range<u64>],
         projection: &Projection,
         chunk: &mut Chunk,
+        _prefetched: Option<Prefetch>,
     ) -> Result<()> {
         read_record_ranges(self, ranges, projection, chunk)
     }

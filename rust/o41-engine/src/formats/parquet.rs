@@ -295,7 +295,7 @@ pub fn inspect(object: Arc<Object>, projection: &Projection) -> Result<ShardMeta
         // Decoding the first record checks every projected column's type now, not mid-run.
         let mut reader = Reader::open(object, index);
         let mut chunk = Chunk::padded(projection, 1);
-        reader.read_ranges(std::slice::from_ref(&(0..1)), projection, &mut chunk)?;
+        reader.read_ranges(std::slice::from_ref(&(0..1)), projection, &mut chunk, None)?;
     }
     Ok(meta)
 }
@@ -317,26 +317,6 @@ impl Reader {
             object,
             index,
         }
-    }
-
-    /// Decodes `ranges` from bytes fetched for them (remote shards only).
-    fn decode_fetched(
-        &self,
-        fetched: Fetched,
-        ranges: &[Range<u64>],
-        projection: &Projection,
-        chunk: &mut Chunk,
-    ) -> Result<()> {
-        let fetched = Arc::new(fetched);
-        read_ranges(
-            ArcReader(fetched.clone()),
-            &self.index,
-            ranges,
-            projection,
-            chunk,
-            &self.path,
-        )
-        .map_err(|e| fetched.take_failure().unwrap_or(e))
     }
 }
 
@@ -377,6 +357,7 @@ impl ShardReader for Reader {
         ranges: &[Range<u64>],
         projection: &Projection,
         chunk: &mut Chunk,
+        prefetched: Option<Prefetch>,
     ) -> Result<()> {
         if let Some(file) = &self.file {
             // The builder takes its reader by value; a cloned handle shares the open file.
@@ -386,22 +367,22 @@ impl ShardReader for Reader {
         if ranges.iter().all(Range::is_empty) {
             return Ok(());
         }
-        let fetched = Fetched::new(
-            self.object.clone(),
-            &self.index.fetch_ranges(ranges, projection),
-        )?;
-        self.decode_fetched(fetched, ranges, projection, chunk)
-    }
-
-    fn read_prefetched(
-        &mut self,
-        ranges: &[Range<u64>],
-        projection: &Projection,
-        chunk: &mut Chunk,
-        prefetched: Prefetch,
-    ) -> Result<()> {
-        let fetched = Fetched::from_pieces(self.object.clone(), prefetched.0.wait()?);
-        self.decode_fetched(fetched, ranges, projection, chunk)
+        let pieces = match prefetched {
+            Some(prefetched) => prefetched.0.wait()?,
+            None => self
+                .object
+                .read_pieces(&self.index.fetch_ranges(ranges, projection))?,
+        };
+        let fetched = Arc::new(Fetched::from_pieces(self.object.clone(), pieces));
+        read_ranges(
+            ArcReader(fetched.clone()),
+            &self.index,
+            ranges,
+            projection,
+            chunk,
+            &self.path,
+        )
+        .map_err(|e| fetched.take_failure().unwrap_or(e))
     }
 }
 
