@@ -5,6 +5,7 @@
 
 mod checkpoint;
 mod errors;
+mod objects;
 mod storage;
 mod stream;
 
@@ -17,11 +18,12 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<stream::Stream>()?;
     m.add_class::<checkpoint::Checkpoint>()?;
     m.add_class::<storage::Storage>()?;
+    m.add_class::<objects::StorageObject>()?;
+    m.add_class::<objects::MsgpackRecords>()?;
     m.add_function(wrap_pyfunction!(stream::resolve_config, m)?)?;
     m.add_function(wrap_pyfunction!(stream::host_memory_bytes, m)?)?;
     m.add_function(wrap_pyfunction!(stream::load_manifest, m)?)?;
     m.add_function(wrap_pyfunction!(stream::check_manifest, m)?)?;
     m.add_function(wrap_pyfunction!(stream::shard_location, m)?)?;
-    m.add_function(wrap_pyfunction!(stream::msgpack_records, m)?)?;
     Ok(())
 }

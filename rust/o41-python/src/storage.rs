@@ -10,6 +10,7 @@ use pyo3::prelude::*;
 use pyo3::types::PyBytes;
 
 use crate::errors::to_py;
+use crate::objects::StorageObject;
 
 /// Local paths, plus `s3://` locations when an endpoint is given. Use
 /// `o41_training_data.TrainingData`, not this class.
@@ -89,23 +90,10 @@ impl Storage {
         Ok(PyBytes::new(py, &data))
     }
 
-    /// Bytes `start..end` of `uri`.
-    fn read_range<'py>(
-        &self,
-        py: Python<'py>,
-        uri: &str,
-        start: u64,
-        end: u64,
-    ) -> PyResult<Bound<'py, PyBytes>> {
-        let data = py
-            .detach(|| self.inner.open(uri)?.read_range(start..end))
-            .map_err(|e| to_py(py, &e))?;
-        Ok(PyBytes::new(py, &data))
-    }
-
-    /// Size of `uri` in bytes.
-    fn size(&self, py: Python<'_>, uri: &str) -> PyResult<u64> {
-        py.detach(|| self.inner.open(uri).map(|o| o.size()))
+    /// Opens `uri` for ranged reads pinned to its current version.
+    fn open(&self, py: Python<'_>, uri: &str) -> PyResult<StorageObject> {
+        py.detach(|| self.inner.open(uri))
+            .map(|inner| StorageObject { inner })
             .map_err(|e| to_py(py, &e))
     }
 

@@ -63,22 +63,6 @@ pub fn check_manifest(py: Python<'_>, text: &str, uri: &str) -> PyResult<String>
         .map_err(|e| to_py(py, &e))
 }
 
-/// Up to `count` records of a framed `MessagePack` shard from record `start` on, as JSON texts.
-#[pyfunction]
-#[pyo3(signature = (path, start, count, storage=None))]
-pub fn msgpack_records(
-    py: Python<'_>,
-    path: &str,
-    start: u64,
-    count: u64,
-    storage: Option<&Storage>,
-) -> PyResult<Vec<String>> {
-    let path = path.to_owned();
-    let storage = engine(storage);
-    py.detach(move || o41_engine::formats::msgpack_records_as_json(&storage, &path, start, count))
-        .map_err(|e| to_py(py, &e))
-}
-
 /// Physical memory of the host in bytes, or None where it cannot be read.
 #[pyfunction]
 pub fn host_memory_bytes() -> Option<u64> {

@@ -12,16 +12,13 @@ def resolve_config(config_json: str, storage: Storage | None = None) -> str:
     """Resolves a stream config (JSON) and returns the resolved document (JSON)."""
 
 def load_manifest(uri: str, storage: Storage | None = None) -> str:
-    """Reads and checks a local data manifest; returns it as JSON."""
+    """Reads and checks a data manifest (local, or ``s3://`` given ``storage``); returns it as JSON."""
 
 def shard_location(manifest_uri: str, location: str) -> str:
     """Where the shard ``location`` of the manifest at ``manifest_uri`` is."""
 
 def check_manifest(text: str, uri: str) -> str:
     """Checks a data manifest document against the format's rules; returns it as JSON."""
-
-def msgpack_records(path: str, start: int, count: int, storage: Storage | None = None) -> list[str]:
-    """Up to ``count`` records of a framed MessagePack shard from record ``start`` on, as JSON."""
 
 def host_memory_bytes() -> int | None:
     """Physical memory of the host in bytes, or None where it cannot be read."""
@@ -137,10 +134,8 @@ class Storage:
     ) -> Storage: ...
     def read(self, uri: str) -> bytes:
         """The whole content of ``uri``."""
-    def read_range(self, uri: str, start: int, end: int) -> bytes:
-        """Bytes ``start..end`` of ``uri``."""
-    def size(self, uri: str) -> int:
-        """Size of ``uri`` in bytes."""
+    def open(self, uri: str) -> StorageObject:
+        """Opens ``uri`` for ranged reads pinned to its current version."""
     def write(self, uri: str, data: bytes, *, create_only: bool = True) -> bool:
         """Writes ``data``; True when written, False when an equal object was already there."""
     def write_file(self, uri: str, source: str, sha256: str, *, create_only: bool = True) -> bool:
@@ -149,3 +144,22 @@ class Storage:
         """Hex SHA-256 of ``uri``."""
     def list(self, prefix: str) -> list[str]:
         """Every object under the directory ``prefix``, sorted."""
+
+class StorageObject:
+    """One object opened by ``Storage.open``."""
+
+    @property
+    def uri(self) -> str:
+        """Location the object was opened from."""
+    @property
+    def size(self) -> int:
+        """Size in bytes."""
+    def read_range(self, start: int, end: int) -> bytes:
+        """Bytes ``start..end`` of the version seen at open."""
+
+class MsgpackRecords:
+    """The records of a framed MessagePack shard, in order, as JSON texts."""
+
+    def __new__(cls, path: str, storage: Storage | None = None) -> MsgpackRecords: ...
+    def next_chunk(self, count: int) -> list[str]:
+        """The next records, up to ``count``; fewer only at the end of the shard."""

@@ -24,13 +24,15 @@ _READ_BYTES = 8 << 20
 
 
 class _ObjectFile(io.RawIOBase):
-    """A seekable read-only file over one object (local or remote), read by ranged requests."""
+    """A seekable read-only file over one opened object, read by ranged requests.
 
-    def __init__(self, storage: _core.Storage, uri: str) -> None:
+    Every request is pinned to the version seen when the object was opened.
+    """
+
+    def __init__(self, opened: _core.StorageObject) -> None:
         super().__init__()
-        self._storage = storage
-        self._uri = uri
-        self._size = storage.size(uri)
+        self._object = opened
+        self._size = opened.size
         self._pos = 0
 
     def readable(self) -> bool:
@@ -52,7 +54,7 @@ class _ObjectFile(io.RawIOBase):
         end = min(self._size, self._pos + len(view))
         if end <= self._pos:
             return 0
-        data = self._storage.read_range(self._uri, self._pos, end)
+        data = self._object.read_range(self._pos, end)
         view[: len(data)] = data
         self._pos += len(data)
         return len(data)
@@ -80,20 +82,15 @@ def iter_shard(
         )
     uri = normalize(shard.path or shard.location) if isinstance(shard, ManifestShard) else normalize(shard)
     storage = (storage_config or StorageConfig()).core()
-    storage.size(uri)  # a missing shard raises ObjectNotFoundError, local or remote
     if data_format == "msgpack":
-        start = 0
-        while True:
-            chunk = _core.msgpack_records(uri, start, _CHUNK, storage)
+        records = _core.MsgpackRecords(uri, storage)
+        while chunk := records.next_chunk(_CHUNK):
             yield from (json.loads(text) for text in chunk)
-            if len(chunk) < _CHUNK:
-                return
-            start += len(chunk)
-    # Local files are opened natively; remote objects are read in large ranged requests.
+        return
+    opened = storage.open(uri)  # a missing shard raises ObjectNotFoundError, local or remote
+    # Local files are read natively; remote objects in large ranged requests.
     raw: IO[bytes] = (
-        io.BufferedReader(_ObjectFile(storage, uri), buffer_size=_READ_BYTES)
-        if is_remote(uri)
-        else open(uri, "rb")  # noqa: SIM115 - closed by the with below
+        io.BufferedReader(_ObjectFile(opened), buffer_size=_READ_BYTES) if is_remote(uri) else open(uri, "rb")  # noqa: SIM115 - closed by the with below
     )
     with raw:
         if data_format == "parquet":

@@ -94,15 +94,15 @@ def verify(uri: str, storage: StorageConfig | None = None) -> int:
         path = shard.path
         algorithm, _, expected = shard.checksum.partition(":")
         try:
-            size = store.size(path)
+            opened = store.open(path)
         except ObjectNotFoundError:
             problems.append(f"{path}: missing")
         else:
-            if size != shard.bytes:
-                problems.append(f"{path}: {size} bytes, the manifest says {shard.bytes}")
+            if opened.size != shard.bytes:
+                problems.append(f"{path}: {opened.size} bytes, the manifest says {shard.bytes}")
             elif (
                 algorithm in hashlib.algorithms_available
-                and _checksum(_ObjectFile(store, path), algorithm) != expected
+                and _checksum(_ObjectFile(opened), algorithm) != expected
             ):
                 problems.append(f"{path}: checksum differs from the manifest's {shard.checksum}")
         progress.update(1)

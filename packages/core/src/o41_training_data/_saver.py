@@ -246,7 +246,9 @@ class DatasetSaver:
             raise MalformedShardError(f"{descriptor}: unknown descriptor version")
         shard = SavedShard(**document)
         try:
-            intact = store.size(data) == shard.bytes and "sha256:" + store.checksum(data) == shard.checksum
+            intact = (
+                store.open(data).size == shard.bytes and "sha256:" + store.checksum(data) == shard.checksum
+            )
         except ObjectNotFoundError:
             intact = False
         if not intact:

@@ -19,7 +19,7 @@ use crate::error::{Error, Result};
 use crate::projection::Projection;
 use crate::storage::Storage;
 
-pub use msgpack::{records_as_json as msgpack_records_as_json, FRAME_HEADER_BYTES};
+pub use msgpack::{Records as MsgpackRecords, FRAME_HEADER_BYTES};
 
 /// Records per entry of the sparse row index kept for JSON Lines and `MessagePack` shards.
 pub const INDEX_STRIDE: u64 = 64;

@@ -179,24 +179,32 @@ impl ShardReader for Reader {
     }
 }
 
-/// Decodes up to `count` records from record `start` on, each as a JSON document: whole records,
-/// for tools that iterate a shard's contents rather than stream projected batches.
-pub fn records_as_json(
-    storage: &Storage,
-    path: &str,
-    start: u64,
-    count: u64,
-) -> Result<Vec<String>> {
-    let mut reader = Reader::open(Arc::new(storage.open(path)?), Arc::new(vec![0]))?;
-    reader.seek_row(start)?;
-    let mut out = Vec::new();
-    while (out.len() as u64) < count && reader.read_frame()? {
-        let value: serde_json::Value = rmp_serde::from_slice(&reader.frame)
-            .map_err(|e| format_error(path, reader.next_row, e.to_string()))?;
-        out.push(value.to_string());
-        reader.next_row += 1;
+/// Whole records of one shard, in order, each as a JSON document: for tools that iterate a
+/// shard's contents rather than stream projected batches. One forward read of the object.
+pub struct Records {
+    reader: Reader,
+}
+
+impl Records {
+    /// Opens `path` at its first record.
+    pub fn open(storage: &Storage, path: &str) -> Result<Self> {
+        Ok(Records {
+            reader: Reader::open(Arc::new(storage.open(path)?), Arc::new(vec![0]))?,
+        })
     }
-    Ok(out)
+
+    /// The next records, up to `count`; fewer only at the end of the shard.
+    pub fn next_json(&mut self, count: usize) -> Result<Vec<String>> {
+        let reader = &mut self.reader;
+        let mut out = Vec::with_capacity(count);
+        while out.len() < count && reader.read_frame()? {
+            let value: serde_json::Value = rmp_serde::from_slice(&reader.frame)
+                .map_err(|e| format_error(&reader.path, reader.next_row, e.to_string()))?;
+            out.push(value.to_string());
+            reader.next_row += 1;
+        }
+        Ok(out)
+    }
 }
 
 pub fn inspect(object: Arc<Object>, projection: &Projection) -> Result<ShardMeta> {
