@@ -205,16 +205,8 @@ def _restore(
         original = _REGISTRY.get(token or "")
     if original is not None:
         return original
-    key, secret = _env("AWS_ACCESS_KEY_ID"), _env("AWS_SECRET_ACCESS_KEY")
-    if key and secret:
-        return StorageConfig(
-            s3_base_url=s3_base_url,
-            region=region,
-            access_key_id=key,
-            secret_access_key=secret,
-            session_token=_env("AWS_SESSION_TOKEN"),
-            retry=retry,
-        )
+    if _env("AWS_ACCESS_KEY_ID") and _env("AWS_SECRET_ACCESS_KEY"):
+        return StorageConfig.resolve(s3_base_url=s3_base_url, region=region, retry=retry)
     return StorageConfig(
         s3_base_url=s3_base_url,
         region=region,
