@@ -2,7 +2,7 @@
 //! records. Plain files keep a sparse byte-offset index so a read can seek near its first row;
 //! gzip streams are read forward, skipping lines before the range without parsing them.
 
-use std::io::{BufRead, BufReader, Read};
+use std::io::{BufRead, BufReader};
 use std::ops::Range;
 use std::sync::Arc;
 
@@ -67,12 +67,16 @@ impl Reader {
             None => (0, 0),
         };
         let file = ObjectCursor::new(self.object.clone(), offset, BUF_BYTES)?;
-        let inner: Box<dyn Read + Send> = if self.encoding == Encoding::JsonlGz {
-            Box::new(MultiGzDecoder::new(file))
+        // The cursor is buffered already: plain lines are read straight from its buffer, and
+        // only decompressed bytes need a buffer of their own.
+        self.lines = Some(if self.encoding == Encoding::JsonlGz {
+            Box::new(BufReader::with_capacity(
+                BUF_BYTES,
+                MultiGzDecoder::new(file),
+            ))
         } else {
             Box::new(file)
-        };
-        self.lines = Some(Box::new(BufReader::with_capacity(BUF_BYTES, inner)));
+        });
         self.next_row = first_row;
         Ok(())
     }
