@@ -20,7 +20,7 @@ use bytes::Bytes;
 use crate::error::{Error, Result};
 
 pub use retry::RetryPolicy;
-pub use s3::S3Settings;
+pub use s3::{Pieces, S3Settings};
 
 /// User metadata key under which a create-only write stores the SHA-256 of its content, so a
 /// retried write that finds its own earlier success can tell it from a conflicting object.
@@ -306,7 +306,7 @@ impl Object {
     /// The bytes of `ranges` as pieces `(offset, bytes)` that together cover each range
     /// exactly, in order. Remote ranges are fetched concurrently and kept in the pieces they
     /// arrived in, so no range is copied into one buffer.
-    pub fn read_pieces(&self, ranges: &[Range<u64>]) -> Result<Vec<(u64, Bytes)>> {
+    pub fn read_pieces(&self, ranges: &[Range<u64>]) -> Result<Pieces> {
         for range in ranges {
             self.check_range(range)?;
         }
@@ -363,7 +363,7 @@ pub struct PendingPieces {
 
 impl PendingPieces {
     /// Waits for the fetch; the pieces are as [`Object::read_pieces`] returns them.
-    pub fn wait(self) -> Result<Vec<(u64, Bytes)>> {
+    pub fn wait(self) -> Result<Pieces> {
         self.inner.wait(&self.uri)
     }
 }

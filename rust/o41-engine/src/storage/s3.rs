@@ -30,6 +30,9 @@ use crate::error::{Error, Result};
 /// Objects of this size or more cannot be written with one atomic request.
 pub const MAX_PUT_BYTES: u64 = 5 << 30;
 
+/// Byte pieces of an object with the offset of each, in order.
+pub type Pieces = Vec<(u64, Bytes)>;
+
 /// Chunks a remote reader may fetch ahead of its consumer.
 const READ_AHEAD_CHUNKS: usize = 64;
 
@@ -498,7 +501,7 @@ impl RemoteObject {
     }
 
     /// The bytes of `range` as the pieces they arrived in, each with its offset.
-    async fn pieces(&self, range: Range<u64>) -> Result<Vec<(u64, Bytes)>> {
+    async fn pieces(&self, range: Range<u64>) -> Result<Pieces> {
         let (tx, mut rx) = mpsc::channel::<Bytes>(READ_AHEAD_CHUNKS);
         let gather = async {
             let mut pieces = Vec::new();
@@ -530,10 +533,7 @@ impl RemoteObject {
 }
 
 /// The pieces of every range, fetched concurrently, in range order.
-async fn all_pieces(
-    object: Arc<RemoteObject>,
-    ranges: Vec<Range<u64>>,
-) -> Result<Vec<(u64, Bytes)>> {
+async fn all_pieces(object: Arc<RemoteObject>, ranges: Vec<Range<u64>>) -> Result<Pieces> {
     let all = futures::future::join_all(ranges.iter().map(|r| object.pieces(r.clone()))).await;
     let mut out = Vec::new();
     for pieces in all {
@@ -545,12 +545,9 @@ async fn all_pieces(
 /// A background fetch; dropping it cancels the fetch.
 pub struct PendingPieces(Option<tokio::task::JoinHandle<Result<Pieces>>>);
 
-/// Byte pieces with their offsets.
-type Pieces = Vec<(u64, Bytes)>;
-
 impl PendingPieces {
     /// Waits for the fetch to finish.
-    pub fn wait(mut self, uri: &str) -> Result<Vec<(u64, Bytes)>> {
+    pub fn wait(mut self, uri: &str) -> Result<Pieces> {
         let handle = self.0.take().expect("waited once");
         runtime().block_on(handle).map_err(|e| Error::Storage {
             path: uri.to_owned(),
@@ -582,7 +579,7 @@ impl Remote {
         runtime().block_on(self.0.collect(range))
     }
 
-    pub fn read_pieces(&self, ranges: &[Range<u64>]) -> Result<Vec<(u64, Bytes)>> {
+    pub fn read_pieces(&self, ranges: &[Range<u64>]) -> Result<Pieces> {
         runtime().block_on(all_pieces(self.0.clone(), ranges.to_vec()))
     }
 
