@@ -345,3 +345,34 @@ def test_the_torch_adapter_streams_s3_shards_in_dataloader_workers(
     got = [(b["v"].tolist(), b["t"].tolist()) for b in loader]
     assert got == expected
     assert s3_server.secret_access_key.encode() not in pickle.dumps(dataset)
+
+
+def test_the_memory_bound_counts_bytes_fetched_ahead_for_remote_shards(
+    tmp_path: Path, s3_server: LocalS3Server, boto3_client: Any, s3_prefix: str
+) -> None:
+    local, remote = make_shards(tmp_path, boto3_client, s3_prefix, "parquet")
+    with open_batch_stream(config([FileSource(local)])) as stream:
+        local_bound = stream.memory_bound
+    with data_for(s3_server).batch_stream(config([FileSource(remote)])) as stream:
+        remote_bound = stream.memory_bound
+    # A remote job's scratch adds the gaps its merged requests may fetch: at most one 1 MiB gap
+    # per projected leaf column (v, tokens) and its dictionary, in each of two row groups. And
+    # every job in flight (two per decode thread) may hold its bytes, not only those decoding.
+    threads, leaves, merge_gap = 2, 2, 1 << 20
+    gaps = threads * 2 * 2 * leaves * merge_gap
+    assert remote_bound.decode_scratch == 2 * (local_bound.decode_scratch + gaps)
+    assert remote_bound.total - remote_bound.decode_scratch == local_bound.total - local_bound.decode_scratch
+
+
+def test_an_opened_object_reads_only_the_version_it_opened(
+    tmp_path: Path, s3_server: LocalS3Server, boto3_client: Any, s3_prefix: str
+) -> None:
+    _, remote = make_shards(tmp_path, boto3_client, s3_prefix, "jsonl", count=1, rows=50)
+    storage = data_for(s3_server).storage_config.core()
+    opened = storage.open(remote[0])
+    first = opened.read_range(0, 10)
+    assert first == storage.read(remote[0])[:10]
+    other = write_shard(tmp_path / "other.jsonl", "jsonl", records(9, 50))
+    upload(boto3_client, other, remote[0])
+    with pytest.raises(StorageError, match="replaced"):
+        opened.read_range(10, 20)
