@@ -301,7 +301,7 @@ def test_a_share_switches_stage_only_after_owed_batches(shard: ShardWriter) -> N
     expected = [b.arrays()["v"].tolist() for b in reference[1::2]]
     with open_batch_stream(config, share=(1, 2)) as odd:
         got = [next(odd).arrays()["v"].tolist()]
-        odd._core.advance_at(1, 5)  # the rank switches at its local batch 5; batch 3 is still owed
+        odd.advance(1, at=5)  # the switch is at global batch 5 (world size 1); batch 3 is still owed
         got += [next(odd).arrays()["v"].tolist() for _ in range(len(expected) - 1)]
     assert got == expected
     assert got[1][0] < 1000

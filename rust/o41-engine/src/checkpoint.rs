@@ -24,13 +24,18 @@ pub struct Cursor {
     pub next_batch: u64,
 }
 
-/// A checkpoint without its resolved config: what a `DataLoader` worker sends along with each
-/// batch so the main process can build the rank's checkpoint after any batch cheaply.
+/// A rank's place in a stream: everything a checkpoint holds except the resolved config. Every
+/// delivered batch carries the position after it, so an adapter can checkpoint exactly the
+/// batch a model consumed, even when another thread or process produced it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Position {
     /// Fingerprint of the stream it belongs to.
     pub fingerprint: String,
+    /// The rank this position belongs to.
+    pub rank: usize,
+    /// The number of ranks it was taken with.
+    pub world_size: usize,
     /// Position.
     pub cursor: Cursor,
     /// Active stage.
@@ -71,7 +76,62 @@ fn refuse(message: impl Into<String>) -> Error {
     }
 }
 
+impl Position {
+    /// The position as a small JSON document.
+    pub fn to_json(&self) -> String {
+        serde_json::to_string(self).expect("a position always serialises")
+    }
+
+    /// Parses a position document.
+    pub fn from_json(text: &str) -> Result<Self> {
+        let position: Position =
+            serde_json::from_str(text).map_err(|e| refuse(format!("malformed position: {e}")))?;
+        if position.world_size == 0 || position.rank >= position.world_size {
+            return Err(refuse(format!(
+                "the position's rank {} of world size {} is invalid",
+                position.rank, position.world_size
+            )));
+        }
+        Ok(position)
+    }
+}
+
+/// Refuses a checkpoint or position of another rank or world size than this process's.
+/// `None` accepts any.
+pub fn check_process(
+    rank: usize,
+    world_size: usize,
+    this_rank: Option<usize>,
+    this_world_size: Option<usize>,
+) -> Result<()> {
+    if this_rank.is_none_or(|r| r == rank) && this_world_size.is_none_or(|w| w == world_size) {
+        return Ok(());
+    }
+    Err(refuse(format!(
+        "it belongs to rank {rank} of {world_size}, this process is rank {} of {}; resume each \
+         rank from its own checkpoint, or move the position with \
+         checkpoint.for_world(rank, world_size)",
+        this_rank.unwrap_or(rank),
+        this_world_size.unwrap_or(world_size)
+    )))
+}
+
 impl Checkpoint {
+    /// The rank this checkpoint belongs to.
+    pub fn rank(&self) -> usize {
+        self.resolved.rank
+    }
+
+    /// The world size it was taken in.
+    pub fn world_size(&self) -> usize {
+        self.resolved.world_size
+    }
+
+    /// Refuses the checkpoint for a process of another rank or world size (`None` accepts any).
+    pub fn check_process(&self, rank: Option<usize>, world_size: Option<usize>) -> Result<()> {
+        check_process(self.rank(), self.world_size(), rank, world_size)
+    }
+
     /// The JSON document.
     pub fn to_json(&self) -> String {
         serde_json::to_string(self).expect("a checkpoint always serialises")
@@ -113,6 +173,8 @@ impl Checkpoint {
     pub fn position(&self) -> Position {
         Position {
             fingerprint: self.fingerprint.clone(),
+            rank: self.rank(),
+            world_size: self.world_size(),
             cursor: self.cursor,
             stage: self.stage,
             batches_yielded: self.batches_yielded,
@@ -121,8 +183,9 @@ impl Checkpoint {
         }
     }
 
-    /// The checkpoint at `position` of the stream `resolved` describes.
-    pub fn from_position(resolved: ResolvedConfig, position: Position) -> Result<Self> {
+    /// The checkpoint at `position` of the stream `resolved` describes, for the position's rank
+    /// and world size.
+    pub fn from_position(mut resolved: ResolvedConfig, position: Position) -> Result<Self> {
         let fingerprint = resolved.fingerprint();
         if position.fingerprint != fingerprint {
             return Err(refuse(format!(
@@ -130,6 +193,14 @@ impl Checkpoint {
                 position.fingerprint
             )));
         }
+        if position.world_size == 0 || position.rank >= position.world_size {
+            return Err(refuse(format!(
+                "the position's rank {} of world size {} is invalid",
+                position.rank, position.world_size
+            )));
+        }
+        resolved.rank = position.rank;
+        resolved.world_size = position.world_size;
         Ok(Checkpoint {
             version: CHECKPOINT_VERSION,
             fingerprint,

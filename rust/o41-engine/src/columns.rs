@@ -12,7 +12,7 @@ use arrow_schema::{DataType, Field, Schema, SchemaRef};
 
 use crate::dtype::{DType, Element, Scalar};
 use crate::error::Result;
-use crate::projection::{ProjectedColumn, Projection};
+use crate::fields::{ProjectedColumn, Projection};
 
 /// One column's elements, typed by the field's dtype.
 #[derive(Debug, Clone)]

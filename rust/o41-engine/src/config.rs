@@ -7,8 +7,8 @@
 use serde::{Deserialize, Serialize};
 
 use crate::dtype::{DType, Scalar};
+use crate::encoding::Encoding;
 use crate::error::{Error, Result};
-use crate::formats::Encoding;
 
 /// Version of the resolved-config document.
 pub const RESOLVED_CONFIG_VERSION: u32 = 1;
@@ -347,6 +347,20 @@ pub struct ResolvedShard {
     pub rows: u64,
 }
 
+/// The manifest selection a source was resolved from. Recorded so that a checkpoint can be
+/// checked against a config without reading the manifest again: a manifest republished after
+/// the checkpoint does not change what a resumed stream reads.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ManifestSelection {
+    /// Absolute location of the manifest.
+    pub manifest_uri: String,
+    /// Split read.
+    pub split: String,
+    /// Curriculum selections or stages read, in order; `None` for the split's root order.
+    pub curriculum_stages: Option<Vec<String>>,
+}
+
 /// A source with its shard list pinned.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ResolvedSource {
@@ -354,6 +368,9 @@ pub struct ResolvedSource {
     pub weight: f64,
     /// Shards in reading order.
     pub shards: Vec<ResolvedShard>,
+    /// The manifest selection the shards came from; absent for a plain file list.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub manifest: Option<ManifestSelection>,
 }
 
 impl ResolvedSource {

@@ -94,6 +94,18 @@ pub enum Error {
     /// The stream was used after `close()`.
     #[error("the batch stream is closed")]
     Closed,
+    /// A bug in the engine (a panic caught at a thread boundary), reported instead of aborting.
+    #[error("internal error: {message}; please report it")]
+    Internal {
+        /// What failed.
+        message: String,
+    },
+    /// Work was stopped by `close()` or an interrupt before it finished.
+    #[error("{what}: cancelled")]
+    Cancelled {
+        /// What was stopped (an object's location, or the operation).
+        what: String,
+    },
 }
 
 struct RowSuffix(Option<u64>);

@@ -2,16 +2,21 @@
 //! rows and batches, and the threaded pipeline that produces them. Pure Rust; the Python binding
 //! lives in the `o41-python` crate.
 
+pub mod cancel;
 pub mod checkpoint;
 pub mod columns;
 pub mod config;
 pub mod dtype;
+pub mod encoding;
 pub mod error;
+pub mod fields;
 pub mod formats;
+pub mod from_arrow;
 pub mod manifest;
 pub mod memory;
 pub mod order;
-pub mod projection;
+pub mod pipeline;
+pub mod plan;
 pub mod record;
 pub mod resolve;
 pub mod storage;
@@ -19,4 +24,4 @@ pub mod stream;
 
 pub use config::{ResolvedConfig, StreamConfig};
 pub use error::{Error, Result};
-pub use stream::{Batch, BatchStream, Next, StreamStats};
+pub use stream::{Batch, BatchStream, Expect, Next, Share, StreamStats};

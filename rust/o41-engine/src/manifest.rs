@@ -8,8 +8,8 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
+use crate::encoding::Encoding;
 use crate::error::{Error, Result};
-use crate::formats::Encoding;
 use crate::storage::{self, Storage};
 
 /// The value of the `format` field.

@@ -5,12 +5,28 @@ use std::fmt;
 
 use crate::config::ResolvedConfig;
 use crate::error::{Error, Result};
-use crate::projection::Projection;
+use crate::fields::Projection;
 
 /// Buffered bytes an open shard reader may hold (read buffers, decompressor state).
 const READER_BYTES: u64 = 3 << 20;
 /// Open readers per decode worker.
 const READERS_PER_WORKER: u64 = 4;
+
+/// The pipeline's sizes that the bound depends on, besides the config.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PipelineSizes {
+    /// Rows planned together (at least one shuffle window, whole batches).
+    pub group_rows: u64,
+    /// Read jobs in flight at most.
+    pub max_jobs: usize,
+    /// Decoded rows that the jobs in flight hold together, at most.
+    pub job_rows: usize,
+    /// The most working memory one job's decoder needs on any of the stream's shards.
+    pub largest_scratch: u64,
+    /// Whether some shard is remote: remote jobs fetch their bytes from dispatch on, so every
+    /// job in flight may hold them, not only the ones being decoded.
+    pub prefetching: bool,
+}
 
 /// The terms of the bound, each in bytes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -38,10 +54,20 @@ impl MemoryBound {
     pub fn compute(
         config: &ResolvedConfig,
         projection: &Projection,
-        group_rows: u64,
-        job_rows: usize,
-        scratch_bytes: u64,
+        sizes: PipelineSizes,
     ) -> Result<Self> {
+        let PipelineSizes {
+            group_rows,
+            max_jobs,
+            job_rows,
+            largest_scratch,
+            prefetching,
+        } = sizes;
+        let scratch_holders = if prefetching {
+            max_jobs as u64
+        } else {
+            config.threads as u64
+        };
         let row_bytes = projection.row_bytes() as u64;
         let batch_rows = config
             .stages
@@ -54,7 +80,7 @@ impl MemoryBound {
                 * row_bytes,
             decode_units: job_rows as u64 * row_bytes,
             readers: config.threads as u64 * READERS_PER_WORKER * READER_BYTES,
-            decode_scratch: config.threads as u64 * scratch_bytes,
+            decode_scratch: scratch_holders * largest_scratch,
             limit: config.memory_limit_bytes.unwrap_or_else(default_limit),
         };
         if bound.total() > bound.limit {

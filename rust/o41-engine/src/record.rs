@@ -12,7 +12,7 @@ use serde::de::{DeserializeSeed, Deserializer, IgnoredAny, MapAccess, SeqAccess,
 use crate::columns::ColumnBuf;
 use crate::dtype::{DType, Element};
 use crate::error::Error;
-use crate::projection::Projection;
+use crate::fields::Projection;
 
 /// Where a record's projection failed.
 #[derive(Debug)]

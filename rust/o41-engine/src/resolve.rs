@@ -5,13 +5,14 @@ use std::collections::HashMap;
 use std::path::Path;
 
 use crate::config::{
-    ResolvedConfig, ResolvedShard, ResolvedSource, ResolvedStage, SourceSpec, StreamConfig,
-    RESOLVED_CONFIG_VERSION,
+    ManifestSelection, ResolvedConfig, ResolvedShard, ResolvedSource, ResolvedStage, SourceSpec,
+    StreamConfig, RESOLVED_CONFIG_VERSION,
 };
+use crate::encoding::Encoding;
 use crate::error::{Error, Result};
-use crate::formats::{self, Encoding, ShardMeta};
+use crate::fields::Projection;
+use crate::formats::{self, ShardMeta};
 use crate::manifest::{shard_path, Manifest};
-use crate::projection::Projection;
 use crate::storage::{self, Storage};
 
 /// A resolved config with what inspection learnt about each shard.
@@ -157,7 +158,23 @@ fn source_jobs(
     Ok(())
 }
 
-/// Local paths are made absolute so a resolved document does not depend on the working directory.
+/// The manifest selection `source` reads, as the resolved document records it.
+fn selection(source: &SourceSpec) -> Option<ManifestSelection> {
+    match source {
+        SourceSpec::Files { .. } => None,
+        SourceSpec::Manifest {
+            manifest_uri,
+            split,
+            curriculum_stages,
+            ..
+        } => Some(ManifestSelection {
+            manifest_uri: absolute(manifest_uri),
+            split: split.clone(),
+            curriculum_stages: curriculum_stages.clone(),
+        }),
+    }
+}
+
 /// Names the config option at fault in a storage settings error.
 fn renamed(error: Error, option: &str) -> Error {
     match error {
@@ -166,6 +183,7 @@ fn renamed(error: Error, option: &str) -> Error {
     }
 }
 
+/// Local paths are made absolute so a resolved document does not depend on the working directory.
 fn absolute(path: &str) -> String {
     if storage::is_remote(path) {
         return path.to_owned();
@@ -231,6 +249,7 @@ pub fn resolve(config: &StreamConfig, storage: &Storage) -> Result<Resolved> {
             let resolved = ResolvedSource {
                 weight: source.weight(),
                 shards,
+                manifest: selection(source),
             };
             if resolved.rows() == 0 {
                 return Err(Error::config(
@@ -294,4 +313,163 @@ fn inspect_all(
             .collect()
     });
     results.into_iter().flatten().collect()
+}
+
+/// Refuses `resolved` (a checkpoint's) when `config` would not resolve to the same stream,
+/// naming the first part that differs. Compares what the config says, without reading any
+/// shard or manifest: the fields, the seed, each stage's settings and each source's weight,
+/// file list and encodings or manifest selection. Row counts are checked when the shards are
+/// reopened; rank, world size and resources (threads, prefetch, memory limit) are not compared.
+pub fn check_config(resolved: &ResolvedConfig, config: &StreamConfig) -> Result<()> {
+    config.validate()?;
+    match first_difference(resolved, config)? {
+        None => Ok(()),
+        Some(difference) => Err(Error::Checkpoint {
+            message: format!(
+                "it was taken from another stream than this config describes: {difference}"
+            ),
+        }),
+    }
+}
+
+fn first_difference(resolved: &ResolvedConfig, config: &StreamConfig) -> Result<Option<String>> {
+    if resolved.fields.len() != config.fields.len() {
+        return Ok(Some(format!(
+            "the checkpoint projects {} fields, the config {}",
+            resolved.fields.len(),
+            config.fields.len()
+        )));
+    }
+    for (i, (theirs, ours)) in resolved.fields.iter().zip(&config.fields).enumerate() {
+        if theirs != ours {
+            return Ok(Some(format!(
+                "fields[{i}] is {} in the checkpoint, {} in the config",
+                show(theirs),
+                show(ours)
+            )));
+        }
+    }
+    if resolved.seed != config.seed {
+        return Ok(Some(format!(
+            "seed {} in the checkpoint, {} in the config",
+            resolved.seed, config.seed
+        )));
+    }
+    if resolved.stages.len() != config.stages.len() {
+        return Ok(Some(format!(
+            "the checkpoint has {} stages, the config {}",
+            resolved.stages.len(),
+            config.stages.len()
+        )));
+    }
+    for (s, (theirs, ours)) in resolved.stages.iter().zip(&config.stages).enumerate() {
+        let option = format!("stages[{s}]");
+        if theirs.batch_size != ours.batch_size {
+            return Ok(Some(format!(
+                "{option}.batch_size is {} in the checkpoint, {} in the config",
+                theirs.batch_size, ours.batch_size
+            )));
+        }
+        if theirs.shuffle != ours.shuffle {
+            return Ok(Some(format!(
+                "{option}.shuffle is {} in the checkpoint, {} in the config",
+                show(&theirs.shuffle),
+                show(&ours.shuffle)
+            )));
+        }
+        if theirs.infinite != ours.infinite {
+            return Ok(Some(format!(
+                "{option}.infinite is {} in the checkpoint, {} in the config",
+                theirs.infinite, ours.infinite
+            )));
+        }
+        if theirs.sources.len() != ours.sources.len() {
+            return Ok(Some(format!(
+                "{option} mixes {} sources in the checkpoint, {} in the config",
+                theirs.sources.len(),
+                ours.sources.len()
+            )));
+        }
+        for (j, (theirs, ours)) in theirs.sources.iter().zip(&ours.sources).enumerate() {
+            let option = format!("{option}.sources[{j}]");
+            if theirs.weight.to_bits() != ours.weight().to_bits() {
+                return Ok(Some(format!(
+                    "{option}.weight is {} in the checkpoint, {} in the config",
+                    theirs.weight,
+                    ours.weight()
+                )));
+            }
+            if let Some(difference) = source_difference(theirs, ours, &option)? {
+                return Ok(Some(difference));
+            }
+        }
+    }
+    Ok(None)
+}
+
+fn source_difference(
+    theirs: &ResolvedSource,
+    ours: &SourceSpec,
+    option: &str,
+) -> Result<Option<String>> {
+    let selection_in_checkpoint = &theirs.manifest;
+    match (ours, selection_in_checkpoint) {
+        (SourceSpec::Files { .. }, Some(pinned)) => Ok(Some(format!(
+            "{option} read split '{}' of {} in the checkpoint; the config lists files",
+            pinned.split, pinned.manifest_uri
+        ))),
+        (SourceSpec::Manifest { .. }, None) => Ok(Some(format!(
+            "{option} read a file list in the checkpoint; the config names a manifest"
+        ))),
+        (SourceSpec::Manifest { .. }, Some(pinned)) => {
+            let wanted = selection(ours);
+            Ok((Some(pinned) != wanted.as_ref()).then(|| {
+                format!(
+                    "{option} selects {} in the config, {} in the checkpoint",
+                    show(&wanted),
+                    show(pinned)
+                )
+            }))
+        }
+        (
+            SourceSpec::Files {
+                files, encoding, ..
+            },
+            None,
+        ) => {
+            if files.len() != theirs.shards.len() {
+                return Ok(Some(format!(
+                    "{option}: the file list changed: the checkpoint read {} files, the config lists {}",
+                    theirs.shards.len(),
+                    files.len()
+                )));
+            }
+            for (f, (file, shard)) in files.iter().zip(&theirs.shards).enumerate() {
+                let path = absolute(file);
+                if path != shard.path {
+                    return Ok(Some(format!(
+                        "{option}: the file list changed: files[{f}] is {path} in the config, {} in the checkpoint",
+                        shard.path
+                    )));
+                }
+                let expected = match encoding {
+                    Some(name) => Encoding::parse(name, &format!("{option}.encoding"))?,
+                    None => Encoding::from_path(file, &format!("{option}.files[{f}]"))?,
+                };
+                if expected != shard.encoding {
+                    return Ok(Some(format!(
+                        "{option}: files[{f}] is read as {} in the config, as {} in the checkpoint",
+                        expected.name(),
+                        shard.encoding.name()
+                    )));
+                }
+            }
+            Ok(None)
+        }
+    }
+}
+
+/// A value as compact JSON, for messages.
+fn show<T: serde::Serialize>(value: &T) -> String {
+    serde_json::to_string(value).unwrap_or_default()
 }

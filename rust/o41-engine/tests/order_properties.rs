@@ -31,6 +31,7 @@ fn stage(
                         rows: *rows,
                     })
                     .collect(),
+                manifest: None,
             })
             .collect(),
         batch_size,

@@ -1,10 +1,14 @@
 //! `Checkpoint`: a rank's stream position, as the engine's checkpoint document.
 
 use o41_engine::checkpoint::Checkpoint as EngineCheckpoint;
+use o41_engine::config::ResolvedConfig;
+use o41_engine::resolve::check_config;
+use o41_engine::{Error, StreamConfig};
 use pyo3::prelude::*;
-use pyo3::types::PyTuple;
+use pyo3::types::{PyString, PyTuple};
 
 use crate::errors::to_py;
+use crate::position::Position;
 
 /// A rank's position in a batch stream: the resolved config (no credentials), the cursor and
 /// the counters `stage`, `batches_yielded`, `rows_yielded` and per-source `epochs`.
@@ -15,6 +19,12 @@ use crate::errors::to_py;
 #[derive(PartialEq)]
 pub struct Checkpoint {
     pub inner: EngineCheckpoint,
+}
+
+/// A config object's JSON document (`BatchStreamConfig.to_json()`), parsed by the engine.
+pub fn config_of(py: Python<'_>, config: &Bound<'_, PyAny>) -> PyResult<StreamConfig> {
+    let text: String = config.call_method0("to_json")?.extract()?;
+    StreamConfig::from_json(&text).map_err(|e| to_py(py, &e))
 }
 
 #[pymethods]
@@ -28,28 +38,61 @@ impl Checkpoint {
             .map_err(|e| to_py(py, &e))
     }
 
-    /// The checkpoint at `position_json` (from `Stream.position_at`) of the stream whose resolved
-    /// config is `resolved_json`.
+    /// The checkpoint at `position` of the stream that `resolved` describes: a checkpoint of that
+    /// stream (at any position) or its resolved config document (a dict or its JSON text, from
+    /// `resolve_batch_stream_config` or `BatchStream.resolved_config()`). Raises
+    /// `CheckpointError` when the position belongs to another stream.
     #[staticmethod]
-    fn from_position(py: Python<'_>, resolved_json: &str, position_json: &str) -> PyResult<Self> {
-        let bad = |e: serde_json::Error| {
-            to_py(
-                py,
-                &o41_engine::Error::Checkpoint {
-                    message: format!("malformed position: {e}"),
-                },
-            )
+    fn from_position(
+        py: Python<'_>,
+        position: &Position,
+        resolved: &Bound<'_, PyAny>,
+    ) -> PyResult<Self> {
+        let config: ResolvedConfig = if let Ok(checkpoint) = resolved.cast::<Checkpoint>() {
+            checkpoint.get().inner.resolved.clone()
+        } else {
+            let text: String = if resolved.is_instance_of::<PyString>() {
+                resolved.extract()?
+            } else {
+                py.import("json")?
+                    .call_method1("dumps", (resolved,))?
+                    .extract()?
+            };
+            serde_json::from_str(&text).map_err(|e| {
+                to_py(
+                    py,
+                    &Error::Checkpoint {
+                        message: format!("malformed resolved config: {e}"),
+                    },
+                )
+            })?
         };
-        let resolved = serde_json::from_str(resolved_json).map_err(bad)?;
-        let position = serde_json::from_str(position_json).map_err(bad)?;
-        EngineCheckpoint::from_position(resolved, position)
+        EngineCheckpoint::from_position(config, position.inner.clone())
             .map(|inner| Checkpoint { inner })
             .map_err(|e| to_py(py, &e))
     }
 
-    /// The position part (JSON), as `Stream.position_at` returns it.
-    fn position_json(&self) -> String {
-        serde_json::to_string(&self.inner.position()).expect("a position always serialises")
+    /// Refuses the checkpoint for this process, raising `CheckpointError` that names what
+    /// differs: another `rank` or `world_size`, or a `config` (a `BatchStreamConfig`) whose
+    /// fields, seed, stages, weights, file lists or manifest selections differ from the ones
+    /// the checkpoint was taken with. Nothing is read from storage. `resume_batch_stream` runs
+    /// the same check.
+    #[pyo3(signature = (*, rank=None, world_size=None, config=None))]
+    fn check(
+        &self,
+        py: Python<'_>,
+        rank: Option<usize>,
+        world_size: Option<usize>,
+        config: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<()> {
+        self.inner
+            .check_process(rank, world_size)
+            .map_err(|e| to_py(py, &e))?;
+        if let Some(config) = config {
+            let config = config_of(py, config)?;
+            check_config(&self.inner.resolved, &config).map_err(|e| to_py(py, &e))?;
+        }
+        Ok(())
     }
 
     /// The checkpoint as a JSON document.
@@ -63,6 +106,14 @@ impl Checkpoint {
             .for_world(rank, world_size)
             .map(|inner| Checkpoint { inner })
             .map_err(|e| to_py(py, &e))
+    }
+
+    /// The position part: everything but the resolved config.
+    #[getter]
+    fn position(&self) -> Position {
+        Position {
+            inner: self.inner.position(),
+        }
     }
 
     /// Document version.
@@ -104,13 +155,13 @@ impl Checkpoint {
     /// The rank this checkpoint belongs to.
     #[getter]
     fn rank(&self) -> usize {
-        self.inner.resolved.rank
+        self.inner.rank()
     }
 
     /// The world size it was taken in.
     #[getter]
     fn world_size(&self) -> usize {
-        self.inner.resolved.world_size
+        self.inner.world_size()
     }
 
     /// First global batch of the next round: every earlier one was consumed.
@@ -124,6 +175,12 @@ impl Checkpoint {
         self.inner.resolved.to_json()
     }
 
+    /// The resolved config document the checkpoint pins, as a dict.
+    fn resolved_config<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        py.import("json")?
+            .call_method1("loads", (self.inner.resolved.to_json(),))
+    }
+
     fn __reduce__<'py>(slf: &Bound<'py, Self>) -> PyResult<Bound<'py, PyTuple>> {
         let py = slf.py();
         let from_json = py.get_type::<Checkpoint>().getattr("from_json")?;
@@ -134,8 +191,8 @@ impl Checkpoint {
     fn __repr__(&self) -> String {
         format!(
             "Checkpoint(rank={}, world_size={}, stage={}, batches_yielded={}, rows_yielded={}, epochs={:?})",
-            self.inner.resolved.rank,
-            self.inner.resolved.world_size,
+            self.inner.rank(),
+            self.inner.world_size(),
             self.inner.stage,
             self.inner.batches_yielded,
             self.inner.rows_yielded,

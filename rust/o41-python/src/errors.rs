@@ -76,6 +76,13 @@ fn build(py: Python<'_>, err: &Error) -> PyResult<PyErr> {
             },
         ),
         Error::Closed => ("StreamClosedError", Context::default()),
+        Error::Cancelled { what } => (
+            "O41Error",
+            Context {
+                path: Some(what),
+                ..Context::default()
+            },
+        ),
         Error::Checkpoint { .. } => ("CheckpointError", Context::default()),
         _ => ("O41Error", Context::default()),
     };

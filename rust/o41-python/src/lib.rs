@@ -1,15 +1,25 @@
 //! The compiled module `o41_training_data._core`: a thin `PyO3` face over `o41-engine`.
 //!
 //! Everything here converts: JSON config in, Arrow batches out through the C data interface,
-//! engine errors to the Python exception hierarchy. Blocking calls release the GIL.
+//! engine errors to the Python exception hierarchy. Every call that can block goes through
+//! `blocking`, which releases the GIL and keeps Ctrl-C working.
 
+mod blocking;
 mod checkpoint;
 mod errors;
+mod manifest;
 mod objects;
+mod position;
 mod storage;
 mod stream;
 
 use pyo3::prelude::*;
+
+/// Physical memory of the host in bytes, or None where it cannot be read.
+#[pyfunction]
+fn host_memory_bytes() -> Option<u64> {
+    o41_engine::memory::host_memory_bytes()
+}
 
 /// The compiled core of `o41_training_data`.
 #[pymodule]
@@ -17,13 +27,16 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     m.add_class::<stream::Stream>()?;
     m.add_class::<checkpoint::Checkpoint>()?;
+    m.add_class::<position::Position>()?;
+    m.add_class::<position::Segment>()?;
+    m.add_class::<position::Drain>()?;
     m.add_class::<storage::Storage>()?;
     m.add_class::<objects::StorageObject>()?;
     m.add_class::<objects::MsgpackRecords>()?;
     m.add_function(wrap_pyfunction!(stream::resolve_config, m)?)?;
-    m.add_function(wrap_pyfunction!(stream::host_memory_bytes, m)?)?;
-    m.add_function(wrap_pyfunction!(stream::load_manifest, m)?)?;
-    m.add_function(wrap_pyfunction!(stream::check_manifest, m)?)?;
-    m.add_function(wrap_pyfunction!(stream::shard_location, m)?)?;
+    m.add_function(wrap_pyfunction!(host_memory_bytes, m)?)?;
+    m.add_function(wrap_pyfunction!(manifest::load_manifest, m)?)?;
+    m.add_function(wrap_pyfunction!(manifest::check_manifest, m)?)?;
+    m.add_function(wrap_pyfunction!(manifest::shard_location, m)?)?;
     Ok(())
 }

@@ -9,6 +9,7 @@ use pyo3::exceptions::PyRuntimeError;
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
 
+use crate::blocking::blocking;
 use crate::errors::to_py;
 use crate::storage::{engine, Storage};
 
@@ -39,9 +40,7 @@ impl StorageObject {
         start: u64,
         end: u64,
     ) -> PyResult<Bound<'py, PyBytes>> {
-        let data = py
-            .detach(|| self.inner.read_range(start..end))
-            .map_err(|e| to_py(py, &e))?;
+        let data = blocking(py, |_| self.inner.read_range(start..end))?;
         Ok(PyBytes::new(py, &data))
     }
 }
@@ -58,9 +57,9 @@ impl MsgpackRecords {
     #[pyo3(signature = (path, storage=None))]
     fn new(py: Python<'_>, path: &str, storage: Option<&Storage>) -> PyResult<Self> {
         let storage = engine(storage);
-        let inner = py
-            .detach(|| EngineRecords::open(&storage, path))
-            .map_err(|e| to_py(py, &e))?;
+        let inner = blocking(py, |cancel| {
+            EngineRecords::open(&storage.with_cancel(cancel.clone()), path)
+        })?;
         Ok(MsgpackRecords {
             inner: Mutex::new(inner),
         })

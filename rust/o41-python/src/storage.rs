@@ -9,6 +9,7 @@ use o41_engine::storage::{
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
 
+use crate::blocking::blocking;
 use crate::errors::to_py;
 use crate::objects::StorageObject;
 
@@ -84,29 +85,31 @@ impl Storage {
 
     /// The whole content of `uri`.
     fn read<'py>(&self, py: Python<'py>, uri: &str) -> PyResult<Bound<'py, PyBytes>> {
-        let data = py
-            .detach(|| self.inner.read(uri))
-            .map_err(|e| to_py(py, &e))?;
+        let data = blocking(py, |cancel| {
+            self.inner.with_cancel(cancel.clone()).read(uri)
+        })?;
         Ok(PyBytes::new(py, &data))
     }
 
     /// Opens `uri` for ranged reads pinned to its current version.
     fn open(&self, py: Python<'_>, uri: &str) -> PyResult<StorageObject> {
-        py.detach(|| self.inner.open(uri))
-            .map(|inner| StorageObject { inner })
-            .map_err(|e| to_py(py, &e))
+        blocking(py, |cancel| {
+            self.inner.with_cancel(cancel.clone()).open(uri)
+        })
+        .map(|inner| StorageObject { inner })
     }
 
     /// Writes `data` to `uri`; True when written, False when an equal object was already there.
     /// Create-only by default: a different object there raises `ObjectConflictError`.
     #[pyo3(signature = (uri, data, *, create_only=true))]
     fn write(&self, py: Python<'_>, uri: &str, data: Vec<u8>, create_only: bool) -> PyResult<bool> {
-        py.detach(|| {
+        blocking(py, |cancel| {
             let sha = sha256_hex(&data);
-            self.inner.write(uri, data.into(), &sha, mode(create_only))
+            self.inner
+                .with_cancel(cancel.clone())
+                .write(uri, data.into(), &sha, mode(create_only))
         })
         .map(|w| w == Written::Created)
-        .map_err(|e| to_py(py, &e))
     }
 
     /// Writes the local file `source` (whose hex SHA-256 is `sha256`) to `uri`, as `write`.
@@ -119,24 +122,29 @@ impl Storage {
         sha256: &str,
         create_only: bool,
     ) -> PyResult<bool> {
-        py.detach(|| {
-            self.inner
-                .write_file(uri, source, sha256, mode(create_only))
+        blocking(py, |cancel| {
+            self.inner.with_cancel(cancel.clone()).write_file(
+                uri,
+                source,
+                sha256,
+                mode(create_only),
+            )
         })
         .map(|w| w == Written::Created)
-        .map_err(|e| to_py(py, &e))
     }
 
     /// Hex SHA-256 of `uri`: stored with remote objects this library wrote, else computed.
     fn checksum(&self, py: Python<'_>, uri: &str) -> PyResult<String> {
-        py.detach(|| self.inner.checksum(uri))
-            .map_err(|e| to_py(py, &e))
+        blocking(py, |cancel| {
+            self.inner.with_cancel(cancel.clone()).checksum(uri)
+        })
     }
 
     /// Every object under the directory `prefix`, as full locations, sorted.
     fn list(&self, py: Python<'_>, prefix: &str) -> PyResult<Vec<String>> {
-        py.detach(|| self.inner.list(prefix))
-            .map_err(|e| to_py(py, &e))
+        blocking(py, |cancel| {
+            self.inner.with_cancel(cancel.clone()).list(prefix)
+        })
     }
 
     fn __repr__(&self) -> String {

@@ -1,29 +1,21 @@
 //! `_core.Stream`: the engine's batch stream, driven from Python one batch at a time.
-
-use std::sync::Mutex;
-use std::time::Duration;
+//!
+//! The engine stream is safe to share between threads, so this class holds it without a lock
+//! of its own: a monitoring thread reading `stats` or taking a checkpoint never waits for a
+//! `next` that is blocked on storage, and `close` from any thread stops it.
 
 use arrow_pyarrow::ToPyArrow;
-use o41_engine::order::{Drain, Segment};
 use o41_engine::resolve::resolve;
-use o41_engine::{BatchStream, Next, StreamConfig};
-use pyo3::exceptions::PyRuntimeError;
+use o41_engine::stream::{Expect, Next, Share};
+use o41_engine::{BatchStream, StreamConfig};
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
-use crate::checkpoint::Checkpoint;
+use crate::blocking::{blocking, wait, Step};
+use crate::checkpoint::{config_of, Checkpoint};
 use crate::errors::to_py;
+use crate::position::Position;
 use crate::storage::{engine, Storage};
-
-/// How long one GIL-free wait lasts before Python gets a chance to see Ctrl-C.
-const SIGNAL_POLL: Duration = Duration::from_millis(100);
-
-/// Parses and resolves a config with the GIL released.
-fn parse(py: Python<'_>, config_json: &str) -> PyResult<StreamConfig> {
-    let json = config_json.to_owned();
-    py.detach(move || StreamConfig::from_json(&json))
-        .map_err(|e| to_py(py, &e))
-}
 
 /// Resolves a stream config (JSON) and returns the resolved document (JSON).
 #[pyfunction]
@@ -33,90 +25,38 @@ pub fn resolve_config(
     config_json: &str,
     storage: Option<&Storage>,
 ) -> PyResult<String> {
-    let config = parse(py, config_json)?;
     let storage = engine(storage);
-    py.detach(move || resolve(&config, &storage).map(|r| r.config.to_json()))
-        .map_err(|e| to_py(py, &e))
+    blocking(py, |cancel| {
+        let config = StreamConfig::from_json(config_json)?;
+        resolve(&config, &storage.with_cancel(cancel.clone())).map(|r| r.config.to_json())
+    })
 }
 
-/// Reads and checks a data manifest; returns it as JSON.
-#[pyfunction]
-#[pyo3(signature = (uri, storage=None))]
-pub fn load_manifest(py: Python<'_>, uri: &str, storage: Option<&Storage>) -> PyResult<String> {
-    let storage = engine(storage);
-    py.detach(|| o41_engine::manifest::Manifest::load(uri, &storage))
-        .map(|m| m.to_json())
-        .map_err(|e| to_py(py, &e))
-}
-
-/// Where the shard `location` of the manifest at `manifest_uri` is (`docs/manifest.md`).
-#[pyfunction]
-pub fn shard_location(manifest_uri: &str, location: &str) -> String {
-    o41_engine::manifest::shard_path(manifest_uri, location)
-}
-
-/// Checks a data manifest document (JSON) against the format's rules; `uri` names it in errors.
-#[pyfunction]
-pub fn check_manifest(py: Python<'_>, text: &str, uri: &str) -> PyResult<String> {
-    o41_engine::manifest::Manifest::from_json(text, uri)
-        .map(|m| m.to_json())
-        .map_err(|e| to_py(py, &e))
-}
-
-/// Physical memory of the host in bytes, or None where it cannot be read.
-#[pyfunction]
-pub fn host_memory_bytes() -> Option<u64> {
-    o41_engine::memory::host_memory_bytes()
-}
-
-/// A segment as a flat tuple: (stage, `start_batch`, `drain_stage`, `drain_from`, `drain_to`), the
-/// drain fields -1 when there is none.
-type SegmentTuple = (usize, u64, i64, i64, i64);
-
-fn segment_tuple(s: &Segment) -> SegmentTuple {
-    match s.drain {
-        Some(d) => (
-            s.stage,
-            s.start_batch,
-            d.stage as i64,
-            d.from as i64,
-            d.to as i64,
-        ),
-        None => (s.stage, s.start_batch, -1, -1, -1),
-    }
-}
-
-fn tuple_segment(t: SegmentTuple) -> Segment {
-    Segment {
-        stage: t.0,
-        start_batch: t.1,
-        drain: (t.2 >= 0).then_some(Drain {
-            stage: t.2 as usize,
-            from: t.3 as u64,
-            to: t.4 as u64,
-        }),
-    }
-}
-
-/// One batch as handed to Python: columns, stage, global index, local index and segment.
-type BatchTuple<'py> = (Bound<'py, PyAny>, usize, u64, u64, SegmentTuple);
+/// One batch as handed to Python: columns, stage, global index, local index and the position
+/// after it.
+type BatchTuple<'py> = (Bound<'py, PyAny>, usize, u64, u64, Position);
 
 /// An open batch stream. Use `o41_training_data.open_batch_stream`, not this class.
-#[pyclass(module = "o41_training_data._core")]
+#[pyclass(module = "o41_training_data._core", frozen)]
 pub struct Stream {
-    inner: Mutex<Option<BatchStream>>,
+    inner: BatchStream,
 }
 
 impl Stream {
-    fn with<T>(&self, f: impl FnOnce(&mut BatchStream) -> T) -> PyResult<T> {
-        let mut guard = self
-            .inner
-            .lock()
-            .map_err(|_| PyRuntimeError::new_err("the stream's lock is poisoned"))?;
-        match guard.as_mut() {
-            Some(stream) => Ok(f(stream)),
-            None => Python::attach(|py| Err(to_py(py, &o41_engine::Error::Closed))),
+    /// The open engine stream; `StreamClosedError` once closed.
+    fn open(&self, py: Python<'_>) -> PyResult<&BatchStream> {
+        if self.inner.is_closed() {
+            Err(to_py(py, &o41_engine::Error::Closed))
+        } else {
+            Ok(&self.inner)
         }
+    }
+}
+
+fn share(offset: u64, stride: u64) -> Share {
+    Share {
+        offset,
+        stride: stride.max(1),
     }
 }
 
@@ -133,131 +73,132 @@ impl Stream {
         stride: u64,
         storage: Option<&Storage>,
     ) -> PyResult<Self> {
-        let config = parse(py, config_json)?;
         let storage = engine(storage);
-        let stream = py
-            .detach(move || BatchStream::open_part(&config, &storage, offset, stride))
-            .map_err(|e| to_py(py, &e))?;
-        Ok(Stream {
-            inner: Mutex::new(Some(stream)),
-        })
+        let inner = blocking(py, |cancel| {
+            let config = StreamConfig::from_json(config_json)?;
+            let storage = storage.with_cancel(cancel.clone());
+            BatchStream::open(&config, &storage, share(offset, stride))
+        })?;
+        Ok(Stream { inner })
     }
 
-    /// Re-opens the stream a checkpoint describes. `offset`/`stride` select a share of the
-    /// rank's local batches (a `DataLoader` worker's).
+    /// Re-opens the stream a checkpoint describes, after checking it against this process's
+    /// `rank`/`world_size` and the `config` (a `BatchStreamConfig`) it must come from, when
+    /// given. `offset`/`stride` select a share of the rank's local batches.
     #[staticmethod]
-    #[pyo3(signature = (checkpoint, offset=0, stride=1, storage=None))]
+    #[pyo3(signature = (checkpoint, offset=0, stride=1, storage=None, *, rank=None, world_size=None, config=None))]
+    #[allow(clippy::too_many_arguments)]
     fn resume(
         py: Python<'_>,
         checkpoint: &Checkpoint,
         offset: u64,
         stride: u64,
         storage: Option<&Storage>,
+        rank: Option<usize>,
+        world_size: Option<usize>,
+        config: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Self> {
-        let inner = checkpoint.inner.clone();
+        let config = config.map(|c| config_of(py, c)).transpose()?;
         let storage = engine(storage);
-        let stream = py
-            .detach(move || BatchStream::resume_part(&inner, &storage, offset, stride))
-            .map_err(|e| to_py(py, &e))?;
-        Ok(Stream {
-            inner: Mutex::new(Some(stream)),
-        })
+        let expect = Expect {
+            rank,
+            world_size,
+            config: config.as_ref(),
+        };
+        let inner = blocking(py, |cancel| {
+            let storage = storage.with_cancel(cancel.clone());
+            BatchStream::resume(&checkpoint.inner, &storage, share(offset, stride), expect)
+        })?;
+        Ok(Stream { inner })
     }
 
-    /// The next batch as `(record_batch, stage, batch_index, local_index, segment)`, or None.
+    /// The next batch as `(record_batch, stage, batch_index, local_index, position)`, or None.
     fn next_batch<'py>(&self, py: Python<'py>) -> PyResult<Option<BatchTuple<'py>>> {
-        loop {
-            let next = self.with(|stream| py.detach(|| stream.next_timeout(SIGNAL_POLL)))?;
-            match next.map_err(|e| to_py(py, &e))? {
-                Next::Batch(batch) => {
-                    let columns = batch.columns.to_pyarrow(py)?;
-                    return Ok(Some((
-                        columns,
-                        batch.stage,
-                        batch.batch_index,
-                        batch.local_index,
-                        segment_tuple(&batch.segment),
-                    )));
-                }
-                Next::End => return Ok(None),
-                Next::Pending => py.check_signals()?,
-            }
-        }
+        let stream = &self.inner;
+        let next = wait(
+            py,
+            |timeout| match stream.next_timeout(timeout)? {
+                Next::Pending => Ok(Step::Pending),
+                other => Ok(Step::Done(other)),
+            },
+            // An interrupted wait leaves the stream as it was: the next call continues.
+            || {},
+        )?;
+        let Next::Batch(batch) = next else {
+            return Ok(None);
+        };
+        let batch = *batch;
+        Ok(Some((
+            batch.columns.to_pyarrow(py)?,
+            batch.stage,
+            batch.batch_index,
+            batch.local_index,
+            Position {
+                inner: batch.position,
+            },
+        )))
     }
 
-    /// Switches stage at the next batch boundary (after the batches delivered so far).
-    fn advance(&self, py: Python<'_>, stage: usize) -> PyResult<()> {
-        self.with(|s| py.detach(|| s.advance(stage)))?
-            .map_err(|e| to_py(py, &e))
-    }
-
-    /// Switches stage at rank-level local batch `at` (for streams that yield a share).
-    fn advance_at(&self, py: Python<'_>, stage: usize, at: u64) -> PyResult<()> {
-        self.with(|s| py.detach(|| s.advance_at(stage, at)))?
-            .map_err(|e| to_py(py, &e))
-    }
-
-    /// The checkpoint after the last delivered batch.
-    fn checkpoint(&self) -> PyResult<Checkpoint> {
-        self.with(|s| Checkpoint {
-            inner: s.checkpoint(),
+    /// Switches stage: at the next batch boundary, or at global batch `at` (the first round
+    /// that starts at or after it) when given.
+    #[pyo3(signature = (stage, at=None))]
+    fn advance(&self, py: Python<'_>, stage: usize, at: Option<u64>) -> PyResult<()> {
+        let stream = &self.inner;
+        blocking(py, |_| match at {
+            Some(at) => stream.advance_at(stage, at),
+            None => stream.advance(stage),
         })
     }
 
-    /// The checkpoint once the rank's first `consumed` local batches are consumed, with
-    /// `segment` active.
-    fn checkpoint_at(&self, consumed: u64, segment: SegmentTuple) -> PyResult<Checkpoint> {
-        self.with(|s| Checkpoint {
-            inner: s.checkpoint_at(consumed, Some(tuple_segment(segment))),
+    /// The position after the last delivered batch.
+    fn position(&self, py: Python<'_>) -> PyResult<Position> {
+        Ok(Position {
+            inner: self.open(py)?.position(),
         })
     }
 
-    /// The position (JSON, without the resolved config) once the rank's first `consumed` local
-    /// batches are consumed, with `segment` active.
-    fn position_at(&self, consumed: u64, segment: SegmentTuple) -> PyResult<String> {
-        self.with(|s| {
-            let position = s.position_at(consumed, Some(tuple_segment(segment)));
-            serde_json::to_string(&position).expect("a position always serialises")
-        })
+    /// The checkpoint after the last delivered batch, or at `position` (one of this stream's).
+    #[pyo3(signature = (position=None))]
+    fn checkpoint(&self, py: Python<'_>, position: Option<&Position>) -> PyResult<Checkpoint> {
+        let stream = self.open(py)?;
+        let inner = match position {
+            None => stream.checkpoint(),
+            Some(position) => stream
+                .checkpoint_at(&position.inner)
+                .map_err(|e| to_py(py, &e))?,
+        };
+        Ok(Checkpoint { inner })
     }
 
     /// The active stage.
     #[getter]
-    fn stage(&self) -> PyResult<usize> {
-        self.with(|s| s.stage())
+    fn stage(&self, py: Python<'_>) -> PyResult<usize> {
+        Ok(self.open(py)?.stage())
     }
 
-    /// Stops the stream's threads, waiting for reads in flight. Idempotent.
+    /// Stops the stream's threads, cancelling reads in flight. Idempotent; any thread may call it.
     fn close(&self, py: Python<'_>) -> PyResult<()> {
-        let taken = self
-            .inner
-            .lock()
-            .map_err(|_| PyRuntimeError::new_err("the stream's lock is poisoned"))?
-            .take();
-        if let Some(mut stream) = taken {
-            py.detach(move || stream.close());
-        }
-        Ok(())
+        let stream = &self.inner;
+        blocking(py, |_| {
+            stream.close();
+            Ok(())
+        })
     }
 
     /// True once closed.
     #[getter]
-    fn closed(&self) -> PyResult<bool> {
-        Ok(self
-            .inner
-            .lock()
-            .map_err(|_| PyRuntimeError::new_err("the stream's lock is poisoned"))?
-            .is_none())
+    fn closed(&self) -> bool {
+        self.inner.is_closed()
     }
 
     /// The resolved config document (JSON).
-    fn resolved_json(&self) -> PyResult<String> {
-        self.with(|s| s.resolved().to_json())
+    fn resolved_json(&self, py: Python<'_>) -> PyResult<String> {
+        Ok(self.open(py)?.resolved().to_json())
     }
 
     /// Delivery counters: `batches_yielded`, `rows_yielded`, `dropped_rows`.
     fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
-        let stats = self.with(|s| s.stats())?;
+        let stats = self.open(py)?.stats();
         let d = PyDict::new(py);
         d.set_item("batches_yielded", stats.batches_yielded)?;
         d.set_item("rows_yielded", stats.rows_yielded)?;
@@ -267,7 +208,7 @@ impl Stream {
 
     /// The working-set bound computed at open, by term, in bytes.
     fn memory_bound<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
-        let bound = self.with(|s| *s.memory_bound())?;
+        let bound = *self.open(py)?.memory_bound();
         let d = PyDict::new(py);
         d.set_item("batches", bound.batches)?;
         d.set_item("decode_units", bound.decode_units)?;

@@ -1,12 +1,14 @@
 """Type stubs for the compiled engine module ``o41_training_data._core``."""
 
-from typing import Any
+from collections.abc import Mapping
+from typing import Any, Protocol
 
 import pyarrow as pa
 
-__version__: str
+class _ConfigLike(Protocol):
+    def to_json(self) -> str: ...
 
-_Segment = tuple[int, int, int, int, int]
+__version__: str
 
 def resolve_config(config_json: str, storage: Storage | None = None) -> str:
     """Resolves a stream config (JSON) and returns the resolved document (JSON)."""
@@ -37,10 +39,16 @@ class Checkpoint:
     def from_json(text: str) -> Checkpoint:
         """Parses a checkpoint; raises ``CheckpointError`` if corrupt, altered or of another version."""
     @staticmethod
-    def from_position(resolved_json: str, position_json: str) -> Checkpoint:
-        """The checkpoint at a position (``Batch.position()``) of the stream ``resolved_json`` describes."""
-    def position_json(self) -> str:
-        """The position part (JSON), as ``Batch.position()`` returns it."""
+    def from_position(position: Position, resolved: Checkpoint | str | Mapping[str, Any]) -> Checkpoint:
+        """The checkpoint at ``position`` of the stream ``resolved`` (a checkpoint of it, or its
+        resolved config document as a dict or JSON text) describes."""
+    def check(
+        self, *, rank: int | None = None, world_size: int | None = None, config: _ConfigLike | None = None
+    ) -> None:
+        """Raises ``CheckpointError`` naming what differs from this process's rank, world size or config."""
+    @property
+    def position(self) -> Position:
+        """The position part: everything but the resolved config."""
     def to_json(self) -> str:
         """The checkpoint as a JSON document."""
     def for_world(self, rank: int, world_size: int) -> Checkpoint:
@@ -74,6 +82,79 @@ class Checkpoint:
         """First global batch of the next round: every earlier one was consumed."""
     def resolved_json(self) -> str:
         """The resolved config document (JSON) the checkpoint pins."""
+    def resolved_config(self) -> dict[str, Any]:
+        """The resolved config document the checkpoint pins, as a dict."""
+    def __eq__(self, other: object) -> bool: ...
+
+class Position:
+    """A rank's place in a batch stream after some batch: everything a checkpoint holds except
+    the resolved config.
+
+    Example:
+        >>> batch.position.next_batch  # doctest: +SKIP
+        64
+    """
+
+    @staticmethod
+    def from_json(text: str) -> Position:
+        """Parses a position document; raises ``CheckpointError`` when malformed."""
+    def to_json(self) -> str:
+        """The position as a small JSON document."""
+    @property
+    def fingerprint(self) -> str:
+        """Fingerprint of the stream the position belongs to."""
+    @property
+    def rank(self) -> int:
+        """The rank the position belongs to."""
+    @property
+    def world_size(self) -> int:
+        """The number of ranks sharing the global batch sequence."""
+    @property
+    def stage(self) -> int:
+        """The active stage."""
+    @property
+    def segment(self) -> Segment:
+        """The active segment."""
+    @property
+    def next_batch(self) -> int:
+        """First global batch of the next round; this rank's next batch is ``next_batch + rank``."""
+    @property
+    def batches_yielded(self) -> int:
+        """Batches this rank has received over the whole run."""
+    @property
+    def rows_yielded(self) -> int:
+        """Rows this rank has received over the whole run."""
+    @property
+    def epochs(self) -> list[int]:
+        """Completed passes over each source of the active stage."""
+    def __eq__(self, other: object) -> bool: ...
+
+class Segment:
+    """The stretch of a stream between two stage switches."""
+
+    @property
+    def stage(self) -> int:
+        """The active stage."""
+    @property
+    def start_batch(self) -> int:
+        """First global batch of the segment."""
+    @property
+    def drain(self) -> Drain | None:
+        """Rows of the previous stage delivered first, or None."""
+    def __eq__(self, other: object) -> bool: ...
+
+class Drain:
+    """Output positions of a previous stage still in its shuffle window at a stage switch."""
+
+    @property
+    def stage(self) -> int:
+        """The stage the rows belong to."""
+    @property
+    def start(self) -> int:
+        """First output position still to deliver."""
+    @property
+    def end(self) -> int:
+        """End of the drained range."""
     def __eq__(self, other: object) -> bool: ...
 
 class Stream:
@@ -82,23 +163,26 @@ class Stream:
     def __new__(
         cls, config_json: str, offset: int = 0, stride: int = 1, storage: Storage | None = None
     ) -> Stream: ...
-    def position_at(self, consumed: int, segment: _Segment) -> str:
-        """The position (JSON, no resolved config) once ``consumed`` local batches are consumed."""
     @staticmethod
     def resume(
-        checkpoint: Checkpoint, offset: int = 0, stride: int = 1, storage: Storage | None = None
+        checkpoint: Checkpoint,
+        offset: int = 0,
+        stride: int = 1,
+        storage: Storage | None = None,
+        *,
+        rank: int | None = None,
+        world_size: int | None = None,
+        config: _ConfigLike | None = None,
     ) -> Stream:
-        """Re-opens the stream a checkpoint describes; ``offset``/``stride`` select a share."""
-    def next_batch(self) -> tuple[pa.RecordBatch, int, int, int, _Segment] | None:
-        """The next batch as ``(record_batch, stage, batch_index, local_index, segment)``."""
-    def advance(self, stage: int) -> None:
-        """Switches stage at the next batch boundary."""
-    def advance_at(self, stage: int, at: int) -> None:
-        """Switches stage at rank-level local batch ``at``."""
-    def checkpoint(self) -> Checkpoint:
-        """The checkpoint after the last delivered batch."""
-    def checkpoint_at(self, consumed: int, segment: _Segment) -> Checkpoint:
-        """The checkpoint once ``consumed`` local batches are consumed, with ``segment`` active."""
+        """Re-opens the stream a checkpoint describes after checking it; ``offset``/``stride``: a share."""
+    def next_batch(self) -> tuple[pa.RecordBatch, int, int, int, Position] | None:
+        """The next batch as ``(record_batch, stage, batch_index, local_index, position)``."""
+    def advance(self, stage: int, at: int | None = None) -> None:
+        """Switches stage at the next batch boundary, or at global batch ``at``."""
+    def position(self) -> Position:
+        """The position after the last delivered batch."""
+    def checkpoint(self, position: Position | None = None) -> Checkpoint:
+        """The checkpoint after the last delivered batch, or at ``position``."""
     @property
     def stage(self) -> int:
         """The active stage."""

@@ -12,22 +12,22 @@ import pyarrow as pa
 
 from . import _core
 from ._config import BatchStreamConfig
-from ._core import Checkpoint
-from ._errors import CheckpointError
+from ._core import Checkpoint, Drain, Position, Segment
 from ._storage import StorageConfig
 
 __all__ = [
     "Batch",
     "BatchStream",
     "Checkpoint",
+    "Drain",
     "MemoryBound",
+    "Position",
+    "Segment",
     "StreamStats",
     "open_batch_stream",
     "resolve_batch_stream_config",
     "resume_batch_stream",
 ]
-
-_Segment = tuple[int, int, int, int, int]
 
 
 def _numpy_view(column: pa.Array, rows: int) -> np.ndarray:
@@ -54,7 +54,7 @@ class Batch:
     interface; :meth:`arrays` views its buffers as NumPy arrays without copying.
     """
 
-    __slots__ = ("_arrays", "_segment", "_stream", "batch_index", "columns", "local_index", "stage")
+    __slots__ = ("_arrays", "_stream", "batch_index", "columns", "local_index", "position", "stage")
 
     def __init__(
         self,
@@ -62,7 +62,7 @@ class Batch:
         stage: int,
         batch_index: int,
         local_index: int,
-        segment: _Segment,
+        position: Position,
         stream: BatchStream,
     ) -> None:
         self.columns: pa.RecordBatch = columns
@@ -73,7 +73,12 @@ class Batch:
         """Global batch number, the same on every rank; rank r of W sees g with g % W == r."""
         self.local_index: int = local_index
         """This rank's batch number since the stream was opened or resumed."""
-        self._segment = segment
+        self.position: Position = position
+        """The rank's position once this batch (and every one before it) is consumed.
+
+        Adapters send it along with the batch; :meth:`Checkpoint.from_position` or
+        :meth:`BatchStream.checkpoint` turn it into a checkpoint.
+        """
         self._stream = stream
         self._arrays: dict[str, np.ndarray] | None = None
 
@@ -100,21 +105,13 @@ class Batch:
             }
         return self._arrays
 
-    def position(self) -> str:
-        """The position just after this batch as a small JSON text, without the resolved config.
-
-        Framework adapters send it from worker processes with every batch; combine it with the
-        stream's resolved config through :meth:`Checkpoint.from_position`.
-        """
-        return self._stream._core.position_at(self.local_index + 1, self._segment)
-
     def checkpoint(self) -> Checkpoint:
         """The stream position just after this batch (this batch and all before it consumed).
 
-        Cheap to call for every batch: a trainer that prefetches keeps the checkpoint of the
+        A trainer that prefetches keeps the checkpoint (or just the :attr:`position`) of the
         batch it last trained on, not of the last one fetched.
         """
-        return self._stream._core.checkpoint_at(self.local_index + 1, self._segment)
+        return self._stream.checkpoint(self.position)
 
     def __repr__(self) -> str:
         shapes = ", ".join(f"{k}={v.dtype}{list(v.shape)}" for k, v in self.arrays().items())
@@ -177,8 +174,8 @@ class BatchStream:
         item = self._core.next_batch()
         if item is None:
             raise StopIteration
-        columns, stage, batch_index, local_index, segment = item
-        return Batch(columns, stage, batch_index, local_index, segment, self)
+        columns, stage, batch_index, local_index, position = item
+        return Batch(columns, stage, batch_index, local_index, position, self)
 
     def __enter__(self) -> BatchStream:
         return self
@@ -192,7 +189,11 @@ class BatchStream:
         self.close()
 
     def close(self) -> None:
-        """Stops the stream, waiting for the shard read in flight. Idempotent."""
+        """Stops the stream, cancelling the shard reads in flight. Idempotent.
+
+        Any thread may call it, also while another thread waits in ``next``, which then raises
+        :class:`StreamClosedError`.
+        """
         self._core.close()
 
     @property
@@ -205,20 +206,38 @@ class BatchStream:
         """The active stage."""
         return self._core.stage
 
-    def advance(self, stage: int) -> None:
-        """Switches to ``stage`` at the next batch boundary.
+    def advance(self, stage: int, *, at: int | None = None) -> None:
+        """Switches to ``stage`` at the next batch boundary, or at global batch ``at``.
 
-        Takes effect after the batches already received: prefetched batches of the old stage
-        are discarded (their rows are not lost), rows still in the old stage's shuffle window
-        are delivered first, then the new stage starts. A same-stage advance is a no-op. With
-        several ranks, call it after the same number of local batches on every rank. Waits for
-        the shard read in flight.
+        Without ``at`` the switch takes effect after the batches already received: prefetched
+        batches of the old stage are discarded (their rows are not lost), rows still in the old
+        stage's shuffle window are delivered first, then the new stage starts. With several
+        ranks, call it after the same number of local batches on every rank.
+
+        ``at`` is a global batch number (``batch.batch_index``, or a position's
+        ``next_batch``): the new stage starts with the first round of ``world_size`` global
+        batches that begins at or after it. Every worker or process that passes the same
+        ``at`` switches at the same batch, whenever it makes the call, as long as it has not yet
+        delivered a batch of that round. A same-stage advance is a no-op.
+
+        Example:
+            >>> stream.advance(1, at=batch.position.next_batch + 8)  # doctest: +SKIP
+
         """
-        self._core.advance(stage)
+        self._core.advance(stage, at)
 
-    def checkpoint(self) -> Checkpoint:
+    @property
+    def position(self) -> Position:
         """The position after the last delivered batch, which counts as consumed."""
-        return self._core.checkpoint()
+        return self._core.position()
+
+    def checkpoint(self, position: Position | None = None) -> Checkpoint:
+        """The checkpoint after the last delivered batch, or at ``position``.
+
+        ``position`` is one of this stream's positions (a :attr:`Batch.position`), for example
+        of the batch the model last consumed while later ones were already fetched.
+        """
+        return self._core.checkpoint(position)
 
     @property
     def stats(self) -> StreamStats:
@@ -272,38 +291,31 @@ def resume_batch_stream(
 
     The checkpoint belongs to one rank: pass this process's ``rank``/``world_size`` to have a
     mismatch refused (use :meth:`Checkpoint.for_world` to move a position to another world
-    size on purpose). Pass ``config`` to have a checkpoint of a different stream refused. The
-    shards are re-opened; any whose row count changed since is refused. ``share`` is as in
-    :func:`open_batch_stream`, counted from the checkpoint's position. The checkpoint holds
-    no credentials: pass ``storage`` again to re-open ``s3://`` shards.
+    size on purpose). Pass ``config`` to have a checkpoint of a different stream refused: the
+    engine compares the fields, seed, stages, weights, file lists and manifest selections
+    without reading any shard, and the :class:`CheckpointError` names the first difference
+    (:meth:`Checkpoint.check` runs the same checks alone). The shards are re-opened; any whose
+    row count changed since is refused. ``share`` is as in :func:`open_batch_stream`, counted
+    from the checkpoint's position. The checkpoint holds no credentials: pass ``storage``
+    again to re-open ``s3://`` shards.
 
     Example:
         >>> checkpoint = Checkpoint.from_json(path.read_text())  # doctest: +SKIP
         >>> stream = resume_batch_stream(checkpoint, rank=0, world_size=2)  # doctest: +SKIP
 
     """
-    if (rank is not None and rank != checkpoint.rank) or (
-        world_size is not None and world_size != checkpoint.world_size
-    ):
-        raise CheckpointError(
-            f"checkpoint refused: it belongs to rank {checkpoint.rank} of {checkpoint.world_size}, "
-            f"this process is rank {rank} of {world_size}; resume each rank from its own "
-            "checkpoint, or move the position with checkpoint.for_world(rank, world_size)"
-        )
-    if config is not None:
-        resolved = resolve_batch_stream_config(config, storage=storage)
-        expected = json.loads(checkpoint.resolved_json())
-        if resolved["fields"] != expected["fields"] or resolved["stages"] != expected["stages"]:
-            raise CheckpointError(
-                "checkpoint refused: it was taken from a stream with other sources, fields or "
-                "stages than this config; the file list or projection changed"
-            )
-        if resolved["seed"] != expected["seed"]:
-            raise CheckpointError(
-                f"checkpoint refused: seed {expected['seed']} != config seed {resolved['seed']}"
-            )
     offset, stride = share
-    return BatchStream(_core.Stream.resume(checkpoint, offset, stride, _core_storage(storage)))
+    return BatchStream(
+        _core.Stream.resume(
+            checkpoint,
+            offset,
+            stride,
+            _core_storage(storage),
+            rank=rank,
+            world_size=world_size,
+            config=config,
+        )
+    )
 
 
 def resolve_batch_stream_config(

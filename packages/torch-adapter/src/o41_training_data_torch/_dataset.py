@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import json
 import multiprocessing.context
 import multiprocessing.sharedctypes
 import os
@@ -19,17 +18,20 @@ from o41_training_data import (
     Checkpoint,
     CheckpointError,
     ConfigError,
+    Position,
     TrainingData,
     open_batch_stream,
     resolve_batch_stream_config,
     resume_batch_stream,
 )
 from torch.utils.data import IterableDataset, get_worker_info
+from torch.utils.data._utils.collate import default_collate_fn_map
 
 __all__ = ["POSITION_KEY", "STATE_VERSION", "WORKERS_KEY", "O41Batch", "O41IterableDataset"]
 
 POSITION_KEY = "o41_position"
-"""Key of each batch's position (JSON text): pass the batch to ``dataset.checkpoint(batch)``."""
+"""Key of each batch's :class:`Position` (the rank's place after it): pass the batch to
+``dataset.checkpoint(batch)``."""
 WORKERS_KEY = "o41_workers"
 """Key of the number of ``DataLoader`` workers that produced the batch (1 without workers)."""
 STATE_VERSION = 1
@@ -37,6 +39,21 @@ STATE_VERSION = 1
 
 # The DataLoader's default prefetch_factor: how many batches each worker may hold ahead.
 _DEFAULT_PREFETCH_FACTOR = 2
+
+
+_WHOLE_BATCHES = (
+    "O41IterableDataset yields whole batches (the stage's batch_size rows); "
+    "write DataLoader(dataset, batch_size=None, ...) instead of setting a batch_size"
+)
+
+
+def _refuse_collation(batch: Any, *, collate_fn_map: Any = None) -> Any:
+    raise ConfigError(_WHOLE_BATCHES)
+
+
+# A DataLoader with a batch_size collates items; torch's documented extension point maps each
+# type to its collate function. Positions are never collated: the map says so with our message.
+default_collate_fn_map[Position] = _refuse_collation
 
 
 class O41Batch(dict[str, Any]):
@@ -57,10 +74,7 @@ class O41Batch(dict[str, Any]):
             args[0] if len(args) == 1 and not kwargs and isinstance(args[0], dict) else dict(*args, **kwargs)
         )
         if isinstance(values.get("batch_index"), torch.Tensor):
-            raise ConfigError(
-                "O41IterableDataset yields whole batches (the stage's batch_size rows); "
-                "write DataLoader(dataset, batch_size=None, ...) instead of setting a batch_size"
-            )
+            raise ConfigError(_WHOLE_BATCHES)
         super().update(values)
 
 
@@ -132,22 +146,19 @@ class O41IterableDataset(IterableDataset[O41Batch]):
             raise ConfigError(f"invalid bool_as: {bool_as!r}; expected 'bool' or 'uint8'")
         self._bool_as = bool_as
         self._config: BatchStreamConfig | None = None
-        self._start: str | None = None  # checkpoint JSON to resume from
+        self._start: Checkpoint | None = None  # the checkpoint to resume from
         if isinstance(source, Checkpoint):
             observed = _distributed() or _environment()
-            if observed is not None and observed != (source.rank, source.world_size):
-                raise CheckpointError(
-                    f"checkpoint refused: it belongs to rank {source.rank} of {source.world_size}, "
-                    f"this process is rank {observed[0]} of {observed[1]}"
-                )
-            self._start = source.to_json()
+            if observed is not None:
+                source.check(rank=observed[0], world_size=observed[1])
+            self._start = source
         elif isinstance(source, BatchStreamConfig):
             self._config = self._with_ranks(source)
         else:
             raise ConfigError(
                 f"source: expected a BatchStreamConfig or a Checkpoint, got {type(source).__name__}"
             )
-        self._resolved: str | None = None
+        self._resolved: dict[str, Any] | None = None
         self._bool_fields = self._find_bool_fields()
         # (stage, switch global batch, request number), shared with worker processes as they
         # start. Lock-free so it crosses fork, spawn and forkserver alike: one writer (the main
@@ -155,8 +166,7 @@ class O41IterableDataset(IterableDataset[O41Batch]):
         self._requests: Any = multiprocessing.sharedctypes.RawArray("q", 3)
         self._stream: BatchStream | None = None
         self._stream_pid = 0  # a forked worker inherits the parent's stream object, not its threads
-        self._origin = 0
-        self._last_position: str | None = None
+        self._last_position: Position | None = None
         self._loaded: dict[str, Any] | None = None
 
     @staticmethod
@@ -180,7 +190,7 @@ class O41IterableDataset(IterableDataset[O41Batch]):
             fields = [f.name for f in self._config.fields if f.dtype == "bool"]
         else:
             assert self._start is not None
-            document = json.loads(self._start)["resolved"]
+            document = self._start.resolved_config()
             fields = [f["name"] for f in document["fields"] if f["dtype"] == "bool"]
         return frozenset(fields)
 
@@ -189,14 +199,16 @@ class O41IterableDataset(IterableDataset[O41Batch]):
         """The rank whose batches the dataset yields."""
         if self._config is not None:
             return self._config.rank
-        return int(json.loads(self._start or "{}")["resolved"]["rank"])
+        assert self._start is not None
+        return self._start.rank
 
     @property
     def world_size(self) -> int:
         """The number of ranks sharing the global batch sequence."""
         if self._config is not None:
             return self._config.world_size
-        return int(json.loads(self._start or "{}")["resolved"]["world_size"])
+        assert self._start is not None
+        return self._start.world_size
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
@@ -222,9 +234,7 @@ class O41IterableDataset(IterableDataset[O41Batch]):
         offset, _ = self._worker_share()
         if self._loaded is not None:
             return Checkpoint.from_json(self._loaded["checkpoint"]), int(self._loaded["offset"])
-        if self._start is not None:
-            return Checkpoint.from_json(self._start), offset
-        return None, offset
+        return self._start, offset
 
     def _open(self) -> BatchStream:
         _, workers = self._worker_share()
@@ -236,10 +246,8 @@ class O41IterableDataset(IterableDataset[O41Batch]):
             )
         checkpoint, offset = self._start_checkpoint()
         if checkpoint is not None:
-            self._origin = checkpoint.next_batch
             return resume_batch_stream(checkpoint, share=(offset, workers), storage=self._storage)
         assert self._config is not None
-        self._origin = 0
         return open_batch_stream(self._config, share=(offset, workers), storage=self._storage)
 
     def __iter__(self) -> Iterator[O41Batch]:
@@ -253,11 +261,11 @@ class O41IterableDataset(IterableDataset[O41Batch]):
             while True:
                 if self._requests is not None and self._requests[2] != seen_request:
                     stage, switch, seen_request = self._read_request()
-                    stream._core.advance_at(stage, (switch - self._origin) // self.world_size)
+                    stream.advance(stage, at=switch)
                 batch = next(stream, None)
                 if batch is None:
                     return
-                self._last_position = batch.position()
+                self._last_position = batch.position
                 item = O41Batch(
                     {
                         name: _tensor(array, self._bool_as == "bool" and name in self._bool_fields)
@@ -277,14 +285,16 @@ class O41IterableDataset(IterableDataset[O41Batch]):
         finally:
             stream.close()
 
-    def _resolved_json(self) -> str:
+    def _checkpoint_at(self, position: Position) -> Checkpoint:
+        """The checkpoint at ``position``, from this process's stream when it has one."""
+        if self._stream is not None and self._stream_pid == os.getpid() and not self._stream.closed:
+            return self._stream.checkpoint(position)
+        if self._start is not None:
+            return Checkpoint.from_position(position, self._start)
         if self._resolved is None:
-            if self._start is not None:
-                self._resolved = json.dumps(json.loads(self._start)["resolved"])
-            else:
-                assert self._config is not None
-                self._resolved = json.dumps(resolve_batch_stream_config(self._config, storage=self._storage))
-        return self._resolved
+            assert self._config is not None
+            self._resolved = resolve_batch_stream_config(self._config, storage=self._storage)
+        return Checkpoint.from_position(position, self._resolved)
 
     def checkpoint(self, batch: Mapping[str, Any]) -> Checkpoint:
         """The rank's position right after ``batch`` (an item this dataset yielded).
@@ -292,7 +302,7 @@ class O41IterableDataset(IterableDataset[O41Batch]):
         Works in the main process whatever ``num_workers`` is; a dataset built from the result
         resumes exactly after that batch with any number of workers.
         """
-        return Checkpoint.from_position(self._resolved_json(), batch[POSITION_KEY])
+        return self._checkpoint_at(batch[POSITION_KEY])
 
     def advance(
         self, stage: int, after: Mapping[str, Any] | None = None, *, prefetch_factor: int | None = None
@@ -316,7 +326,7 @@ class O41IterableDataset(IterableDataset[O41Batch]):
         if self._requests is None:
             raise ConfigError("advance: this dataset copy was pickled without its worker channel")
         workers = int(after[WORKERS_KEY])
-        next_round = int(json.loads(after[POSITION_KEY])["cursor"]["next_batch"])
+        next_round = after[POSITION_KEY].next_batch
         ahead = workers * (prefetch_factor or _DEFAULT_PREFETCH_FACTOR)
         self._requests[0] = stage
         self._requests[1] = next_round + ahead * self.world_size
@@ -337,7 +347,7 @@ class O41IterableDataset(IterableDataset[O41Batch]):
         """
         _, workers = self._worker_share()
         if self._last_position is not None:
-            checkpoint = Checkpoint.from_position(self._resolved_json(), self._last_position).to_json()
+            checkpoint = self._checkpoint_at(self._last_position).to_json()
             # This worker's next local batch is `workers` after the one it yielded; counted from
             # the position after that batch, it is `workers - 1` ahead.
             return {
@@ -364,12 +374,7 @@ class O41IterableDataset(IterableDataset[O41Batch]):
                 f"state refused: version {state.get('version')!r}, expected {STATE_VERSION}"
             )
         if "checkpoint" in state:
-            checkpoint = Checkpoint.from_json(state["checkpoint"])
-            if (checkpoint.rank, checkpoint.world_size) != (self.rank, self.world_size):
-                raise CheckpointError(
-                    f"state refused: it belongs to rank {checkpoint.rank} of {checkpoint.world_size}, "
-                    f"this dataset is rank {self.rank} of {self.world_size}"
-                )
+            Checkpoint.from_json(state["checkpoint"]).check(rank=self.rank, world_size=self.world_size)
             self._loaded = {
                 "checkpoint": state["checkpoint"],
                 "offset": state["offset"],

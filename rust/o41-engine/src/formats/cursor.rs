@@ -63,8 +63,23 @@ impl ObjectCursor {
     }
 }
 
+impl ObjectCursor {
+    /// Fails once the object's reads are cancelled; looked at before every refill, so a long
+    /// scan of a local file stops as promptly as a remote read.
+    fn check_cancel(&self) -> std::io::Result<()> {
+        if self.inner.buffer().is_empty() {
+            self.object
+                .cancel()
+                .check(self.object.uri())
+                .map_err(storage::carry)?;
+        }
+        Ok(())
+    }
+}
+
 impl Read for ObjectCursor {
     fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        self.check_cancel()?;
         let n = self.inner.read(buf)?;
         self.pos += n as u64;
         Ok(n)
@@ -73,6 +88,7 @@ impl Read for ObjectCursor {
 
 impl BufRead for ObjectCursor {
     fn fill_buf(&mut self) -> std::io::Result<&[u8]> {
+        self.check_cancel()?;
         self.inner.fill_buf()
     }
 

@@ -15,7 +15,7 @@ use super::{
 };
 use crate::columns::Chunk;
 use crate::error::{Error, Result};
-use crate::projection::Projection;
+use crate::fields::Projection;
 use crate::record::project_record;
 use crate::storage::{self, Object};
 

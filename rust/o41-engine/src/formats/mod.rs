@@ -12,102 +12,16 @@ mod parquet;
 use std::ops::Range;
 use std::sync::Arc;
 
-use serde::{Deserialize, Serialize};
-
 use crate::columns::Chunk;
-use crate::error::{Error, Result};
-use crate::projection::Projection;
+pub use crate::encoding::Encoding;
+use crate::error::Result;
+use crate::fields::Projection;
 use crate::storage::Storage;
 
 pub use msgpack::{Records as MsgpackRecords, FRAME_HEADER_BYTES};
 
 /// Records per entry of the sparse row index kept for JSON Lines and `MessagePack` shards.
 pub const INDEX_STRIDE: u64 = 64;
-
-/// How a shard's records are stored.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
-pub enum Encoding {
-    /// Apache Parquet.
-    #[serde(rename = "parquet")]
-    Parquet,
-    /// JSON Lines, one object per line.
-    #[serde(rename = "jsonl")]
-    Jsonl,
-    /// Gzip-compressed JSON Lines.
-    #[serde(rename = "jsonl.gz")]
-    JsonlGz,
-    /// Framed `MessagePack`: a little-endian u32 length before each map (`docs/formats.md`).
-    #[serde(rename = "msgpack")]
-    Msgpack,
-}
-
-impl Encoding {
-    /// Every encoding, for messages.
-    pub const ALL: [Encoding; 4] = [
-        Encoding::Parquet,
-        Encoding::Jsonl,
-        Encoding::JsonlGz,
-        Encoding::Msgpack,
-    ];
-
-    /// The name used in configs and manifests.
-    pub fn name(self) -> &'static str {
-        match self {
-            Encoding::Parquet => "parquet",
-            Encoding::Jsonl => "jsonl",
-            Encoding::JsonlGz => "jsonl.gz",
-            Encoding::Msgpack => "msgpack",
-        }
-    }
-
-    /// Parses a configured encoding name; `option` names it in the error.
-    pub fn parse(name: &str, option: &str) -> Result<Self> {
-        Self::ALL
-            .into_iter()
-            .find(|e| e.name() == name)
-            .ok_or_else(|| {
-                Error::config(
-                    option,
-                    format!(
-                        "unknown encoding '{name}'; expected one of {}",
-                        Self::names()
-                    ),
-                )
-            })
-    }
-
-    /// Infers the encoding from a file name's suffix.
-    pub fn from_path(path: &str, option: &str) -> Result<Self> {
-        // Longest suffix first so `.jsonl.gz` is not taken for something else.
-        let by_suffix = [
-            (".jsonl.gz", Encoding::JsonlGz),
-            (".jsonl", Encoding::Jsonl),
-            (".parquet", Encoding::Parquet),
-            (".msgpack", Encoding::Msgpack),
-        ];
-        by_suffix
-            .iter()
-            .find(|(suffix, _)| path.ends_with(suffix))
-            .map(|(_, e)| *e)
-            .ok_or_else(|| {
-                Error::config(
-                    option,
-                    format!(
-                        "cannot infer the encoding of '{path}' from its suffix; set encoding to one of {}",
-                        Self::names()
-                    ),
-                )
-            })
-    }
-
-    fn names() -> String {
-        Self::ALL
-            .iter()
-            .map(|e| e.name())
-            .collect::<Vec<_>>()
-            .join(", ")
-    }
-}
 
 /// What [`inspect`] learns about a shard: its row count and the index later reads use.
 #[derive(Debug, Clone)]

@@ -19,7 +19,8 @@ use parquet::file::reader::{ChunkReader, Length};
 use super::{Prefetch, ShardIndex, ShardMeta, ShardReader};
 use crate::columns::Chunk;
 use crate::error::{Error, Result};
-use crate::projection::{project_arrow_column, Projection};
+use crate::fields::Projection;
+use crate::from_arrow::project_arrow_column;
 use crate::storage::{Object, PendingPieces};
 
 /// Bytes fetched from the end of a remote shard at open: the footer and, for shards written by

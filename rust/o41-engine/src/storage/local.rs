@@ -12,15 +12,17 @@ use std::sync::Arc;
 use bytes::Bytes;
 
 use super::{sha256_hex, Object, Source, WriteMode, Written};
+use crate::cancel::Cancel;
 use crate::error::{Error, Result};
 
-pub fn open(path: &str) -> Result<Object> {
+pub fn open(path: &str, cancel: &Cancel) -> Result<Object> {
     let file = File::open(path).map_err(|e| Error::io(path, e))?;
     let size = file.metadata().map_err(|e| Error::io(path, e))?.len();
     Ok(Object {
         uri: path.to_owned(),
         size,
         source: Source::Local(Arc::new(file)),
+        cancel: cancel.clone(),
     })
 }
 
@@ -114,11 +116,12 @@ pub fn write_file(path: &str, source: &str, mode: WriteMode, sha256: &str) -> Re
     publish(&tmp, path, mode, sha256)
 }
 
-pub fn checksum(path: &str) -> Result<String> {
+pub fn checksum(path: &str, cancel: &Cancel) -> Result<String> {
     let mut file = File::open(path).map_err(|e| Error::io(path, e))?;
     let mut context = ring::digest::Context::new(&ring::digest::SHA256);
     let mut buf = vec![0u8; 1 << 20];
     loop {
+        cancel.check(path)?;
         let n = file.read(&mut buf).map_err(|e| Error::io(path, e))?;
         if n == 0 {
             break;

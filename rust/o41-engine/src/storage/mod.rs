@@ -17,6 +17,7 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 
+use crate::cancel::Cancel;
 use crate::error::{Error, Result};
 
 pub use retry::RetryPolicy;
@@ -111,9 +112,13 @@ pub fn sibling(base: &str, relative: &str) -> String {
 }
 
 /// Storage settings shared by every object a stream, saver or manifest touches. Cheap to clone.
+///
+/// A storage value carries the [`Cancel`] flag its reads obey; [`Storage::with_cancel`] gives a
+/// pipeline or a blocking call its own, so stopping one stops only its reads.
 #[derive(Clone, Default)]
 pub struct Storage {
     s3: Option<Arc<s3::S3>>,
+    cancel: Cancel,
 }
 
 impl fmt::Debug for Storage {
@@ -128,14 +133,29 @@ impl fmt::Debug for Storage {
 impl Storage {
     /// Local paths only: an `s3://` location fails with a config error naming the missing settings.
     pub fn local() -> Self {
-        Storage { s3: None }
+        Storage::default()
     }
 
     /// Local paths and `s3://` locations on the S3-compatible service `settings` describes.
     pub fn with_s3(settings: S3Settings, policy: RetryPolicy) -> Result<Self> {
         Ok(Storage {
             s3: Some(Arc::new(s3::S3::new(settings, policy)?)),
+            cancel: Cancel::new(),
         })
+    }
+
+    /// The same settings, with reads and waits that stop once `cancel` is set.
+    #[must_use]
+    pub fn with_cancel(&self, cancel: Cancel) -> Storage {
+        Storage {
+            s3: self.s3.clone(),
+            cancel,
+        }
+    }
+
+    /// The flag this storage's reads obey.
+    pub fn cancel(&self) -> &Cancel {
+        &self.cancel
     }
 
     fn s3(&self, uri: &str) -> Result<&s3::S3> {
@@ -162,8 +182,8 @@ impl Storage {
     /// Opens `uri` for reading: its size, and for remote objects the version reads are pinned to.
     pub fn open(&self, uri: &str) -> Result<Object> {
         match Location::parse(uri)? {
-            Location::Local(path) => local::open(path),
-            Location::S3 { bucket, key } => self.s3(uri)?.open(uri, bucket, key),
+            Location::Local(path) => local::open(path, &self.cancel),
+            Location::S3 { bucket, key } => self.s3(uri)?.open(uri, bucket, key, &self.cancel),
         }
     }
 
@@ -171,7 +191,9 @@ impl Storage {
     /// again: reads are pinned to `version`, so a replaced object fails closed at its first read.
     pub fn open_known(&self, uri: &str, size: u64, version: Option<&str>) -> Result<Object> {
         if let (Location::S3 { bucket, key }, Some(version)) = (Location::parse(uri)?, version) {
-            return self.s3(uri)?.known(uri, bucket, key, size, version);
+            return self
+                .s3(uri)?
+                .known(uri, bucket, key, size, version, &self.cancel);
         }
         let object = self.open(uri)?;
         object.expect_version(version)?;
@@ -190,7 +212,8 @@ impl Storage {
         match Location::parse(uri)? {
             Location::Local(path) => local::write(path, &data, mode, sha256),
             Location::S3 { bucket, key } => {
-                self.s3(uri)?.write(uri, bucket, key, data, sha256, mode)
+                self.s3(uri)?
+                    .write(uri, bucket, key, data, sha256, mode, &self.cancel)
             }
         }
     }
@@ -208,8 +231,15 @@ impl Storage {
             Location::Local(path) => local::write_file(path, source, mode, sha256),
             Location::S3 { bucket, key } => {
                 let data = std::fs::read(source).map_err(|e| Error::io(source, e))?;
-                self.s3(uri)?
-                    .write(uri, bucket, key, Bytes::from(data), sha256, mode)
+                self.s3(uri)?.write(
+                    uri,
+                    bucket,
+                    key,
+                    Bytes::from(data),
+                    sha256,
+                    mode,
+                    &self.cancel,
+                )
             }
         }
     }
@@ -218,8 +248,8 @@ impl Storage {
     /// as metadata, so it is not recomputed from their bytes.
     pub fn checksum(&self, uri: &str) -> Result<String> {
         match Location::parse(uri)? {
-            Location::Local(path) => local::checksum(path),
-            Location::S3 { bucket, key } => self.s3(uri)?.checksum(uri, bucket, key),
+            Location::Local(path) => local::checksum(path, &self.cancel),
+            Location::S3 { bucket, key } => self.s3(uri)?.checksum(uri, bucket, key, &self.cancel),
         }
     }
 
@@ -228,7 +258,9 @@ impl Storage {
     pub fn list(&self, prefix: &str) -> Result<Vec<String>> {
         let mut found = match Location::parse(prefix)? {
             Location::Local(path) => local::list(path)?,
-            Location::S3 { bucket, key } => self.s3(prefix)?.list(prefix, bucket, key)?,
+            Location::S3 { bucket, key } => {
+                self.s3(prefix)?.list(prefix, bucket, key, &self.cancel)?
+            }
         };
         found.sort();
         Ok(found)
@@ -240,6 +272,8 @@ pub struct Object {
     uri: String,
     size: u64,
     source: Source,
+    /// Reads of this object stop once it is set.
+    cancel: Cancel,
 }
 
 enum Source {
@@ -262,6 +296,11 @@ impl Object {
     /// Size in bytes.
     pub fn size(&self) -> u64 {
         self.size
+    }
+
+    /// The flag this object's reads obey.
+    pub fn cancel(&self) -> &Cancel {
+        &self.cancel
     }
 
     /// The remote object's version (`ETag`) that reads are pinned to; None for local files.
@@ -299,7 +338,7 @@ impl Object {
         self.check_range(&range)?;
         match &self.source {
             Source::Local(file) => local::read_range(&self.uri, file, range),
-            Source::Remote(remote) => remote.read_range(range),
+            Source::Remote(remote) => remote.read_range(range, &self.cancel),
         }
     }
 
@@ -315,7 +354,7 @@ impl Object {
                 .iter()
                 .map(|r| Ok((r.start, local::read_range(&self.uri, file, r.clone())?)))
                 .collect(),
-            Source::Remote(remote) => remote.read_pieces(ranges),
+            Source::Remote(remote) => remote.read_pieces(ranges, &self.cancel),
         }
     }
 
@@ -327,6 +366,7 @@ impl Object {
             Source::Remote(remote) => Some(PendingPieces {
                 uri: self.uri.clone(),
                 inner: remote.spawn_pieces(ranges),
+                cancel: self.cancel.clone(),
             }),
         }
     }
@@ -337,7 +377,9 @@ impl Object {
     pub fn reader(&self, offset: u64) -> Result<Box<dyn Read + Send>> {
         match &self.source {
             Source::Local(_) => local::reader(&self.uri, offset),
-            Source::Remote(remote) => Ok(Box::new(remote.reader(offset..self.size))),
+            Source::Remote(remote) => Ok(Box::new(
+                remote.reader(offset..self.size, self.cancel.clone()),
+            )),
         }
     }
 
@@ -359,12 +401,13 @@ impl Object {
 pub struct PendingPieces {
     uri: String,
     inner: s3::PendingPieces,
+    cancel: Cancel,
 }
 
 impl PendingPieces {
     /// Waits for the fetch; the pieces are as [`Object::read_pieces`] returns them.
     pub fn wait(self) -> Result<Pieces> {
-        self.inner.wait(&self.uri)
+        self.inner.wait(&self.uri, &self.cancel)
     }
 }
 
@@ -380,7 +423,8 @@ impl fmt::Display for Carried {
 
 impl std::error::Error for Carried {}
 
-fn carry(error: Error) -> std::io::Error {
+/// Wraps an engine error for a `std::io::Read` implementation; [`from_io`] unwraps it.
+pub fn carry(error: Error) -> std::io::Error {
     std::io::Error::other(Carried(error))
 }
 

@@ -25,6 +25,7 @@ use tokio::sync::mpsc;
 
 use super::retry::{Attempts, RetryPolicy};
 use super::{carry, sha256_hex, Object, Source, WriteMode, Written, CHECKSUM_METADATA_KEY};
+use crate::cancel::Cancel;
 use crate::error::{Error, Result};
 
 /// Objects of this size or more cannot be written with one atomic request.
@@ -79,6 +80,26 @@ fn runtime() -> &'static Runtime {
             *slot = Some((pid, runtime));
             runtime
         }
+    }
+}
+
+/// How often a wait on the network looks at its cancellation flag.
+const CANCEL_POLL: std::time::Duration = std::time::Duration::from_millis(20);
+
+/// Runs `work` to completion on the I/O runtime, or stops it (dropping the request and any
+/// retry it is sleeping before) once `cancel` is set.
+fn block_on<T>(cancel: &Cancel, what: &str, work: impl Future<Output = Result<T>>) -> Result<T> {
+    runtime().block_on(async {
+        tokio::select! {
+            out = work => out,
+            () = cancelled(cancel) => Err(Error::Cancelled { what: what.to_owned() }),
+        }
+    })
+}
+
+async fn cancelled(cancel: &Cancel) {
+    while !cancel.is_cancelled() {
+        tokio::time::sleep(CANCEL_POLL).await;
     }
 }
 
@@ -289,13 +310,16 @@ impl S3 {
         Ok(client)
     }
 
-    pub fn open(&self, uri: &str, bucket: &str, key: &str) -> Result<Object> {
+    pub fn open(&self, uri: &str, bucket: &str, key: &str, cancel: &Cancel) -> Result<Object> {
         let store = self.client(bucket)?;
         let path = Path::from(key);
-        let meta = runtime()
-            .block_on(self.context.retrying(uri, || store.head(&path)))?
-            .expect("reads never report an existing object");
-        Ok(self.object(uri, store, path, meta.size, meta.e_tag))
+        let meta = block_on(
+            cancel,
+            uri,
+            self.context.retrying(uri, || store.head(&path)),
+        )?
+        .expect("reads never report an existing object");
+        Ok(self.object(uri, store, path, meta.size, meta.e_tag, cancel))
     }
 
     pub fn known(
@@ -305,9 +329,17 @@ impl S3 {
         key: &str,
         size: u64,
         etag: &str,
+        cancel: &Cancel,
     ) -> Result<Object> {
         let store = self.client(bucket)?;
-        Ok(self.object(uri, store, Path::from(key), size, Some(etag.to_owned())))
+        Ok(self.object(
+            uri,
+            store,
+            Path::from(key),
+            size,
+            Some(etag.to_owned()),
+            cancel,
+        ))
     }
 
     fn object(
@@ -317,10 +349,12 @@ impl S3 {
         path: Path,
         size: u64,
         etag: Option<String>,
+        cancel: &Cancel,
     ) -> Object {
         Object {
             uri: uri.to_owned(),
             size,
+            cancel: cancel.clone(),
             source: Source::Remote(Remote(Arc::new(RemoteObject {
                 uri: uri.to_owned(),
                 store,
@@ -331,6 +365,8 @@ impl S3 {
         }
     }
 
+    // The location comes in three parts like every other method here, plus what to write.
+    #[allow(clippy::too_many_arguments)]
     pub fn write(
         &self,
         uri: &str,
@@ -339,6 +375,7 @@ impl S3 {
         data: Bytes,
         sha256: &str,
         mode: WriteMode,
+        cancel: &Cancel,
     ) -> Result<Written> {
         if data.len() as u64 >= MAX_PUT_BYTES {
             return Err(Error::Storage {
@@ -366,14 +403,18 @@ impl S3 {
             ..PutOptions::default()
         };
         let payload = PutPayload::from(data);
-        let put = runtime().block_on(self.context.retrying(uri, || {
-            store.put_opts(&path, payload.clone(), options.clone())
-        }))?;
+        let put = block_on(
+            cancel,
+            uri,
+            self.context.retrying(uri, || {
+                store.put_opts(&path, payload.clone(), options.clone())
+            }),
+        )?;
         if put.is_some() {
             return Ok(Written::Created);
         }
         // The location is taken, possibly by this very write whose answer was lost.
-        let equal = self.checksum(uri, bucket, key)? == sha256;
+        let equal = self.checksum(uri, bucket, key, cancel)? == sha256;
         if equal {
             Ok(Written::AlreadyEqual)
         } else {
@@ -384,11 +425,13 @@ impl S3 {
         }
     }
 
-    pub fn checksum(&self, uri: &str, bucket: &str, key: &str) -> Result<String> {
+    pub fn checksum(&self, uri: &str, bucket: &str, key: &str, cancel: &Cancel) -> Result<String> {
         let store = self.client(bucket)?;
         let path = Path::from(key);
-        let head = runtime()
-            .block_on(self.context.retrying(uri, || {
+        let head = block_on(
+            cancel,
+            uri,
+            self.context.retrying(uri, || {
                 store.get_opts(
                     &path,
                     GetOptions {
@@ -396,29 +439,33 @@ impl S3 {
                         ..GetOptions::default()
                     },
                 )
-            }))?
-            .expect("reads never report an existing object");
+            }),
+        )?
+        .expect("reads never report an existing object");
         if let Some(stored) = head
             .attributes
             .get(&Attribute::Metadata(CHECKSUM_METADATA_KEY.into()))
         {
             return Ok(stored.as_ref().to_owned());
         }
-        let object = self.open(uri, bucket, key)?;
+        let object = self.open(uri, bucket, key, cancel)?;
         Ok(sha256_hex(&object.read_range(0..object.size())?))
     }
 
-    pub fn list(&self, uri: &str, bucket: &str, key: &str) -> Result<Vec<String>> {
+    pub fn list(&self, uri: &str, bucket: &str, key: &str, cancel: &Cancel) -> Result<Vec<String>> {
         let store = self.client(bucket)?;
         let prefix = Path::from(key);
-        let metas = runtime()
-            .block_on(self.context.retrying(uri, || {
+        let metas = block_on(
+            cancel,
+            uri,
+            self.context.retrying(uri, || {
                 store
                     .list(Some(&prefix))
                     .collect::<Vec<_>>()
                     .map(|all| all.into_iter().collect::<object_store::Result<Vec<_>>>())
-            }))?
-            .expect("reads never report an existing object");
+            }),
+        )?
+        .expect("reads never report an existing object");
         Ok(metas
             .into_iter()
             .map(|m| format!("s3://{bucket}/{}", m.location))
@@ -546,13 +593,18 @@ async fn all_pieces(object: Arc<RemoteObject>, ranges: Vec<Range<u64>>) -> Resul
 pub struct PendingPieces(Option<tokio::task::JoinHandle<Result<Pieces>>>);
 
 impl PendingPieces {
-    /// Waits for the fetch to finish.
-    pub fn wait(mut self, uri: &str) -> Result<Pieces> {
+    /// Waits for the fetch to finish; dropping the wait (cancellation) aborts the fetch.
+    pub fn wait(mut self, uri: &str, cancel: &Cancel) -> Result<Pieces> {
         let handle = self.0.take().expect("waited once");
-        runtime().block_on(handle).map_err(|e| Error::Storage {
-            path: uri.to_owned(),
-            message: format!("the background read stopped: {e}"),
-        })?
+        let abort = handle.abort_handle();
+        let result = block_on(cancel, uri, async {
+            handle.await.map_err(|e| Error::Storage {
+                path: uri.to_owned(),
+                message: format!("the background read stopped: {e}"),
+            })?
+        });
+        abort.abort();
+        result
     }
 }
 
@@ -572,15 +624,19 @@ impl Remote {
         self.0.etag.as_deref()
     }
 
-    pub fn read_range(&self, range: Range<u64>) -> Result<Bytes> {
+    pub fn read_range(&self, range: Range<u64>, cancel: &Cancel) -> Result<Bytes> {
         if range.is_empty() {
             return Ok(Bytes::new());
         }
-        runtime().block_on(self.0.collect(range))
+        block_on(cancel, &self.0.uri, self.0.collect(range))
     }
 
-    pub fn read_pieces(&self, ranges: &[Range<u64>]) -> Result<Pieces> {
-        runtime().block_on(all_pieces(self.0.clone(), ranges.to_vec()))
+    pub fn read_pieces(&self, ranges: &[Range<u64>], cancel: &Cancel) -> Result<Pieces> {
+        block_on(
+            cancel,
+            &self.0.uri,
+            all_pieces(self.0.clone(), ranges.to_vec()),
+        )
     }
 
     /// Starts fetching `ranges` in the background.
@@ -588,8 +644,9 @@ impl Remote {
         PendingPieces(Some(runtime().spawn(all_pieces(self.0.clone(), ranges))))
     }
 
-    /// A blocking reader of `range` whose bytes are fetched ahead by a background task.
-    pub fn reader(&self, range: Range<u64>) -> RemoteReader {
+    /// A blocking reader of `range` whose bytes are fetched ahead by a background task; its
+    /// waits stop once `cancel` is set.
+    pub fn reader(&self, range: Range<u64>, cancel: Cancel) -> RemoteReader {
         let (tx, rx) = mpsc::channel(READ_AHEAD_CHUNKS);
         let (err_tx, err_rx) = std::sync::mpsc::sync_channel(1);
         let object = self.0.clone();
@@ -599,26 +656,33 @@ impl Remote {
             }
         });
         RemoteReader {
+            uri: self.0.uri.clone(),
             rx,
             errors: err_rx,
             current: Bytes::new(),
             task,
+            cancel,
         }
     }
 }
 
 /// Blocking `Read` over a background fetch; dropping it stops the fetch.
 pub struct RemoteReader {
+    uri: String,
     rx: mpsc::Receiver<Bytes>,
     errors: std::sync::mpsc::Receiver<Error>,
     current: Bytes,
     task: tokio::task::JoinHandle<()>,
+    cancel: Cancel,
 }
 
 impl std::io::Read for RemoteReader {
     fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
         while self.current.is_empty() {
-            match self.rx.blocking_recv() {
+            let rx = &mut self.rx;
+            let next =
+                block_on(&self.cancel, &self.uri, async { Ok(rx.recv().await) }).map_err(carry)?;
+            match next {
                 Some(chunk) => self.current = chunk,
                 // The fetch has ended; its error, if any, is sent before the task finishes.
                 None => {

@@ -1,0 +1,150 @@
+//! The projected fields of a stream, validated: which record field each column reads, its dtype,
+//! fixed shape and pad, and the reserved `@` sources the engine fills itself.
+
+use crate::config::FieldSpec;
+use crate::dtype::{DType, Scalar};
+use crate::error::{Error, Result};
+
+/// A value the engine supplies instead of reading it from the record, selected by a reserved
+/// source name; they make exactly-once delivery auditable.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Synthetic {
+    /// `@row_id`: `stage << 56 | source << 40 | row index within the source's listed shards`.
+    RowId,
+    /// `@source`: source index within its stage.
+    Source,
+    /// `@shard`: shard index within its source's listed shards.
+    Shard,
+    /// `@row`: row within the shard.
+    Row,
+    /// `@epoch`: the source pass the row was read in.
+    Epoch,
+    /// `@stage`: the stage the row belongs to (a drained row keeps its old stage).
+    Stage,
+}
+
+impl Synthetic {
+    const ALL: [(&'static str, Synthetic); 6] = [
+        ("@row_id", Synthetic::RowId),
+        ("@source", Synthetic::Source),
+        ("@shard", Synthetic::Shard),
+        ("@row", Synthetic::Row),
+        ("@epoch", Synthetic::Epoch),
+        ("@stage", Synthetic::Stage),
+    ];
+
+    fn parse(source: &str, option: &str) -> Result<Option<Self>> {
+        if !source.starts_with('@') {
+            return Ok(None);
+        }
+        Self::ALL
+            .iter()
+            .find(|(name, _)| *name == source)
+            .map(|(_, s)| Some(*s))
+            .ok_or_else(|| {
+                let names: Vec<&str> = Self::ALL.iter().map(|(n, _)| *n).collect();
+                Error::config(
+                    format!("{option}.source"),
+                    format!(
+                        "'{source}' is not a reserved source; sources starting with '@' are one of {}",
+                        names.join(", ")
+                    ),
+                )
+            })
+    }
+}
+
+/// A validated projected field.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ProjectedColumn {
+    /// Column name in batches.
+    pub name: String,
+    /// Record field read.
+    pub source: String,
+    /// Element type.
+    pub dtype: DType,
+    /// Fixed shape of one row (empty for scalars).
+    pub shape: Vec<usize>,
+    /// Elements per row.
+    pub width: usize,
+    /// Pad value.
+    pub pad: Scalar,
+    /// Set when the engine supplies the value (a reserved `@` source).
+    pub synthetic: Option<Synthetic>,
+}
+
+impl ProjectedColumn {
+    /// Validates a field spec; `option` names it in errors.
+    pub fn new(spec: &FieldSpec, option: &str) -> Result<Self> {
+        let synthetic = Synthetic::parse(&spec.source, option)?;
+        if synthetic.is_some()
+            && (!spec.shape.is_empty() || !matches!(spec.dtype, DType::I32 | DType::I64))
+        {
+            return Err(Error::config(
+                option,
+                format!(
+                    "'{}' is a scalar integer: declare dtype i64 (or i32) and no length or shape",
+                    spec.source
+                ),
+            ));
+        }
+        Ok(ProjectedColumn {
+            synthetic,
+            name: spec.name.clone(),
+            source: spec.source.clone(),
+            dtype: spec.dtype,
+            shape: spec.shape.clone(),
+            width: spec.row_width(),
+            pad: spec.pad_scalar(&format!("{option}.pad"))?,
+        })
+    }
+
+    /// Describes the declared shape for messages, e.g. `i32[2048]`.
+    pub fn describe(&self) -> String {
+        if self.shape.is_empty() {
+            self.dtype.name().to_owned()
+        } else {
+            let dims: Vec<String> = self.shape.iter().map(ToString::to_string).collect();
+            format!("{}[{}]", self.dtype.name(), dims.join(", "))
+        }
+    }
+}
+
+/// All projected columns of a stream.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Projection {
+    /// Columns in config order.
+    pub columns: Vec<ProjectedColumn>,
+}
+
+impl Projection {
+    /// Validates the field specs.
+    pub fn new(fields: &[FieldSpec]) -> Result<Self> {
+        let columns = fields
+            .iter()
+            .enumerate()
+            .map(|(i, f)| ProjectedColumn::new(f, &format!("fields[{i}]")))
+            .collect::<Result<Vec<_>>>()?;
+        Ok(Projection { columns })
+    }
+
+    /// Bytes of one projected row across all columns.
+    pub fn row_bytes(&self) -> usize {
+        self.columns
+            .iter()
+            .map(|c| c.width * c.dtype.byte_width())
+            .sum()
+    }
+
+    /// The columns read from records (no synthetic ones), and for each its index here.
+    pub fn record_columns(&self) -> (Projection, Vec<usize>) {
+        let (map, columns): (Vec<usize>, Vec<ProjectedColumn>) = self
+            .columns
+            .iter()
+            .enumerate()
+            .filter(|(_, c)| c.synthetic.is_none())
+            .map(|(i, c)| (i, c.clone()))
+            .unzip();
+        (Projection { columns }, map)
+    }
+}

@@ -1,0 +1,359 @@
+//! What an open stream knows and never changes, and the planner.
+//!
+//! [`Plan`] holds the resolved config, its order, the projected fields, every shard's metadata
+//! and the pipeline's sizes. [`Planner`] walks this stream's own global batches in order: for
+//! each it asks the order function which shard row fills every slot, then groups the rows of a
+//! window's worth of batches by shard into sorted ranges, the read jobs. A rank therefore reads
+//! only its own rows, and content is fixed before any thread decodes a byte.
+
+use std::collections::VecDeque;
+use std::ops::Range;
+use std::sync::Arc;
+
+use arrow_schema::SchemaRef;
+
+use crate::columns::{batch_schema, Chunk};
+use crate::config::ResolvedConfig;
+use crate::encoding::Encoding;
+use crate::error::Result;
+use crate::fields::{Projection, Synthetic};
+use crate::formats::{Prefetch, ShardMeta};
+use crate::memory::{MemoryBound, PipelineSizes};
+use crate::order::{LayoutCache, Order, Segment, Slot};
+use crate::resolve::Resolved;
+use crate::storage::Storage;
+
+/// Most unique rows one read job decodes.
+pub const MAX_JOB_ROWS: usize = 1024;
+/// Rows planned together at least (a group reads each shard range once).
+const MIN_GROUP_ROWS: u64 = 4096;
+
+/// One shard of the stream, as inspection left it.
+pub struct ShardEntry {
+    /// Location.
+    pub path: String,
+    /// Encoding.
+    pub encoding: Encoding,
+    /// Row count, read index and version.
+    pub meta: ShardMeta,
+}
+
+/// Everything the threads of a stream share; immutable once built.
+pub struct Plan {
+    /// The resolved document.
+    pub resolved: ResolvedConfig,
+    /// Where shards are read from (without a cancellation flag: each pipeline adds its own).
+    pub storage: Storage,
+    /// The order function.
+    pub order: Order,
+    /// Every delivered column, synthetic ones included.
+    pub projection: Projection,
+    /// The columns read from records.
+    pub records: Projection,
+    /// Batch column of each record column.
+    pub record_map: Vec<usize>,
+    /// Every shard once, flat.
+    pub shards: Vec<ShardEntry>,
+    /// Flat shard id by stage, source and shard.
+    pub shard_ids: Vec<Vec<Vec<usize>>>,
+    /// Schema of delivered batches.
+    pub schema: SchemaRef,
+    /// The working-set bound, checked at open.
+    pub bound: MemoryBound,
+    /// Rows planned together.
+    pub group_rows: u64,
+    /// Read jobs in flight at most.
+    pub max_jobs: usize,
+    /// The resolved config's fingerprint, computed once.
+    pub fingerprint: String,
+}
+
+impl Plan {
+    /// Builds the plan of a resolved config and checks its memory bound.
+    pub fn new(resolved: Resolved) -> Result<Self> {
+        let Resolved {
+            config,
+            projection,
+            metas,
+            storage,
+        } = resolved;
+        let order = Order::new(&config)?;
+        let (records, record_map) = projection.record_columns();
+        let mut shards = Vec::new();
+        let mut shard_ids = Vec::new();
+        for (stage, stage_metas) in config.stages.iter().zip(metas) {
+            let mut ids = Vec::new();
+            for (source, source_metas) in stage.sources.iter().zip(stage_metas) {
+                let mut source_ids = Vec::new();
+                for (shard, meta) in source.shards.iter().zip(source_metas) {
+                    source_ids.push(shards.len());
+                    shards.push(ShardEntry {
+                        path: shard.path.clone(),
+                        encoding: shard.encoding,
+                        meta,
+                    });
+                }
+                ids.push(source_ids);
+            }
+            shard_ids.push(ids);
+        }
+        let largest_window = order.stages().iter().map(|s| s.window).max().unwrap_or(0);
+        let largest_batch = order
+            .stages()
+            .iter()
+            .map(|s| s.batch_size)
+            .max()
+            .unwrap_or(1);
+        let group_rows = largest_window.max(MIN_GROUP_ROWS).div_ceil(largest_batch) * largest_batch;
+        let max_jobs = config.threads * 2;
+        let bound = MemoryBound::compute(
+            &config,
+            &projection,
+            PipelineSizes {
+                group_rows,
+                max_jobs,
+                job_rows: max_jobs * MAX_JOB_ROWS,
+                largest_scratch: shards
+                    .iter()
+                    .map(|s| s.meta.scratch_bytes)
+                    .max()
+                    .unwrap_or(0),
+                prefetching: shards.iter().any(|s| s.meta.version.is_some()),
+            },
+        )?;
+        let fingerprint = config.fingerprint();
+        Ok(Plan {
+            schema: batch_schema(&projection),
+            resolved: config,
+            storage: storage.with_cancel(crate::cancel::Cancel::new()),
+            order,
+            projection,
+            records,
+            record_map,
+            shards,
+            shard_ids,
+            bound,
+            group_rows,
+            max_jobs,
+            fingerprint,
+        })
+    }
+
+    /// The number of ranks.
+    pub fn world(&self) -> u64 {
+        self.resolved.world_size as u64
+    }
+
+    /// This stream's rank.
+    pub fn rank(&self) -> u64 {
+        self.resolved.rank as u64
+    }
+}
+
+/// Rows of one shard to decode.
+pub struct Job {
+    /// Dispatch number, unique within a pipeline run.
+    pub id: u64,
+    /// Flat shard id.
+    pub shard: usize,
+    /// Sorted, disjoint shard row ranges.
+    pub ranges: Vec<Range<u64>>,
+    /// The job's bytes, being fetched since it was dispatched (remote Parquet shards).
+    pub prefetch: Option<Prefetch>,
+}
+
+/// Where one decoded row goes: (row index in the job's chunk, batch sequence number, slot).
+pub type Dest = (u32, u64, u32);
+
+/// A batch being filled.
+pub struct Pending {
+    /// Sequence number within the pipeline run.
+    pub seq: u64,
+    /// The rank's local batch number since the origin.
+    pub local: u64,
+    /// Global batch number.
+    pub global: u64,
+    /// The batch's columns, synthetic ones already filled.
+    pub buffer: Chunk,
+    /// Slots still waiting for a decoded row.
+    pub missing: usize,
+}
+
+/// Decides the rows of this stream's batches, group by group.
+pub struct Planner {
+    /// The stream's plan.
+    pub plan: Arc<Plan>,
+    /// The segment batches are cut from.
+    pub segment: Segment,
+    /// The stream's round origin.
+    pub origin: u64,
+    /// Next local batch to plan.
+    pub next_local: u64,
+    /// Distance between the local batches this stream yields.
+    pub stride: u64,
+    /// First global batch no rank receives (finite segments).
+    pub end_batch: Option<u64>,
+    next_seq: u64,
+    layouts: LayoutCache,
+}
+
+impl Planner {
+    /// A planner that starts at local batch `next_local` of `segment`.
+    pub fn new(
+        plan: Arc<Plan>,
+        segment: Segment,
+        origin: u64,
+        next_local: u64,
+        stride: u64,
+        end_batch: Option<u64>,
+    ) -> Self {
+        Planner {
+            plan,
+            segment,
+            origin,
+            next_local,
+            stride,
+            end_batch,
+            next_seq: 0,
+            layouts: LayoutCache::default(),
+        }
+    }
+
+    /// Plans the next group of batches: appends them to `pending` and their reads to `jobs`.
+    /// Returns false once the stream has no more batches.
+    pub fn plan_group(
+        &mut self,
+        pending: &mut VecDeque<Pending>,
+        jobs: &mut VecDeque<(Job, Vec<Dest>)>,
+        next_job: &mut u64,
+    ) -> bool {
+        let plan = self.plan.clone();
+        let bs = plan.order.batch_size(&self.segment);
+        let mut wanted: Vec<(usize, u64, u64, u32)> = Vec::new();
+        let mut planned_rows = 0;
+        while planned_rows < plan.group_rows {
+            let global = self.origin + plan.rank() + self.next_local * plan.world();
+            if self.end_batch.is_some_and(|end| global >= end) {
+                break;
+            }
+            let seq = self.next_seq;
+            let mut buffer = Chunk::padded(&plan.projection, bs as usize);
+            for slot in 0..bs {
+                let at = plan
+                    .order
+                    .slot(&self.segment, global, slot, &mut self.layouts);
+                fill_synthetic(&plan, &mut buffer, slot as usize, &at);
+                let shard = plan.shard_ids[at.stage][at.row.source][at.row.at.shard];
+                wanted.push((shard, at.row.at.row, seq, slot as u32));
+            }
+            pending.push_back(Pending {
+                seq,
+                local: self.next_local,
+                global,
+                buffer,
+                missing: if plan.records.columns.is_empty() {
+                    0
+                } else {
+                    bs as usize
+                },
+            });
+            self.next_seq += 1;
+            self.next_local += self.stride;
+            planned_rows += bs;
+        }
+        if planned_rows == 0 {
+            return false;
+        }
+        if !plan.records.columns.is_empty() {
+            split_jobs(wanted, jobs, next_job, |shard, row| {
+                plan.shards[shard].meta.block_of(row)
+            });
+        }
+        true
+    }
+}
+
+/// Groups wanted rows by shard into sorted, merged ranges of at most `MAX_JOB_ROWS` unique rows.
+/// A contiguous run of rows is cut where it enters a new storage block (`block_of(shard, row)`,
+/// a Parquet row group), so a sequential job reads no more blocks than its rows need.
+fn split_jobs(
+    mut wanted: Vec<(usize, u64, u64, u32)>,
+    jobs: &mut VecDeque<(Job, Vec<Dest>)>,
+    next_job: &mut u64,
+    block_of: impl Fn(usize, u64) -> u64,
+) {
+    wanted.sort_unstable();
+    let mut i = 0;
+    while i < wanted.len() {
+        let shard = wanted[i].0;
+        let mut ranges: Vec<Range<u64>> = Vec::new();
+        let mut dests: Vec<Dest> = Vec::new();
+        let mut unique = 0u32;
+        let block = block_of(shard, wanted[i].1);
+        while i < wanted.len() && wanted[i].0 == shard {
+            let (_, row, seq, slot) = wanted[i];
+            // A contiguous read stops at the block's end; scattered (shuffled) rows do not, or
+            // their jobs would shrink to a few rows each.
+            if ranges.last().is_some_and(|r| r.end == row) && block_of(shard, row) != block {
+                break;
+            }
+            match ranges.last_mut() {
+                // The same row again (a small source repeating inside one group).
+                Some(r) if r.end == row + 1 => {}
+                Some(r) if r.end == row => {
+                    if unique as usize == MAX_JOB_ROWS {
+                        break;
+                    }
+                    r.end += 1;
+                    unique += 1;
+                }
+                _ => {
+                    if unique as usize == MAX_JOB_ROWS {
+                        break;
+                    }
+                    ranges.push(row..row + 1);
+                    unique += 1;
+                }
+            }
+            dests.push((unique - 1, seq, slot));
+            i += 1;
+        }
+        jobs.push_back((
+            Job {
+                id: *next_job,
+                shard,
+                ranges,
+                prefetch: None,
+            },
+            dests,
+        ));
+        *next_job += 1;
+    }
+}
+
+fn fill_synthetic(plan: &Plan, buffer: &mut Chunk, slot: usize, at: &Slot) {
+    for (column, buf) in plan
+        .projection
+        .columns
+        .iter()
+        .zip(buffer.columns.iter_mut())
+    {
+        let Some(kind) = column.synthetic else {
+            continue;
+        };
+        let value = match kind {
+            Synthetic::RowId => {
+                let source = &plan.order.stages()[at.stage].sources()[at.row.source];
+                ((at.stage as i64) << 56)
+                    | ((at.row.source as i64) << 40)
+                    | source.listed_index(at.row.at.shard, at.row.at.row) as i64
+            }
+            Synthetic::Source => at.row.source as i64,
+            Synthetic::Shard => at.row.at.shard as i64,
+            Synthetic::Row => at.row.at.row as i64,
+            Synthetic::Epoch => at.row.at.epoch as i64,
+            Synthetic::Stage => at.stage as i64,
+        };
+        buf.set_int(slot, value);
+    }
+}
