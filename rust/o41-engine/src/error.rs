@@ -71,6 +71,29 @@ pub enum Error {
         /// What was wrong.
         message: String,
     },
+    /// A shard is well formed but uses a feature this build cannot read (a compression codec
+    /// such as LZO): not a malformed shard, and not fixed by retrying.
+    #[error("{path}: unsupported {encoding} feature: {message}")]
+    Unsupported {
+        /// Location of the shard.
+        path: String,
+        /// Encoding the shard was read as.
+        encoding: &'static str,
+        /// What is not supported, by name.
+        message: String,
+    },
+    /// Records given to a writer cannot be stored in the shard's encoding (a NaN in JSON).
+    #[error("{path}{}{}: {message}", RecordSuffix(*row), FieldSuffix(field.as_deref()))]
+    Data {
+        /// Location of the shard being written.
+        path: String,
+        /// Index of the record among those written, when one record is at fault.
+        row: Option<u64>,
+        /// Path of the value within the record (`tokens[3]`), when one value is at fault.
+        field: Option<String>,
+        /// What was wrong.
+        message: String,
+    },
     /// A record's value does not fit the projected field (wrong type, too deeply nested, null).
     #[error("{path}, row {row}, field '{field}' (source '{source_field}'): {message}")]
     Projection {
@@ -114,6 +137,28 @@ impl fmt::Display for RowSuffix {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self.0 {
             Some(row) => write!(f, ", row {row}"),
+            None => Ok(()),
+        }
+    }
+}
+
+struct RecordSuffix(Option<u64>);
+
+impl fmt::Display for RecordSuffix {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.0 {
+            Some(row) => write!(f, ", record {row}"),
+            None => Ok(()),
+        }
+    }
+}
+
+struct FieldSuffix<'a>(Option<&'a str>);
+
+impl fmt::Display for FieldSuffix<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.0 {
+            Some(field) => write!(f, ", field '{field}'"),
             None => Ok(()),
         }
     }

@@ -64,6 +64,24 @@ fn build(py: Python<'_>, err: &Error) -> PyResult<PyErr> {
                 ..Context::default()
             },
         ),
+        Error::Unsupported { path, .. } => (
+            "UnsupportedFormatError",
+            Context {
+                path: Some(path),
+                ..Context::default()
+            },
+        ),
+        Error::Data {
+            path, row, field, ..
+        } => (
+            "DataError",
+            Context {
+                path: Some(path),
+                row: *row,
+                field: field.as_deref(),
+                ..Context::default()
+            },
+        ),
         Error::Projection {
             path, row, field, ..
         } => (

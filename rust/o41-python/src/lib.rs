@@ -10,6 +10,7 @@ mod errors;
 mod manifest;
 mod objects;
 mod position;
+mod records;
 mod storage;
 mod stream;
 
@@ -32,8 +33,9 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<position::Drain>()?;
     m.add_class::<storage::Storage>()?;
     m.add_class::<objects::StorageObject>()?;
-    m.add_class::<objects::MsgpackRecords>()?;
+    m.add_class::<records::ShardRecords>()?;
     m.add_function(wrap_pyfunction!(stream::resolve_config, m)?)?;
+    m.add_function(wrap_pyfunction!(records::write_shard, m)?)?;
     m.add_function(wrap_pyfunction!(host_memory_bytes, m)?)?;
     m.add_function(wrap_pyfunction!(manifest::load_manifest, m)?)?;
     m.add_function(wrap_pyfunction!(manifest::check_manifest, m)?)?;

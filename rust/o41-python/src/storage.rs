@@ -140,6 +140,13 @@ impl Storage {
         })
     }
 
+    /// Hex SHA-256 computed from the content of `uri` (never from stored metadata).
+    fn content_sha256(&self, py: Python<'_>, uri: &str) -> PyResult<String> {
+        blocking(py, |cancel| {
+            self.inner.with_cancel(cancel.clone()).content_sha256(uri)
+        })
+    }
+
     /// Every object under the directory `prefix`, as full locations, sorted.
     fn list(&self, py: Python<'_>, prefix: &str) -> PyResult<Vec<String>> {
         blocking(py, |cancel| {

@@ -42,6 +42,7 @@ from ._errors import (
     ProjectionError,
     StorageError,
     StreamClosedError,
+    UnsupportedFormatError,
 )
 from ._iter_shard import iter_shard
 from ._manifest import Curriculum, DataManifest, ManifestShard, ManifestSplit, load_manifest, save_manifest
@@ -101,6 +102,7 @@ __all__ = [
     "StreamClosedError",
     "StreamStats",
     "TrainingData",
+    "UnsupportedFormatError",
     "__version__",
     "iter_shard",
     "load_manifest",

@@ -1,6 +1,6 @@
 """Type stubs for the compiled engine module ``o41_training_data._core``."""
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any, Protocol
 
 import pyarrow as pa
@@ -226,6 +226,8 @@ class Storage:
         """Writes the local file ``source`` to ``uri``, as ``write``."""
     def checksum(self, uri: str) -> str:
         """Hex SHA-256 of ``uri``."""
+    def content_sha256(self, uri: str) -> str:
+        """Hex SHA-256 computed from the content of ``uri`` (never from stored metadata)."""
     def list(self, prefix: str) -> list[str]:
         """Every object under the directory ``prefix``, sorted."""
 
@@ -241,9 +243,21 @@ class StorageObject:
     def read_range(self, start: int, end: int) -> bytes:
         """Bytes ``start..end`` of the version seen at open."""
 
-class MsgpackRecords:
-    """The records of a framed MessagePack shard, in order, as JSON texts."""
+class ShardRecords:
+    """The records of one shard, in order, in chunks, decoded by the engine."""
 
-    def __new__(cls, path: str, storage: Storage | None = None) -> MsgpackRecords: ...
-    def next_chunk(self, count: int) -> list[str]:
-        """The next records, up to ``count``; fewer only at the end of the shard."""
+    def __new__(
+        cls, path: str, encoding: str, storage: Storage | None = None, chunk_rows: int = 1024
+    ) -> ShardRecords: ...
+    def next_chunk(self, max_rows: int) -> list[dict[str, Any]] | pa.RecordBatch | None:
+        """The next records: dicts (JSON Lines, MessagePack) or a RecordBatch (Parquet); None at the end."""
+
+def write_shard(
+    path: str,
+    encoding: str,
+    *,
+    records: Iterable[Mapping[str, Any]] | None = None,
+    table: pa.Table | None = None,
+    name: str | None = None,
+) -> tuple[int, str]:
+    """Writes a local shard file from records or an Arrow table; returns (bytes, sha256 hex)."""

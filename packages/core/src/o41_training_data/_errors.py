@@ -23,6 +23,7 @@ __all__ = [
     "ProjectionError",
     "StorageError",
     "StreamClosedError",
+    "UnsupportedFormatError",
 ]
 
 
@@ -54,6 +55,14 @@ class DataError(O41Error, ValueError):
 
 class MalformedShardError(DataError):
     """A shard cannot be decoded as its encoding (corrupt file, truncated frame, bad JSON)."""
+
+
+class UnsupportedFormatError(DataError):
+    """A shard is well formed but uses a feature this build cannot read.
+
+    For example a Parquet column compressed with LZO; the message names the file, the column
+    and the feature. Rewriting the shard with a supported codec fixes it; retrying does not.
+    """
 
 
 class ProjectionError(DataError):

@@ -7,12 +7,9 @@ once its descriptor exists and matches its data object; the manifest is written 
 
 from __future__ import annotations
 
-import gzip
-import hashlib
 import json
 import os
 import re
-import struct
 import tempfile
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
@@ -20,7 +17,6 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from . import _core
 from ._errors import ConfigError, DataError, MalformedShardError, ObjectConflictError, ObjectNotFoundError
@@ -50,14 +46,6 @@ class SavedShard:
     checksum: str
     schema: dict[str, str]
     metadata: dict[str, Any] = field(default_factory=dict)
-
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return "sha256:" + digest.hexdigest()
 
 
 def _arrow_type_name(kind: pa.DataType) -> str:
@@ -122,53 +110,16 @@ def _fails(values: list[Any]) -> bool:
     return False
 
 
-def _pack(value: Any, out: bytearray) -> None:
-    """MessagePack encoding of JSON-like values (maps with string keys)."""
-    if value is None:
-        out.append(0xC0)
-    elif value is True or value is False:
-        out.append(0xC3 if value else 0xC2)
-    elif isinstance(value, int):
-        if 0 <= value < 128:
-            out.append(value)
-        elif -32 <= value < 0:
-            out += struct.pack("b", value)
-        elif value >= 0:
-            out += b"\xcf" + struct.pack(">Q", value)
-        else:
-            out += b"\xd3" + struct.pack(">q", value)
-    elif isinstance(value, float):
-        out += b"\xcb" + struct.pack(">d", value)
-    elif isinstance(value, str):
-        data = value.encode()
-        out += b"\xdb" + struct.pack(">I", len(data)) + data
-    elif isinstance(value, (list, tuple)):
-        out += b"\xdd" + struct.pack(">I", len(value))
-        for item in value:
-            _pack(item, out)
-    elif isinstance(value, Mapping):
-        out += b"\xdf" + struct.pack(">I", len(value))
-        for key, item in value.items():
-            _pack(str(key), out)
-            _pack(item, out)
-    else:
-        raise TypeError(f"values of type {type(value).__name__} cannot be saved")
+def _write_data(
+    path: Path, name: str, data_format: str, records: Sequence[Mapping[str, Any]], table: pa.Table
+) -> tuple[int, str]:
+    """Writes the shard through the engine's writer for its encoding; returns (bytes, sha256 hex).
 
-
-def _write_data(path: Path, data_format: str, records: Sequence[Mapping[str, Any]], table: pa.Table) -> None:
+    Errors name the shard ``name``, where it will be published, not the temporary ``path``.
+    """
     if data_format == "parquet":
-        pq.write_table(table, path, compression="zstd", write_page_index=True)
-    elif data_format == "jsonl.gz":
-        # mtime=0 keeps the bytes (and the checksum) deterministic.
-        with open(path, "wb") as raw, gzip.GzipFile(fileobj=raw, mode="wb", mtime=0) as out:
-            for record in records:
-                out.write(json.dumps(record, separators=(",", ":")).encode() + b"\n")
-    else:
-        with open(path, "wb") as out:
-            for record in records:
-                frame = bytearray()
-                _pack(record, frame)
-                out.write(struct.pack("<I", len(frame)) + frame)
+        return _core.write_shard(str(path), data_format, table=table, name=name)
+    return _core.write_shard(str(path), data_format, records=records, name=name)
 
 
 def _publish_descriptor(store: _core.Storage, uri: str, document: bytes) -> None:
@@ -304,23 +255,19 @@ class DatasetSaver:
         with tempfile.NamedTemporaryFile(dir=scratch, prefix=".tmp-", delete=False) as handle:
             tmp = Path(handle.name)
         try:
-            try:
-                _write_data(tmp, self.data_format, rows, table)
-            except (pa.ArrowException, TypeError) as err:
-                raise DataError(f"{data}: {err}") from None
-            size = tmp.stat().st_size
+            size, digest = _write_data(tmp, data, self.data_format, rows, table)
             if size >= MAX_SHARD_BYTES:
                 raise DataError(
                     f"{data}: {size} bytes is over the 5 GiB limit of an atomic shard write; "
                     "split the records over more shard ids"
                 )
-            checksum = _sha256(tmp)
+            checksum = "sha256:" + digest
             store = self._storage.core()
             try:
-                store.write_file(data, str(tmp), checksum.removeprefix("sha256:"))
+                store.write_file(data, str(tmp), digest)
             except ObjectConflictError:
                 # No descriptor claims the object there: an orphan of a crash mid-save.
-                store.write_file(data, str(tmp), checksum.removeprefix("sha256:"), create_only=False)
+                store.write_file(data, str(tmp), digest, create_only=False)
         finally:
             tmp.unlink(missing_ok=True)
         shard = SavedShard(

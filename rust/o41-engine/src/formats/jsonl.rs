@@ -1,14 +1,17 @@
-//! JSON Lines shards, plain or gzip-compressed. One object per line; blank lines are not
-//! records. Plain files keep a sparse byte-offset index so a read can seek near its first row;
-//! gzip streams are read forward, skipping lines before the range without parsing them.
+//! JSON Lines shards, plain or gzip-compressed, read and written. One object per line; blank
+//! lines are not records. Plain files keep a sparse byte-offset index so a read can seek near
+//! its first row; gzip streams are read forward, skipping lines before the range without
+//! parsing them.
 
-use std::io::{BufRead, BufReader};
+use std::io::{BufRead, BufReader, Write};
 use std::ops::Range;
 use std::sync::Arc;
 
 use flate2::read::MultiGzDecoder;
+use flate2::write::GzEncoder;
 
 use super::cursor::ObjectCursor;
+use super::value::{read_record, Record, RecordRef};
 use super::{
     read_record_ranges, Encoding, Prefetch, RecordCursor, ShardIndex, ShardMeta, ShardReader,
     INDEX_STRIDE,
@@ -96,6 +99,25 @@ impl Reader {
                 return Ok(true);
             }
         }
+    }
+
+    /// The next whole record and its row number; `None` at the end of the shard.
+    pub fn next_record(&mut self) -> Result<Option<(u64, Record)>> {
+        if !self.next_line()? {
+            return Ok(None);
+        }
+        let row = self.next_row;
+        let mut de = serde_json::Deserializer::from_slice(&self.line);
+        let record = read_record(&mut de)
+            .and_then(|record| de.end().map(|()| record).map_err(|e| e.to_string()))
+            .map_err(|message| Error::Format {
+                path: self.path.clone(),
+                encoding: self.encoding.name(),
+                row: Some(row),
+                message,
+            })?;
+        self.next_row += 1;
+        Ok(Some((row, record)))
     }
 
     fn seek_row(&mut self, row: u64) -> Result<()> {
@@ -240,4 +262,47 @@ pub fn inspect(
         scratch_bytes: longest as u64 + 2 * BUF_BYTES as u64,
         index,
     })
+}
+
+/// Writes `records` as JSON Lines to `out`, gzip-compressed for `jsonl.gz`. A value JSON cannot
+/// represent (NaN, infinity, binary data) is refused naming the record and field, never written
+/// as something else.
+pub fn write(out: impl Write, encoding: Encoding, records: &[Record], path: &str) -> Result<()> {
+    let io = |e: std::io::Error| Error::io(path, e);
+    if encoding == Encoding::JsonlGz {
+        // No name and a zero mtime in the header: the same records give the same bytes.
+        let mut gz = GzEncoder::new(out, flate2::Compression::default());
+        write_lines(&mut gz, records, path)?;
+        gz.finish().map_err(io)?.flush().map_err(io)
+    } else {
+        let mut out = out;
+        write_lines(&mut out, records, path)?;
+        out.flush().map_err(io)
+    }
+}
+
+fn write_lines(out: &mut impl Write, records: &[Record], path: &str) -> Result<()> {
+    let mut line = Vec::new();
+    for (row, record) in records.iter().enumerate() {
+        if let Some((field, what)) = record.iter().find_map(|(key, value)| value.not_json(key)) {
+            return Err(Error::Data {
+                path: path.to_owned(),
+                row: Some(row as u64),
+                field: Some(field),
+                message: format!(
+                    "{what} not valid JSON; convert the value, or save as parquet or msgpack"
+                ),
+            });
+        }
+        line.clear();
+        serde_json::to_writer(&mut line, &RecordRef(record)).map_err(|e| Error::Data {
+            path: path.to_owned(),
+            row: Some(row as u64),
+            field: None,
+            message: e.to_string(),
+        })?;
+        line.push(b'\n');
+        out.write_all(&line).map_err(|e| Error::io(path, e))?;
+    }
+    Ok(())
 }

@@ -1,24 +1,36 @@
-//! Shard encodings and their readers.
+//! Shard encodings: their readers and writers, one module each (`parquet`, `jsonl`, `msgpack`).
 //!
-//! Each encoding opens in two steps. [`inspect`] runs once at stream open: it counts rows, builds
-//! whatever index lets later reads start mid-shard, and projects the first record so a bad
-//! field fails at open. A [`ShardReader`] then decodes row ranges into column chunks.
+//! A stream opens each shard in two steps. [`inspect`] runs once at stream open: it counts rows,
+//! builds whatever index lets later reads start mid-shard, and projects the first record so a
+//! bad field fails at open. A [`ShardReader`] then decodes row ranges into column chunks.
+//! [`ShardRecords`] reads whole records instead (`iter_shard`), and [`write_shard`] writes a
+//! shard (the dataset saver), each through the same encoding modules.
 
 mod cursor;
 mod jsonl;
 mod msgpack;
 mod parquet;
+mod records;
+mod value;
 
+use std::fs::File;
+use std::io::{BufWriter, Write};
 use std::ops::Range;
 use std::sync::Arc;
 
+use arrow_array::RecordBatch;
+use arrow_schema::SchemaRef;
+
 use crate::columns::Chunk;
 pub use crate::encoding::Encoding;
+use crate::error::Error;
 use crate::error::Result;
 use crate::fields::Projection;
 use crate::storage::Storage;
 
-pub use msgpack::{Records as MsgpackRecords, FRAME_HEADER_BYTES};
+pub use msgpack::FRAME_HEADER_BYTES;
+pub use records::{RecordChunk, ShardRecords};
+pub use value::{Record, Value};
 
 /// Records per entry of the sparse row index kept for JSON Lines and `MessagePack` shards.
 pub const INDEX_STRIDE: u64 = 64;
@@ -167,4 +179,113 @@ pub fn open(
         )?),
         (ShardIndex::Sequential, _) => Box::new(jsonl::Reader::open(object, encoding, None)?),
     })
+}
+
+/// What a shard is written from: records (JSON Lines, `MessagePack`) or Arrow batches (Parquet).
+pub enum ShardData<'a> {
+    /// Whole records, each an ordered map.
+    Records(&'a [Record]),
+    /// Arrow batches of one schema.
+    Arrow {
+        /// The batches' schema.
+        schema: SchemaRef,
+        /// The rows.
+        batches: &'a [RecordBatch],
+    },
+}
+
+/// A shard as written: its size and the SHA-256 of its bytes, computed while writing.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WrittenShard {
+    /// Size in bytes.
+    pub bytes: u64,
+    /// Hex SHA-256 of the bytes.
+    pub sha256: String,
+}
+
+/// Writes the local file `path` in `encoding` from `data`; errors call the shard `name` (where
+/// it will be published). The same data always gives the same bytes (no timestamps, no file
+/// names inside), so a restarted save reproduces its checksum.
+pub fn write_shard(
+    path: &str,
+    name: &str,
+    encoding: Encoding,
+    data: ShardData<'_>,
+) -> Result<WrittenShard> {
+    let file = File::create(path).map_err(|e| Error::io(path, e))?;
+    let mut out = Hashing::new(BufWriter::with_capacity(1 << 20, file));
+    match (encoding, data) {
+        (Encoding::Parquet, ShardData::Arrow { schema, batches }) => {
+            parquet::write(&mut out, schema, batches, name)?;
+        }
+        (Encoding::Jsonl | Encoding::JsonlGz, ShardData::Records(records)) => {
+            jsonl::write(&mut out, encoding, records, name)?;
+        }
+        (Encoding::Msgpack, ShardData::Records(records)) => {
+            msgpack::write(&mut out, records, name)?;
+        }
+        (encoding, _) => {
+            return Err(Error::config(
+                "data_format",
+                format!(
+                    "{} shards are written from {}",
+                    encoding.name(),
+                    if encoding == Encoding::Parquet {
+                        "Arrow batches"
+                    } else {
+                        "records"
+                    }
+                ),
+            ))
+        }
+    }
+    out.flush().map_err(|e| Error::io(path, e))?;
+    let (inner, written) = out.finish();
+    inner
+        .into_inner()
+        .map_err(|e| Error::io(path, e.into_error()))?
+        .sync_all()
+        .map_err(|e| Error::io(path, e))?;
+    Ok(written)
+}
+
+/// A writer that counts and hashes what passes through it.
+struct Hashing<W> {
+    inner: W,
+    digest: ring::digest::Context,
+    bytes: u64,
+}
+
+impl<W: Write> Hashing<W> {
+    fn new(inner: W) -> Self {
+        Hashing {
+            inner,
+            digest: ring::digest::Context::new(&ring::digest::SHA256),
+            bytes: 0,
+        }
+    }
+
+    fn finish(self) -> (W, WrittenShard) {
+        let sha256 = crate::storage::hex(self.digest.finish().as_ref());
+        (
+            self.inner,
+            WrittenShard {
+                bytes: self.bytes,
+                sha256,
+            },
+        )
+    }
+}
+
+impl<W: Write> Write for Hashing<W> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let n = self.inner.write(buf)?;
+        self.digest.update(&buf[..n]);
+        self.bytes += n as u64;
+        Ok(n)
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.inner.flush()
+    }
 }

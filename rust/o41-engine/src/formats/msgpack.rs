@@ -1,12 +1,13 @@
-//! Framed `MessagePack` shards: each record is a `MessagePack` map preceded by its length as a
-//! little-endian u32 (`docs/formats.md`). Frames before a read's first row are skipped by their
-//! length alone, never decoded.
+//! Framed `MessagePack` shards, read and written: each record is a `MessagePack` map preceded by
+//! its length as a little-endian u32 (`docs/formats.md`). Frames before a read's first row are
+//! skipped by their length alone, never decoded.
 
-use std::io::Read;
+use std::io::{Read, Write};
 use std::ops::Range;
 use std::sync::Arc;
 
 use super::cursor::ObjectCursor;
+use super::value::{read_record, Record, RecordRef};
 use super::{
     read_record_ranges, Prefetch, RecordCursor, ShardIndex, ShardMeta, ShardReader, INDEX_STRIDE,
 };
@@ -14,7 +15,7 @@ use crate::columns::Chunk;
 use crate::error::{Error, Result};
 use crate::fields::Projection;
 use crate::record::project_record;
-use crate::storage::{self, Object, Storage};
+use crate::storage::{self, Object};
 
 /// Bytes of the length prefix before every frame.
 pub const FRAME_HEADER_BYTES: usize = 4;
@@ -179,32 +180,47 @@ impl ShardReader for Reader {
     }
 }
 
-/// Whole records of one shard, in order, each as a JSON document: for tools that iterate a
-/// shard's contents rather than stream projected batches. One forward read of the object.
-pub struct Records {
-    reader: Reader,
+impl Reader {
+    /// The next whole record and its row number; `None` at the end of the shard.
+    pub fn next_record(&mut self) -> Result<Option<(u64, Record)>> {
+        if !self.read_frame()? {
+            return Ok(None);
+        }
+        let row = self.next_row;
+        let record = read_record(&mut rmp_serde::Deserializer::from_read_ref(&self.frame))
+            .map_err(|message| format_error(&self.path, row, message))?;
+        self.next_row += 1;
+        Ok(Some((row, record)))
+    }
 }
 
-impl Records {
-    /// Opens `path` at its first record.
-    pub fn open(storage: &Storage, path: &str) -> Result<Self> {
-        Ok(Records {
-            reader: Reader::open(Arc::new(storage.open(path)?), Arc::new(vec![0]))?,
-        })
+/// Writes `records` as framed `MessagePack` to `out`.
+pub fn write(mut out: impl Write, records: &[Record], path: &str) -> Result<()> {
+    let mut frame = Vec::new();
+    for (row, record) in records.iter().enumerate() {
+        frame.clear();
+        rmp_serde::encode::write_named(&mut frame, &RecordRef(record)).map_err(|e| {
+            Error::Data {
+                path: path.to_owned(),
+                row: Some(row as u64),
+                field: None,
+                message: e.to_string(),
+            }
+        })?;
+        let len = u32::try_from(frame.len()).map_err(|_| Error::Data {
+            path: path.to_owned(),
+            row: Some(row as u64),
+            field: None,
+            message: format!(
+                "the record encodes to {} bytes, more than a frame's u32 length can hold",
+                frame.len()
+            ),
+        })?;
+        out.write_all(&len.to_le_bytes())
+            .and_then(|()| out.write_all(&frame))
+            .map_err(|e| Error::io(path, e))?;
     }
-
-    /// The next records, up to `count`; fewer only at the end of the shard.
-    pub fn next_json(&mut self, count: usize) -> Result<Vec<String>> {
-        let reader = &mut self.reader;
-        let mut out = Vec::with_capacity(count);
-        while out.len() < count && reader.read_frame()? {
-            let value: serde_json::Value = rmp_serde::from_slice(&reader.frame)
-                .map_err(|e| format_error(&reader.path, reader.next_row, e.to_string()))?;
-            out.push(value.to_string());
-            reader.next_row += 1;
-        }
-        Ok(out)
-    }
+    out.flush().map_err(|e| Error::io(path, e))
 }
 
 pub fn inspect(object: Arc<Object>, projection: &Projection) -> Result<ShardMeta> {

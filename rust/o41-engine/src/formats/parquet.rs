@@ -1,19 +1,25 @@
-//! Parquet shards: row counts from the footer, projected columns only, row-group and page
-//! level seeking through a row selection.
+//! Parquet shards, read and written: row counts from the footer, projected columns only,
+//! row-group and page level seeking through a row selection. Every standard codec reads; a
+//! codec this build lacks (LZO) is an unsupported feature, not a malformed shard.
 
 use std::fs::File;
+use std::io::Write;
 use std::ops::Range;
 use std::sync::{Arc, Mutex};
 
 use bytes::{Buf, Bytes};
 
+use arrow_array::RecordBatch;
+use arrow_schema::SchemaRef;
 use parquet::arrow::arrow_reader::{
-    ArrowReaderMetadata, ArrowReaderOptions, ParquetRecordBatchReaderBuilder, RowSelection,
-    RowSelector,
+    ArrowReaderMetadata, ArrowReaderOptions, ParquetRecordBatchReader,
+    ParquetRecordBatchReaderBuilder, RowSelection, RowSelector,
 };
-use parquet::arrow::ProjectionMask;
+use parquet::arrow::{ArrowWriter, ProjectionMask};
+use parquet::basic::{Compression, ZstdLevel};
 use parquet::errors::ParquetError;
-use parquet::file::metadata::PageIndexPolicy;
+use parquet::file::metadata::{PageIndexPolicy, ParquetMetaData};
+use parquet::file::properties::WriterProperties;
 use parquet::file::reader::{ChunkReader, Length};
 
 use super::{Prefetch, ShardIndex, ShardMeta, ShardReader};
@@ -102,6 +108,52 @@ fn format_error(path: &str, row: Option<u64>, e: impl std::fmt::Display) -> Erro
         row,
         message: e.to_string(),
     }
+}
+
+/// A decoder's error (from the Parquet reader, or through Arrow, which keeps only its text): a
+/// feature this build lacks is unsupported, anything else is a malformed shard.
+fn decode_error(path: &str, row: Option<u64>, e: impl std::fmt::Display) -> Error {
+    let message = e.to_string();
+    if message.contains("NYI") || message.contains("Disabled feature") {
+        return Error::Unsupported {
+            path: path.to_owned(),
+            encoding: ENCODING,
+            message,
+        };
+    }
+    format_error(path, row, message)
+}
+
+/// Refuses, before any page is decoded, a shard whose columns among `roots` (all when `None`)
+/// use a codec this build cannot decompress, naming the column and the codec.
+fn check_codecs(metadata: &ParquetMetaData, roots: Option<&[usize]>, path: &str) -> Result<()> {
+    let wanted = |column_root: &str| {
+        roots.is_none_or(|roots| {
+            let fields = metadata
+                .file_metadata()
+                .schema_descr()
+                .root_schema()
+                .get_fields();
+            roots.iter().any(|&r| fields[r].name() == column_root)
+        })
+    };
+    for group in metadata.row_groups() {
+        for column in group.columns() {
+            let codec = column.compression();
+            if matches!(codec, Compression::LZO) && wanted(&column.column_path().parts()[0]) {
+                return Err(Error::Unsupported {
+                    path: path.to_owned(),
+                    encoding: ENCODING,
+                    message: format!(
+                        "column '{}' is compressed with {codec}, which no Parquet reader here \
+                         decodes; rewrite the shard with Snappy, gzip, Brotli, LZ4 or zstd",
+                        column.column_path()
+                    ),
+                });
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Byte ranges of a remote object fetched ahead of decoding, served to the Parquet reader as if
@@ -208,14 +260,14 @@ fn load_metadata(object: &Arc<Object>) -> Result<ArrowReaderMetadata> {
     let options = ArrowReaderOptions::new().with_offset_index_policy(PageIndexPolicy::Optional);
     if let Some(file) = object.local_file() {
         return ArrowReaderMetadata::load(file.as_ref(), options)
-            .map_err(|e| format_error(path, None, e));
+            .map_err(|e| decode_error(path, None, &e));
     }
     let size = object.size();
     let tail_range = size.saturating_sub(REMOTE_TAIL_BYTES)..size;
     let tail = Fetched::new(object.clone(), std::slice::from_ref(&tail_range))?;
     ArrowReaderMetadata::load(&tail, options).map_err(|e| {
         tail.take_failure()
-            .unwrap_or_else(|| format_error(path, None, e))
+            .unwrap_or_else(|| decode_error(path, None, &e))
     })
 }
 
@@ -240,6 +292,7 @@ pub fn inspect(object: Arc<Object>, projection: &Projection) -> Result<ShardMeta
         })?;
         roots.push(idx);
     }
+    check_codecs(metadata.metadata(), Some(&roots), path)?;
     let mut group_starts = vec![0u64];
     for group in metadata.metadata().row_groups() {
         let last = *group_starts.last().expect("starts with 0");
@@ -471,13 +524,13 @@ fn read_ranges<R: ChunkReader + 'static>(
         .with_projection(mask)
         .with_batch_size(wanted.min(8192) as usize)
         .build()
-        .map_err(|e| format_error(path, Some(first_row), e))?;
+        .map_err(|e| decode_error(path, Some(first_row), &e))?;
     // Rows arrive in file order; errors name the shard row, found through this table.
     let shard_rows: Vec<u64> = ranges.iter().flat_map(Clone::clone).collect();
     let at = |out_row: usize| shard_rows.get(out_row).copied().unwrap_or(first_row);
     let mut out_row = 0usize;
     for batch in reader {
-        let batch = batch.map_err(|e| format_error(path, Some(at(out_row)), e))?;
+        let batch = batch.map_err(|e| decode_error(path, Some(at(out_row)), e))?;
         let n = batch.num_rows();
         for (k, column) in projection.columns.iter().enumerate() {
             let array = batch
@@ -518,5 +571,84 @@ fn read_ranges<R: ChunkReader + 'static>(
             format!("expected {wanted} rows, decoded {out_row}"),
         ));
     }
+    Ok(())
+}
+
+/// Every column of a shard, in record batches of up to a given number of rows: what
+/// `iter_shard` reads. Remote shards fetch each column chunk when the decoder reaches it.
+pub struct Batches {
+    path: String,
+    reader: ParquetRecordBatchReader,
+    /// The remote bytes source, asked for the storage error behind a decoding failure.
+    fetched: Option<Arc<Fetched>>,
+    next_row: u64,
+}
+
+impl Batches {
+    /// Opens `object` at its first row.
+    pub fn open(object: &Arc<Object>, batch_rows: usize) -> Result<Self> {
+        let path = object.uri().to_owned();
+        let metadata = load_metadata(object)?;
+        check_codecs(metadata.metadata(), None, &path)?;
+        let (built, fetched) = if let Some(file) = object.local_file() {
+            let file = file.try_clone().map_err(|e| Error::io(&path, e))?;
+            let builder = ParquetRecordBatchReaderBuilder::new_with_metadata(file, metadata);
+            (builder.with_batch_size(batch_rows).build(), None)
+        } else {
+            let fetched = Arc::new(Fetched::from_pieces(object.clone(), Vec::new()));
+            let builder = ParquetRecordBatchReaderBuilder::new_with_metadata(
+                ArcReader(fetched.clone()),
+                metadata,
+            );
+            (builder.with_batch_size(batch_rows).build(), Some(fetched))
+        };
+        let reader = built.map_err(|e| decode_error(&path, Some(0), &e))?;
+        Ok(Batches {
+            path,
+            reader,
+            fetched,
+            next_row: 0,
+        })
+    }
+
+    /// The next batch of rows; `None` after the last.
+    pub fn next_batch(&mut self) -> Result<Option<RecordBatch>> {
+        match self.reader.next() {
+            None => Ok(None),
+            Some(Ok(batch)) => {
+                self.next_row += batch.num_rows() as u64;
+                Ok(Some(batch))
+            }
+            Some(Err(e)) => Err(self
+                .fetched
+                .as_ref()
+                .and_then(|f| f.take_failure())
+                .unwrap_or_else(|| decode_error(&self.path, Some(self.next_row), e))),
+        }
+    }
+}
+
+/// Writes `batches` (all of `schema`) as one Parquet file: zstd-compressed pages with a page
+/// index, so that streams select just the pages holding the rows a rank reads.
+pub fn write(
+    out: impl Write + Send,
+    schema: SchemaRef,
+    batches: &[RecordBatch],
+    path: &str,
+) -> Result<()> {
+    let refused = |e: ParquetError| Error::Data {
+        path: path.to_owned(),
+        row: None,
+        field: None,
+        message: format!("cannot be written as Parquet: {e}"),
+    };
+    let properties = WriterProperties::builder()
+        .set_compression(Compression::ZSTD(ZstdLevel::default()))
+        .build();
+    let mut writer = ArrowWriter::try_new(out, schema, Some(properties)).map_err(refused)?;
+    for batch in batches {
+        writer.write(batch).map_err(refused)?;
+    }
+    writer.close().map_err(refused)?;
     Ok(())
 }

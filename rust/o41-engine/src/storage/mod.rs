@@ -253,6 +253,27 @@ impl Storage {
         }
     }
 
+    /// Hex SHA-256 of the bytes of `uri` as they are now, always computed from its content (a
+    /// verification, unlike [`Storage::checksum`], never trusts stored metadata). Reads are pinned
+    /// to the version seen at open.
+    pub fn content_sha256(&self, uri: &str) -> Result<String> {
+        let object = self.open(uri)?;
+        let mut reader = object.reader(0)?;
+        let mut context = ring::digest::Context::new(&ring::digest::SHA256);
+        let mut buf = vec![0u8; 1 << 20];
+        loop {
+            self.cancel.check(uri)?;
+            let n = reader
+                .read(&mut buf)
+                .map_err(|e| from_io(e, |e| Error::io(uri, e)))?;
+            if n == 0 {
+                break;
+            }
+            context.update(&buf[..n]);
+        }
+        Ok(hex(context.finish().as_ref()))
+    }
+
     /// Every object under the directory `prefix` (a local directory or an `s3://` prefix), as
     /// full locations in lexicographic order; empty when there is none.
     pub fn list(&self, prefix: &str) -> Result<Vec<String>> {
@@ -445,7 +466,8 @@ pub fn sha256_hex(data: &[u8]) -> String {
     hex(ring::digest::digest(&ring::digest::SHA256, data).as_ref())
 }
 
-fn hex(bytes: &[u8]) -> String {
+/// Lower-case hex of `bytes`.
+pub fn hex(bytes: &[u8]) -> String {
     use std::fmt::Write;
     bytes
         .iter()

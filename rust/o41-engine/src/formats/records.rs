@@ -1,0 +1,73 @@
+//! Whole records of one shard of any encoding, in order and in chunks: what `iter_shard` yields.
+//! Rows are numbered exactly as a stream numbers them (a blank JSON line is not a record), and
+//! errors name the shard and row.
+
+use std::sync::Arc;
+
+use arrow_array::RecordBatch;
+
+use super::value::Record;
+use super::{jsonl, msgpack, parquet};
+use crate::encoding::Encoding;
+use crate::error::Result;
+use crate::storage::Storage;
+
+/// Consecutive records of a shard.
+pub enum RecordChunk {
+    /// Records of a self-describing shard (JSON Lines, `MessagePack`), each a map.
+    Records(Vec<Record>),
+    /// Rows of a Parquet shard, with every column.
+    Arrow(RecordBatch),
+}
+
+enum Source {
+    Lines(jsonl::Reader),
+    Frames(msgpack::Reader),
+    Parquet(parquet::Batches),
+}
+
+/// A forward reader of a shard's whole records.
+pub struct ShardRecords {
+    source: Source,
+}
+
+impl ShardRecords {
+    /// Opens `path` at its first record; Parquet shards are read `chunk_rows` rows at a time.
+    pub fn open(
+        storage: &Storage,
+        path: &str,
+        encoding: Encoding,
+        chunk_rows: usize,
+    ) -> Result<Self> {
+        let object = Arc::new(storage.open(path)?);
+        let source = match encoding {
+            Encoding::Parquet => {
+                Source::Parquet(parquet::Batches::open(&object, chunk_rows.max(1))?)
+            }
+            Encoding::Jsonl | Encoding::JsonlGz => {
+                Source::Lines(jsonl::Reader::open(object, encoding, None)?)
+            }
+            Encoding::Msgpack => Source::Frames(msgpack::Reader::open(object, Arc::new(vec![0]))?),
+        };
+        Ok(ShardRecords { source })
+    }
+
+    /// The next records, up to `max_rows` (Parquet: the reader's chunk); `None` at the end.
+    pub fn next_chunk(&mut self, max_rows: usize) -> Result<Option<RecordChunk>> {
+        let mut records = Vec::new();
+        while records.len() < max_rows.max(1) {
+            let next = match &mut self.source {
+                Source::Parquet(batches) => {
+                    return Ok(batches.next_batch()?.map(RecordChunk::Arrow))
+                }
+                Source::Lines(reader) => reader.next_record()?,
+                Source::Frames(reader) => reader.next_record()?,
+            };
+            match next {
+                Some((_, record)) => records.push(record),
+                None => break,
+            }
+        }
+        Ok((!records.is_empty()).then_some(RecordChunk::Records(records)))
+    }
+}
