@@ -195,6 +195,9 @@ fn leaf_values<T: Element>(
             }
             Ok(())
         }
+        // Writers infer `list<null>` for a column whose lists are all empty: nothing to convert.
+        DataType::Null if range.is_empty() => Ok(()),
+        DataType::Null => Err("element 0 is null".to_owned()),
         DataType::List(_) | DataType::LargeList(_) | DataType::FixedSizeList(..) => {
             Err("nested list is deeper than the declared shape".to_owned())
         }

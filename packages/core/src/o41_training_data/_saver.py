@@ -85,7 +85,7 @@ def _to_table(records: Sequence[Mapping[str, Any]], where: str) -> pa.Table:
     """The records as an Arrow table (types inferred in C); a conflict names record and field."""
     try:
         return pa.Table.from_pylist(list(records))
-    except (pa.ArrowException, TypeError, AttributeError) as err:
+    except (pa.ArrowException, TypeError, AttributeError, OverflowError) as err:
         for row, record in enumerate(records):
             if not isinstance(record, Mapping):
                 raise DataError(
@@ -96,7 +96,7 @@ def _to_table(records: Sequence[Mapping[str, Any]], where: str) -> pa.Table:
             values = [record.get(name) for record in records]
             try:
                 pa.array(values)
-            except (pa.ArrowException, TypeError) as field_err:
+            except (pa.ArrowException, TypeError, OverflowError) as field_err:
                 row = next((i for i in range(1, len(values) + 1) if _fails(values[:i])), 0) - 1
                 raise DataError(f"{where}, record {max(row, 0)}, field '{name}': {field_err}") from None
         raise DataError(f"{where}: {err}") from None
@@ -105,7 +105,7 @@ def _to_table(records: Sequence[Mapping[str, Any]], where: str) -> pa.Table:
 def _fails(values: list[Any]) -> bool:
     try:
         pa.array(values)
-    except (pa.ArrowException, TypeError):
+    except (pa.ArrowException, TypeError, OverflowError):
         return True
     return False
 

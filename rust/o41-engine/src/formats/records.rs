@@ -9,7 +9,7 @@ use arrow_array::RecordBatch;
 use super::value::Record;
 use super::{jsonl, msgpack, parquet};
 use crate::encoding::Encoding;
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::storage::Storage;
 
 /// Consecutive records of a shard.
@@ -29,6 +29,8 @@ enum Source {
 /// A forward reader of a shard's whole records.
 pub struct ShardRecords {
     source: Source,
+    /// An error met after some records of a chunk: those are returned first, it comes next.
+    failed: Option<Error>,
 }
 
 impl ShardRecords {
@@ -49,23 +51,35 @@ impl ShardRecords {
             }
             Encoding::Msgpack => Source::Frames(msgpack::Reader::open(object, Arc::new(vec![0]))?),
         };
-        Ok(ShardRecords { source })
+        Ok(ShardRecords {
+            source,
+            failed: None,
+        })
     }
 
     /// The next records, up to `max_rows` (Parquet: the reader's chunk); `None` at the end.
+    /// A record that cannot be read fails only after every record before it was returned.
     pub fn next_chunk(&mut self, max_rows: usize) -> Result<Option<RecordChunk>> {
+        if let Some(e) = self.failed.take() {
+            return Err(e);
+        }
         let mut records = Vec::new();
         while records.len() < max_rows.max(1) {
             let next = match &mut self.source {
                 Source::Parquet(batches) => {
                     return Ok(batches.next_batch()?.map(RecordChunk::Arrow))
                 }
-                Source::Lines(reader) => reader.next_record()?,
-                Source::Frames(reader) => reader.next_record()?,
+                Source::Lines(reader) => reader.next_record(),
+                Source::Frames(reader) => reader.next_record(),
             };
             match next {
-                Some((_, record)) => records.push(record),
-                None => break,
+                Ok(Some((_, record))) => records.push(record),
+                Ok(None) => break,
+                Err(e) if records.is_empty() => return Err(e),
+                Err(e) => {
+                    self.failed = Some(e);
+                    break;
+                }
             }
         }
         Ok((!records.is_empty()).then_some(RecordChunk::Records(records)))
