@@ -18,7 +18,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from hypothesis import HealthCheck, settings
-from o41_training_data._local_s3 import LocalS3Server
+from o41_training_data.testing import LocalS3Server
 
 from fault_proxy import FaultProxy
 

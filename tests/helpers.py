@@ -16,7 +16,7 @@ from o41_training_data import (
     TrainingData,
     open_batch_stream,
 )
-from o41_training_data._local_s3 import LocalS3Server
+from o41_training_data.testing import LocalS3Server
 
 
 def config_for(

@@ -26,8 +26,8 @@ from botocore.auth import SigV4Auth
 from botocore.awsrequest import AWSRequest
 from botocore.credentials import Credentials
 from botocore.exceptions import ClientError, ResponseStreamingError
-from o41_training_data import _local_s3
-from o41_training_data._local_s3 import LocalS3Server, weed_binary
+from o41_training_data.testing import LocalS3Server, _local_s3
+from o41_training_data.testing._local_s3 import weed_binary
 
 from conftest import S3_BUCKET, boto3_client_for
 from fault_proxy import Fault, FaultProxy

@@ -27,7 +27,7 @@ from o41_training_data import (
     iter_shard,
     open_batch_stream,
 )
-from o41_training_data._local_s3 import LocalS3Server
+from o41_training_data.testing import LocalS3Server
 
 from conftest import SUFFIX, write_shard
 from fault_proxy import Fault, FaultProxy

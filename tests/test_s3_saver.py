@@ -19,7 +19,7 @@ from o41_training_data import (
     TrainingData,
     iter_shard,
 )
-from o41_training_data._local_s3 import LocalS3Server
+from o41_training_data.testing import LocalS3Server
 
 from fault_proxy import Fault, FaultProxy
 from helpers import data_for

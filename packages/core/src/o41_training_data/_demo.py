@@ -74,7 +74,7 @@ def _storage(directory: Path, s3: bool) -> Iterator[TrainingData]:
     if not s3:
         yield TrainingData()
         return
-    from ._local_s3 import LocalS3Server
+    from .testing import LocalS3Server
 
     server = LocalS3Server(
         directory / "s3-server",

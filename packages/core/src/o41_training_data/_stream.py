@@ -109,7 +109,7 @@ class Batch:
         """The stream position just after this batch (this batch and all before it consumed).
 
         A trainer that prefetches keeps the checkpoint (or just the :attr:`position`) of the
-        batch it last trained on, not of the last one fetched.
+        batch it last trained on, not of the last one fetched. It works after the stream closed.
         """
         return self._stream.checkpoint(self.position)
 
@@ -235,7 +235,8 @@ class BatchStream:
         """The checkpoint after the last delivered batch, or at ``position``.
 
         ``position`` is one of this stream's positions (a :attr:`Batch.position`), for example
-        of the batch the model last consumed while later ones were already fetched.
+        of the batch the model last consumed while later ones were already fetched. A position's
+        checkpoint can be taken after :meth:`close` too; the stream's own cannot.
         """
         return self._core.checkpoint(position)
 
