@@ -157,13 +157,16 @@ impl Stream {
         })
     }
 
-    /// The checkpoint after the last delivered batch, or at `position` (one of this stream's).
+    /// The checkpoint after the last delivered batch, or at `position` (one of this stream's,
+    /// also once the stream is closed).
     #[pyo3(signature = (position=None))]
     fn checkpoint(&self, py: Python<'_>, position: Option<&Position>) -> PyResult<Checkpoint> {
-        let stream = self.open(py)?;
+        // A position names its point itself, so its checkpoint is there after close too (a
+        // loop that ends, closes the stream, then saves the last consumed batch's position).
         let inner = match position {
-            None => stream.checkpoint(),
-            Some(position) => stream
+            None => self.open(py)?.checkpoint(),
+            Some(position) => self
+                .inner
                 .checkpoint_at(&position.inner)
                 .map_err(|e| to_py(py, &e))?,
         };
