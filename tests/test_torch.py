@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
+import functools
+import gc
 import os
 import pickle
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -26,6 +30,7 @@ from o41_training_data import (
 )
 from o41_training_data_torch import POSITION_KEY, O41IterableDataset
 from o41_training_data_torch._dataset import _tensor
+from o41_training_data_torch._ring import SEGMENT_PREFIX, WorkerRing, segment_directories, segment_of
 from torch.utils.data import DataLoader
 from torchdata.stateful_dataloader import StatefulDataLoader
 
@@ -270,3 +275,226 @@ def test_torchrun_job_killed_and_restarted_matches_an_uninterrupted_run(tmp_path
     assert logs(crashed) == straight
     for r in range(2):
         assert POSITION_KEY not in (crashed / f"stream-rank{r}.json").read_text()
+
+
+# -- The shared-memory ring that carries batches from DataLoader workers (o41_training_data_torch._ring).
+
+
+def _pickled_in_worker(item):
+    """A collate_fn: what crossing the DataLoader's queue costs, measured inside the worker."""
+    from multiprocessing.reduction import ForkingPickler
+
+    payload = bytes(ForkingPickler.dumps(item))
+    return {"size": len(payload), "torch_storage": b"rebuild_storage" in payload, "item": item}
+
+
+def _record_pid(directory: Path, worker_id: int) -> None:
+    (directory / f"worker-{os.getpid()}").touch()
+
+
+def _worker_pids(directory: Path, expect: int = 0, seconds: float = 20.0) -> list[int]:
+    deadline = time.monotonic() + seconds
+    while len(pids := [int(p.name.split("-")[1]) for p in directory.glob("worker-*")]) < expect:
+        assert time.monotonic() < deadline, f"{len(pids)} of {expect} workers started"
+        time.sleep(0.05)
+    return pids
+
+
+def _ring_files(pids: list[int]) -> list[str]:
+    return sorted(
+        str(path)
+        for directory in segment_directories()
+        for pid in pids
+        for path in Path(directory).glob(f"{SEGMENT_PREFIX}{pid}-*")
+    )
+
+
+def _wait_for_exit(pids: list[int], seconds: float = 20.0) -> None:
+    deadline = time.monotonic() + seconds
+    for pid in pids:
+        while Path(f"/proc/{pid}").exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not Path(f"/proc/{pid}").exists(), f"worker {pid} did not exit"
+
+
+def _wide_config(shard: ShardWriter, batch_size: int, length: int) -> BatchStreamConfig:
+    rows = [{"v": i, "t": list(range(i % 7)), "m": [True] * (i % 5)} for i in range(batch_size * 6)]
+    return BatchStreamConfig(
+        fields=[
+            ProjectedField("v", "v", "i64"),
+            ProjectedField("t", "t", "i32", length=length),
+            ProjectedField("m", "m", "bool", length=length),
+        ],
+        stages=[Stage(sources=[FileSource(files=[shard("parquet", rows)])], batch_size=batch_size)],
+        threads=1,
+    )
+
+
+def test_a_worker_item_crosses_as_a_small_handle(shard: ShardWriter) -> None:
+    sizes = []
+    for batch_size, length in [(4, 3), (256, 2048)]:
+        config = _wide_config(shard, batch_size, length)
+        reference = [batch.arrays()["t"].tolist() for batch in open_batch_stream(config)]
+        loader = DataLoader(
+            O41IterableDataset(config), batch_size=None, num_workers=2, collate_fn=_pickled_in_worker
+        )
+        got = []
+        for out in loader:
+            assert not out["torch_storage"]  # no torch shared-memory tensors in the payload
+            sizes.append(out["size"])
+            got.append(out["item"]["t"].tolist())
+            assert out["item"]["m"].dtype == torch.bool
+            assert segment_of(out["item"]["t"]) is not None
+        assert got == reference
+    # 256 x 2048 int32 + mask is 2.6 MB of fields; what crosses is the same few hundred bytes.
+    assert max(sizes) < 4096
+    assert max(sizes) - min(sizes) < 64
+
+
+def test_kept_batches_never_change(config: BatchStreamConfig) -> None:
+    reference = []
+    with open_batch_stream(config) as stream:
+        for batch in stream:
+            reference.append({name: array.copy() for name, array in batch.arrays().items()})
+    loader = DataLoader(O41IterableDataset(config), batch_size=None, num_workers=2, prefetch_factor=1)
+    kept = []
+    for batch in loader:
+        assert segment_of(batch["v"]) is not None  # a view of a ring slot, not a copy
+        kept.append(batch)
+        if len(kept) == 40:
+            break
+    del loader
+    # Each worker holds 20 batches: more than its first segment's slots, so it grew.
+    assert len({segment_of(batch["v"]) for batch in kept}) > 2
+    for batch, expected in zip(kept, reference, strict=False):
+        assert batch["v"].numpy().tolist() == expected["v"].tolist()
+        assert batch["m"].dtype == torch.bool
+        assert batch["m"].numpy().view(np.uint8).tolist() == expected["m"].tolist()
+
+
+@pytest.mark.parametrize("persistent", [False, True])
+def test_no_segment_files_outlive_the_workers(
+    config: BatchStreamConfig, tmp_path: Path, persistent: bool
+) -> None:
+    loader = DataLoader(
+        O41IterableDataset(config),
+        batch_size=None,
+        num_workers=2,
+        persistent_workers=persistent,
+        worker_init_fn=functools.partial(_record_pid, tmp_path),
+    )
+    for _ in range(2 if persistent else 1):
+        for batch in loader:  # to the end
+            assert segment_of(batch["v"]) is not None
+    # Abandoned after one batch: the other worker's first batch (and segment) is still in flight.
+    iterator = iter(loader)
+    batch = next(iterator)
+    assert segment_of(batch["v"]) is not None
+    pids = _worker_pids(tmp_path, expect=2 if persistent else 4)
+    del iterator, loader, batch
+    gc.collect()
+    _wait_for_exit(pids)
+    assert _ring_files(pids) == []
+
+
+def _double_in_worker(item):
+    # Worker-side transforms see ordinary tensors, in place or not.
+    item["v"].unsqueeze_(0)
+    item["double"] = item["v"] * 2
+    return item
+
+
+def test_collate_functions_in_workers_get_tensors_and_release_slots(
+    config: BatchStreamConfig, tmp_path: Path
+) -> None:
+    reference = core_sequence(config)
+    loader = DataLoader(
+        O41IterableDataset(config),
+        batch_size=None,
+        num_workers=2,
+        collate_fn=_double_in_worker,
+        worker_init_fn=functools.partial(_record_pid, tmp_path),
+    )
+    got = []
+    for batch in loader:
+        got.append((batch["batch_index"], batch["v"].squeeze(0).tolist()))
+        assert batch["double"].tolist() == [[2 * v for v in got[-1][1]]]
+        # Nothing this process holds views a slot, so each worker reuses its first segment.
+        assert len(_ring_files(_worker_pids(tmp_path))) <= 2
+    assert got == reference
+    _wait_for_exit(_worker_pids(tmp_path))
+    assert _ring_files(_worker_pids(tmp_path)) == []  # never mapped here: the workers unlinked them
+
+
+def test_spawned_workers_use_the_ring(config: BatchStreamConfig) -> None:
+    loader = DataLoader(
+        O41IterableDataset(config), batch_size=None, num_workers=2, multiprocessing_context="spawn"
+    )
+    got = []
+    for batch in loader:
+        assert segment_of(batch["v"]) is not None
+        assert batch["m"].dtype == torch.bool
+        got.append((batch["batch_index"], batch["v"].tolist()))
+    assert got == core_sequence(config)
+
+
+def test_a_larger_stage_batch_gets_larger_slots(shard: ShardWriter) -> None:
+    rows = [{"v": i, "m": [i % 3 == 0] * 3} for i in range(400)]
+    source = FileSource(files=[shard("parquet", rows)])
+    config = BatchStreamConfig(
+        fields=[ProjectedField("v", "v", "i64"), ProjectedField("m", "m", "bool", length=3)],
+        stages=[Stage(sources=[source], batch_size=4), Stage(sources=[source], batch_size=64)],
+        threads=1,
+    )
+    dataset = O41IterableDataset(config, bool_as="uint8")
+    got = []
+    for batch in DataLoader(dataset, batch_size=None, num_workers=2):
+        assert segment_of(batch["v"]) is not None
+        assert batch["m"].dtype == torch.uint8
+        got.append((batch["batch_index"], batch["v"].tolist()))
+        if len(got) == 3:
+            dataset.advance(1, after=batch)
+    assert got == core_sequence(config, advance_at=3 + 2 * 2)
+    assert {len(v) for _, v in got} == {4, 64}
+
+
+def test_worker_tensors_pickle_as_plain_tensors_outside_the_queue() -> None:
+    ring = WorkerRing()
+    try:
+        tensors = ring.put({"x": np.arange(6, dtype=np.int32).reshape(2, 3)}, frozenset())
+        restored = pickle.loads(pickle.dumps(tensors["x"]))
+        assert type(restored) is torch.Tensor
+        assert restored.tolist() == [[0, 1, 2], [3, 4, 5]]
+        assert type(tensors["x"] + 1) is torch.Tensor
+    finally:
+        for segment in ring.segments:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(segment.path)
+
+
+def test_a_slot_is_reused_only_after_every_tensor_of_it_is_gone() -> None:
+    from multiprocessing.reduction import ForkingPickler
+
+    ring = WorkerRing()  # this process plays both the worker and the main process
+    try:
+        first = ring.put({"x": np.arange(4, dtype=np.int64)}, frozenset())["x"]
+        assert first._o41_slot[1] == 0
+        payload = bytes(ForkingPickler.dumps(first))
+        assert len(payload) < 512
+        del first  # the worker's own tensor is gone, but the handle is on its way
+        assert ring.put({"x": np.arange(4, dtype=np.int64)}, frozenset())["x"]._o41_slot[1] == 1
+        received = pickle.loads(payload)  # maps the segment, views slot 0
+        assert type(received) is torch.Tensor
+        assert segment_of(received) is not None
+        tail = received[2:]
+        del received
+        # slot 1 was released with its tensor; slot 0 is still viewed through `tail`
+        assert ring.put({"x": np.arange(4, dtype=np.int64)}, frozenset())["x"]._o41_slot[1] == 1
+        assert tail.tolist() == [2, 3]
+        del tail
+        gc.collect()
+        assert ring.put({"x": np.arange(4, dtype=np.int64)}, frozenset())["x"]._o41_slot[1] == 0
+    finally:
+        for segment in ring.segments:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(segment.path)

@@ -1,8 +1,9 @@
 """PyTorch adapter for o41-training-data: ``DataLoader(O41IterableDataset(...), batch_size=None)``.
 
 Each item is one whole batch of the core stream as a dict of tensors that share memory with the
-engine's Arrow buffers (no copies), exact under ``DataLoader`` workers, ``torchrun`` ranks and
-``StatefulDataLoader`` checkpoints. See ``docs/torch.md``.
+engine's Arrow buffers (no copies; from ``DataLoader`` workers, one copy into a shared-memory
+ring), exact under ``DataLoader`` workers, ``torchrun`` ranks and ``StatefulDataLoader``
+checkpoints. See ``docs/torch.md``.
 
 Example:
     >>> from torch.utils.data import DataLoader

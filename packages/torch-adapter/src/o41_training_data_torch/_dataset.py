@@ -8,6 +8,7 @@ import multiprocessing.sharedctypes
 import os
 import warnings
 from collections.abc import Iterator, Mapping
+from multiprocessing.reduction import ForkingPickler
 from typing import Any, Literal
 
 import numpy as np
@@ -26,6 +27,8 @@ from o41_training_data import (
 )
 from torch.utils.data import IterableDataset, get_worker_info
 from torch.utils.data._utils.collate import default_collate_fn_map
+
+from . import _ring
 
 __all__ = ["POSITION_KEY", "STATE_VERSION", "WORKERS_KEY", "O41Batch", "O41IterableDataset"]
 
@@ -78,6 +81,23 @@ class O41Batch(dict[str, Any]):
         super().update(values)
 
 
+def _reduce_batch(batch: O41Batch) -> Any:
+    # How a worker's item crosses the DataLoader's queue: its slot fields as one ring handle
+    # (a few dozen bytes, one lookup in the main process), the metadata as it is.
+    split = _ring.split_mapping(batch)
+    if split is None:
+        return (O41Batch, (dict(batch),))
+    return (_rebuild_batch, split)
+
+
+def _rebuild_batch(handle: Any, others: dict[str, Any]) -> O41Batch:
+    return O41Batch(_ring.join_mapping(handle, others))
+
+
+# Only multiprocessing's pickler, which DataLoader queues use; plain pickle is unchanged.
+ForkingPickler.register(O41Batch, _reduce_batch)
+
+
 # The arrays are read-only views over engine memory that nothing else references; torch warns
 # about read-only NumPy arrays, but sharing (not copying) them is the point. The filter matches
 # only warnings raised from this module, so users' own warnings are untouched.
@@ -117,6 +137,9 @@ class O41IterableDataset(IterableDataset[O41Batch]):
       of ``num_workers=0``. Engine threads start lazily inside each worker (never across a fork).
     - **Fields** become tensors sharing memory with the batch (``torch.from_numpy``); ``bool``
       fields are ``torch.bool`` views (``bool_as="bool"``) or ``uint8`` (``bool_as="uint8"``).
+      A ``DataLoader`` worker copies each batch once into a shared-memory slot and only a small
+      handle crosses its queue; the main process's tensors view the slot, which is reused only
+      once they are all gone.
     - **State**: ``state_dict()``/``load_state_dict()`` follow the
       ``torchdata.stateful_dataloader`` protocol; the state is the core checkpoint JSON. To
       resume with another ``num_workers``, keep ``dataset.checkpoint(batch)`` of the last batch
@@ -257,6 +280,11 @@ class O41IterableDataset(IterableDataset[O41Batch]):
         stream = self._open()
         self._stream, self._stream_pid = stream, os.getpid()
         seen_request = self._requests[2] if self._requests is not None else 0
+        # In a DataLoader worker, batches go through the shared-memory ring so that only small
+        # handles cross the DataLoader's queue (see _ring); in-process, tensors view the engine's
+        # buffers directly.
+        ring = _ring.worker_ring() if get_worker_info() is not None else None
+        bool_fields = self._bool_fields if self._bool_as == "bool" else frozenset()
         try:
             while True:
                 if self._requests is not None and self._requests[2] != seen_request:
@@ -266,12 +294,12 @@ class O41IterableDataset(IterableDataset[O41Batch]):
                 if batch is None:
                     return
                 self._last_position = batch.position
-                item = O41Batch(
-                    {
-                        name: _tensor(array, self._bool_as == "bool" and name in self._bool_fields)
-                        for name, array in batch.arrays().items()
-                    }
-                )
+                arrays = batch.arrays()
+                if ring is not None:
+                    fields = ring.put(arrays, bool_fields)
+                else:
+                    fields = {name: _tensor(array, name in bool_fields) for name, array in arrays.items()}
+                item = O41Batch(fields)
                 dict.update(
                     item,
                     {
@@ -281,7 +309,12 @@ class O41IterableDataset(IterableDataset[O41Batch]):
                         WORKERS_KEY: workers,
                     },
                 )
+                # Nothing here keeps the batch alive while the consumer holds it: with the ring,
+                # the engine's buffers go back as soon as they are copied, and the slot is
+                # released as soon as the item's tensors are gone.
+                del arrays, fields, batch
                 yield item
+                del item
         finally:
             stream.close()
 
