@@ -159,13 +159,10 @@ impl Checkpoint {
                 checkpoint.fingerprint
             )));
         }
-        let r = &checkpoint.resolved;
-        if r.world_size == 0 || r.rank >= r.world_size {
-            return Err(refuse(format!(
-                "rank {} of world size {} is invalid",
-                r.rank, r.world_size
-            )));
-        }
+        checkpoint
+            .resolved
+            .validate()
+            .map_err(|e| refuse(format!("its resolved config is invalid: {e}")))?;
         Ok(checkpoint)
     }
 

@@ -36,9 +36,12 @@ fn default_pad() -> serde_json::Value {
 }
 
 impl FieldSpec {
-    /// Elements per row (product of the shape; 1 for a scalar).
-    pub fn row_width(&self) -> usize {
-        self.shape.iter().product()
+    /// Elements per row (product of the shape; 1 for a scalar); `None` when the product does
+    /// not fit a `usize`.
+    pub fn row_width(&self) -> Option<usize> {
+        self.shape
+            .iter()
+            .try_fold(1usize, |acc, &d| acc.checked_mul(d))
     }
 
     /// The pad value as a scalar, validated against the dtype.
@@ -194,100 +197,41 @@ fn default_world_size() -> usize {
 }
 
 impl StreamConfig {
-    /// Parses a config from JSON, naming the offending option on failure.
+    /// Parses a config from JSON, naming the offending option on failure (its path in the
+    /// document, such as `stages[0].batch_size`).
     pub fn from_json(text: &str) -> Result<Self> {
-        let config: StreamConfig =
-            serde_json::from_str(text).map_err(|e| Error::config("config", e.to_string()))?;
+        let config: StreamConfig = parse_named(text)?;
         config.validate()?;
         Ok(config)
     }
 
     /// Checks everything that can be checked without touching storage.
     pub fn validate(&self) -> Result<()> {
-        if self.fields.is_empty() {
-            return Err(Error::config(
-                "fields",
-                "at least one projected field is required",
-            ));
-        }
-        for (i, field) in self.fields.iter().enumerate() {
-            let option = format!("fields[{i}]");
-            if field.name.is_empty() {
-                return Err(Error::config(format!("{option}.name"), "must not be empty"));
-            }
-            if field.source.is_empty() {
-                return Err(Error::config(
-                    format!("{option}.source"),
-                    "must not be empty",
-                ));
-            }
-            if field.shape.contains(&0) {
-                return Err(Error::config(
-                    format!("{option}.shape"),
-                    format!("every axis must be at least 1, got {:?}", field.shape),
-                ));
-            }
-            field.pad_scalar(&format!("{option}.pad"))?;
-            for (j, other) in self.fields[..i].iter().enumerate() {
-                if other.name == field.name {
-                    return Err(Error::config(
-                        format!("{option}.name"),
-                        format!("'{}' is already the name of fields[{j}]", field.name),
-                    ));
-                }
-                if other.source == field.source {
-                    return Err(Error::config(
-                        format!("{option}.source"),
-                        format!(
-                            "'{}' is already projected by fields[{j}] ('{}'); project each record field once",
-                            field.source, other.name
-                        ),
-                    ));
-                }
-            }
-        }
+        validate_fields(&self.fields)?;
         if self.stages.is_empty() {
             return Err(Error::config("stages", "at least one stage is required"));
         }
         for (s, stage) in self.stages.iter().enumerate() {
             let option = format!("stages[{s}]");
-            if stage.batch_size == 0 {
-                return Err(Error::config(
-                    format!("{option}.batch_size"),
-                    "must be at least 1",
-                ));
-            }
+            validate_stage(&option, stage.batch_size, stage.shuffle)?;
             if stage.sources.is_empty() {
                 return Err(Error::config(
                     format!("{option}.sources"),
                     "at least one source is required",
                 ));
             }
-            if let Some(shuffle) = stage.shuffle {
-                if shuffle.buffer_rows == 0 {
-                    return Err(Error::config(
-                        format!("{option}.shuffle.buffer_rows"),
-                        "must be at least 1",
-                    ));
-                }
-                if shuffle.unit_rows == Some(0) {
-                    return Err(Error::config(
-                        format!("{option}.shuffle.unit_rows"),
-                        "must be at least 1",
-                    ));
-                }
-            }
             for (j, source) in stage.sources.iter().enumerate() {
+                let option = format!("{option}.sources[{j}]");
                 match source {
                     SourceSpec::Files {
                         files, encoding, ..
                     } => {
                         if let Some(name) = encoding {
-                            Encoding::parse(name, &format!("{option}.sources[{j}].encoding"))?;
+                            Encoding::parse(name, &format!("{option}.encoding"))?;
                         }
                         if files.is_empty() {
                             return Err(Error::config(
-                                format!("{option}.sources[{j}].files"),
+                                format!("{option}.files"),
                                 "at least one file is required",
                             ));
                         }
@@ -299,41 +243,147 @@ impl StreamConfig {
                     } => {
                         if manifest_uri.is_empty() {
                             return Err(Error::config(
-                                format!("{option}.sources[{j}].manifest_uri"),
+                                format!("{option}.manifest_uri"),
                                 "must not be empty",
                             ));
                         }
                         if curriculum_stages.as_ref().is_some_and(Vec::is_empty) {
                             return Err(Error::config(
-                                format!("{option}.sources[{j}].curriculum_stages"),
+                                format!("{option}.curriculum_stages"),
                                 "name at least one stage, or omit it to read the split's root order",
                             ));
                         }
                     }
                 }
-                let weight = source.weight();
-                if !(weight.is_finite() && weight > 0.0) {
-                    return Err(Error::config(
-                        format!("{option}.sources[{j}].weight"),
-                        format!("must be a positive finite number, got {weight}"),
-                    ));
-                }
+                validate_weight(&option, source.weight())?;
             }
         }
-        if self.threads == 0 {
-            return Err(Error::config("threads", "must be at least 1"));
+        validate_resources(self.threads, self.rank, self.world_size)
+    }
+}
+
+/// Parses `text` as a `T`, naming the path of the value at fault in a [`Error::Config`].
+pub fn parse_named<T: serde::de::DeserializeOwned>(text: &str) -> Result<T> {
+    let deserializer = &mut serde_json::Deserializer::from_str(text);
+    serde_path_to_error::deserialize(deserializer).map_err(|e| {
+        let path = e.path().to_string();
+        let option = if path.is_empty() || path == "." {
+            "config".to_owned()
+        } else {
+            path
+        };
+        Error::config(option, e.into_inner().to_string())
+    })
+}
+
+fn validate_fields(fields: &[FieldSpec]) -> Result<()> {
+    if fields.is_empty() {
+        return Err(Error::config(
+            "fields",
+            "at least one projected field is required",
+        ));
+    }
+    for (i, field) in fields.iter().enumerate() {
+        let option = format!("fields[{i}]");
+        if field.name.is_empty() {
+            return Err(Error::config(format!("{option}.name"), "must not be empty"));
         }
-        if self.world_size == 0 {
-            return Err(Error::config("world_size", "must be at least 1"));
-        }
-        if self.rank >= self.world_size {
+        if field.source.is_empty() {
             return Err(Error::config(
-                "rank",
-                format!("{} is not below world_size {}", self.rank, self.world_size),
+                format!("{option}.source"),
+                "must not be empty",
             ));
         }
-        Ok(())
+        if field.shape.contains(&0) {
+            return Err(Error::config(
+                format!("{option}.shape"),
+                format!("every axis must be at least 1, got {:?}", field.shape),
+            ));
+        }
+        if field
+            .row_width()
+            .and_then(|w| w.checked_mul(field.dtype.byte_width()))
+            .is_none()
+        {
+            return Err(Error::config(
+                format!("{option}.shape"),
+                format!(
+                    "{:?} holds more bytes per row than 64 bits can count",
+                    field.shape
+                ),
+            ));
+        }
+        field.pad_scalar(&format!("{option}.pad"))?;
+        for (j, other) in fields[..i].iter().enumerate() {
+            if other.name == field.name {
+                return Err(Error::config(
+                    format!("{option}.name"),
+                    format!("'{}' is already the name of fields[{j}]", field.name),
+                ));
+            }
+            if other.source == field.source {
+                return Err(Error::config(
+                    format!("{option}.source"),
+                    format!(
+                        "'{}' is already projected by fields[{j}] ('{}'); project each record field once",
+                        field.source, other.name
+                    ),
+                ));
+            }
+        }
     }
+    Ok(())
+}
+
+fn validate_stage(option: &str, batch_size: usize, shuffle: Option<ShuffleSpec>) -> Result<()> {
+    if batch_size == 0 {
+        return Err(Error::config(
+            format!("{option}.batch_size"),
+            "must be at least 1",
+        ));
+    }
+    if let Some(shuffle) = shuffle {
+        if shuffle.buffer_rows == 0 {
+            return Err(Error::config(
+                format!("{option}.shuffle.buffer_rows"),
+                "must be at least 1",
+            ));
+        }
+        if shuffle.unit_rows == Some(0) {
+            return Err(Error::config(
+                format!("{option}.shuffle.unit_rows"),
+                "must be at least 1",
+            ));
+        }
+    }
+    Ok(())
+}
+
+fn validate_weight(option: &str, weight: f64) -> Result<()> {
+    if weight.is_finite() && weight > 0.0 {
+        Ok(())
+    } else {
+        Err(Error::config(
+            format!("{option}.weight"),
+            format!("must be a positive finite number, got {weight}"),
+        ))
+    }
+}
+
+fn validate_resources(threads: usize, rank: usize, world_size: usize) -> Result<()> {
+    if threads == 0 {
+        return Err(Error::config("threads", "must be at least 1"));
+    }
+    if world_size == 0 {
+        return Err(Error::config("world_size", "must be at least 1"));
+    }
+    if rank >= world_size {
+        return Err(Error::config(
+            "rank",
+            format!("{rank} is not below world_size {world_size}"),
+        ));
+    }
+    Ok(())
 }
 
 /// A shard pinned at resolution time.
@@ -417,6 +467,40 @@ pub struct ResolvedConfig {
 }
 
 impl ResolvedConfig {
+    /// Checks the rules a resolved document keeps, as [`StreamConfig::validate`] does for a
+    /// config: a checkpoint's document is read from a file and trusted no further than that.
+    pub fn validate(&self) -> Result<()> {
+        validate_fields(&self.fields)?;
+        if self.stages.is_empty() {
+            return Err(Error::config("stages", "at least one stage is required"));
+        }
+        for (s, stage) in self.stages.iter().enumerate() {
+            let option = format!("stages[{s}]");
+            validate_stage(&option, stage.batch_size, stage.shuffle)?;
+            if stage.sources.is_empty() {
+                return Err(Error::config(
+                    format!("{option}.sources"),
+                    "at least one source is required",
+                ));
+            }
+            for (j, source) in stage.sources.iter().enumerate() {
+                let option = format!("{option}.sources[{j}]");
+                validate_weight(&option, source.weight)?;
+                let rows = source
+                    .shards
+                    .iter()
+                    .try_fold(0u64, |acc, shard| acc.checked_add(shard.rows));
+                if rows.is_none_or(|rows| rows == 0) {
+                    return Err(Error::config(
+                        format!("{option}.shards"),
+                        "the source must hold between 1 and 2^64 - 1 rows",
+                    ));
+                }
+            }
+        }
+        validate_resources(self.threads, self.rank, self.world_size)
+    }
+
     /// Serialises the document as JSON.
     pub fn to_json(&self) -> String {
         serde_json::to_string(self).expect("a resolved config always serialises")

@@ -146,8 +146,31 @@ macro_rules! float_element {
     };
 }
 
-float_element!(f32, Float32Type, DType::F32);
 float_element!(f64, Float64Type, DType::F64);
+
+/// `f32` columns refuse a finite value beyond the type's range instead of storing infinity;
+/// NaN and infinities themselves convert as they are.
+impl Element for f32 {
+    const DTYPE: DType = DType::F32;
+    type Arrow = Float32Type;
+    #[inline]
+    fn from_i64(v: i64) -> Option<Self> {
+        Some(v as f32)
+    }
+    #[inline]
+    fn from_u64(v: u64) -> Option<Self> {
+        Some(v as f32)
+    }
+    #[inline]
+    fn from_f64(v: f64) -> Option<Self> {
+        let narrowed = v as f32;
+        (narrowed.is_finite() || !v.is_finite()).then_some(narrowed)
+    }
+    #[inline]
+    fn from_bool(_: bool) -> Option<Self> {
+        None
+    }
+}
 
 /// `bool` columns are `u8` 0/1. Integers 0 and 1 are accepted too (masks are often stored as
 /// int8); any other value is refused rather than coerced.
@@ -198,6 +221,15 @@ mod tests {
         assert_eq!(u8::from_i64(1), Some(1));
         assert_eq!(u8::from_i64(2), None);
         assert_eq!(u8::from_f64(1.0), None);
+    }
+
+    #[test]
+    fn f32_refuses_finite_values_beyond_its_range() {
+        assert_eq!(f32::from_f64(1e300), None);
+        assert_eq!(f32::from_f64(-1e39), None);
+        assert_eq!(f32::from_f64(1.5), Some(1.5));
+        assert!(f32::from_f64(f64::INFINITY).is_some_and(f32::is_infinite));
+        assert!(f32::from_f64(f64::NAN).is_some_and(f32::is_nan));
     }
 
     #[test]

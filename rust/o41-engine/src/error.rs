@@ -165,6 +165,25 @@ impl fmt::Display for FieldSuffix<'_> {
 }
 
 impl Error {
+    /// The error for a panic caught at a thread boundary: a bug reported with its cause, never an
+    /// abort or a silent end of a stream.
+    pub fn from_panic(panic: &(dyn std::any::Any + Send)) -> Self {
+        let cause = panic
+            .downcast_ref::<&str>()
+            .map(|s| (*s).to_owned())
+            .or_else(|| panic.downcast_ref::<String>().cloned())
+            .unwrap_or_else(|| "unknown cause".to_owned());
+        Error::Internal {
+            message: format!("an engine thread panicked: {cause}"),
+        }
+    }
+
+    /// Runs `f`, turning a panic into [`Error::Internal`].
+    pub fn catch<T>(f: impl FnOnce() -> Result<T>) -> Result<T> {
+        std::panic::catch_unwind(std::panic::AssertUnwindSafe(f))
+            .unwrap_or_else(|panic| Err(Error::from_panic(panic.as_ref())))
+    }
+
     /// Builds a [`Error::Config`] error.
     pub fn config(option: impl Into<String>, message: impl Into<String>) -> Self {
         Error::Config {

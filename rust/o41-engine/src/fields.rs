@@ -94,7 +94,18 @@ impl ProjectedColumn {
             source: spec.source.clone(),
             dtype: spec.dtype,
             shape: spec.shape.clone(),
-            width: spec.row_width(),
+            width: spec
+                .row_width()
+                .filter(|w| w.checked_mul(spec.dtype.byte_width()).is_some())
+                .ok_or_else(|| {
+                    Error::config(
+                        format!("{option}.shape"),
+                        format!(
+                            "{:?} holds more bytes per row than 64 bits can count",
+                            spec.shape
+                        ),
+                    )
+                })?,
             pad: spec.pad_scalar(&format!("{option}.pad"))?,
         })
     }
@@ -125,15 +136,27 @@ impl Projection {
             .enumerate()
             .map(|(i, f)| ProjectedColumn::new(f, &format!("fields[{i}]")))
             .collect::<Result<Vec<_>>>()?;
-        Ok(Projection { columns })
+        let projection = Projection { columns };
+        if projection.checked_row_bytes().is_none() {
+            return Err(Error::config(
+                "fields",
+                "one row of all fields holds more bytes than 64 bits can count",
+            ));
+        }
+        Ok(projection)
     }
 
-    /// Bytes of one projected row across all columns.
+    fn checked_row_bytes(&self) -> Option<usize> {
+        self.columns.iter().try_fold(0usize, |acc, c| {
+            acc.checked_add(c.width.checked_mul(c.dtype.byte_width())?)
+        })
+    }
+
+    /// Bytes of one projected row across all columns (checked to fit when the projection was
+    /// built).
     pub fn row_bytes(&self) -> usize {
-        self.columns
-            .iter()
-            .map(|c| c.width * c.dtype.byte_width())
-            .sum()
+        self.checked_row_bytes()
+            .expect("row bytes were checked at construction")
     }
 
     /// The columns read from records (no synthetic ones), and for each its index here.

@@ -120,7 +120,7 @@ fn convert_slice<A, T>(
 ) -> Result<(), String>
 where
     A: ArrowPrimitiveType,
-    A::Native: std::fmt::Display,
+    A::Native: std::fmt::Debug,
     T: Element,
 {
     check_nulls(array, &range)?;
@@ -140,7 +140,7 @@ where
         .find(|v| convert(**v).is_none())
         .expect("a value failed to convert");
     Err(format!(
-        "value {v} ({}) does not fit dtype {}",
+        "value {v:?} ({}) does not fit dtype {}",
         A::DATA_TYPE,
         dtype.name()
     ))

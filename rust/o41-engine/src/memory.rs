@@ -1,28 +1,88 @@
-//! The stream's working-set bound, computed at open from the declared shapes and the pipeline's
-//! sizes, and checked against `memory_limit_bytes` (default: half the host's physical memory).
+//! The stream's working-set bound, computed from the declared shapes and the pipeline's sizes,
+//! and checked against `memory_limit_bytes` (default: half the host's physical memory).
+//!
+//! It is checked twice: before any shard is touched, from the config alone (so a config whose
+//! buffers could not be allocated is refused before inspection allocates its first row), and
+//! at open with what inspection learnt about the shards (decoders' scratch). All arithmetic is
+//! checked: a size that does not fit 64 bits is refused, never wrapped.
 
 use std::fmt;
 
-use crate::config::ResolvedConfig;
+use crate::config::ShuffleSpec;
 use crate::error::{Error, Result};
 use crate::fields::Projection;
+use crate::order::window_rows;
 
 /// Buffered bytes an open shard reader may hold (read buffers, decompressor state).
 const READER_BYTES: u64 = 3 << 20;
 /// Open readers per decode worker.
-const READERS_PER_WORKER: u64 = 4;
+pub const READERS_PER_WORKER: u64 = 4;
+/// Most unique rows one read job decodes.
+pub const MAX_JOB_ROWS: u64 = 1024;
+/// Rows planned together at least (a group reads each shard range once).
+const MIN_GROUP_ROWS: u64 = 4096;
 
-/// The pipeline's sizes that the bound depends on, besides the config.
+/// What a stream's pipeline looks like, from the config alone.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct PipelineSizes {
-    /// Rows planned together (at least one shuffle window, whole batches).
+pub struct PipelineShape {
+    /// Rows planned together: at least one shuffle window and 4,096 rows, in whole batches.
     pub group_rows: u64,
+    /// Rows of the largest batch.
+    pub largest_batch: u64,
     /// Read jobs in flight at most.
-    pub max_jobs: usize,
-    /// Decoded rows that the jobs in flight hold together, at most.
-    pub job_rows: usize,
+    pub max_jobs: u64,
+    /// Decode threads.
+    pub threads: u64,
+    /// Batches queued for the consumer.
+    pub prefetch_batches: u64,
+    /// The limit the bound is checked against.
+    pub limit: u64,
+}
+
+fn too_large() -> Error {
+    Error::config(
+        "memory_limit_bytes",
+        "the stream's working set does not fit in 64 bits; lower batch_size, prefetch_batches, \
+         threads, the shuffle window or the field shapes",
+    )
+}
+
+impl PipelineShape {
+    /// The shape for stages of `(batch_size, shuffle)`, `threads` decode threads,
+    /// `prefetch_batches` and `memory_limit_bytes`.
+    pub fn new(
+        stages: impl IntoIterator<Item = (usize, Option<ShuffleSpec>)>,
+        threads: usize,
+        prefetch_batches: usize,
+        memory_limit_bytes: Option<u64>,
+    ) -> Result<Self> {
+        let mut largest_window = 0u64;
+        let mut largest_batch = 1u64;
+        for (s, (batch_size, shuffle)) in stages.into_iter().enumerate() {
+            largest_window = largest_window.max(window_rows(shuffle, s)?.0);
+            largest_batch = largest_batch.max(batch_size as u64);
+        }
+        let group_rows = largest_window
+            .max(MIN_GROUP_ROWS)
+            .div_ceil(largest_batch)
+            .checked_mul(largest_batch)
+            .ok_or_else(too_large)?;
+        Ok(PipelineShape {
+            group_rows,
+            largest_batch,
+            max_jobs: (threads as u64).checked_mul(2).ok_or_else(too_large)?,
+            threads: threads as u64,
+            prefetch_batches: prefetch_batches as u64,
+            limit: memory_limit_bytes.unwrap_or_else(default_limit),
+        })
+    }
+}
+
+/// What inspection learnt about the shards that the bound depends on.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ShardScratch {
     /// The most working memory one job's decoder needs on any of the stream's shards.
-    pub largest_scratch: u64,
+    pub largest: u64,
     /// Whether some shard is remote: remote jobs fetch their bytes from dispatch on, so every
     /// job in flight may hold them, not only the ones being decoded.
     pub prefetching: bool,
@@ -44,46 +104,51 @@ pub struct MemoryBound {
     pub limit: u64,
 }
 
+/// `a * b + ...` in checked arithmetic.
+fn product(factors: &[u64]) -> Result<u64> {
+    factors
+        .iter()
+        .try_fold(1u64, |acc, &f| acc.checked_mul(f))
+        .ok_or_else(too_large)
+}
+
 impl MemoryBound {
-    /// Sum of the terms.
+    /// Sum of the terms (checked to fit when the bound was computed).
     pub fn total(&self) -> u64 {
         self.batches + self.decode_units + self.readers + self.decode_scratch
     }
 
-    /// Computes the bound and refuses a config that exceeds its limit.
+    /// Computes the bound and refuses a config that exceeds its limit or 64 bits.
     pub fn compute(
-        config: &ResolvedConfig,
+        shape: &PipelineShape,
         projection: &Projection,
-        sizes: PipelineSizes,
+        scratch: ShardScratch,
     ) -> Result<Self> {
-        let PipelineSizes {
-            group_rows,
-            max_jobs,
-            job_rows,
-            largest_scratch,
-            prefetching,
-        } = sizes;
-        let scratch_holders = if prefetching {
-            max_jobs as u64
-        } else {
-            config.threads as u64
-        };
         let row_bytes = projection.row_bytes() as u64;
-        let batch_rows = config
-            .stages
-            .iter()
-            .map(|s| s.batch_size as u64)
-            .max()
-            .unwrap_or(0);
-        let bound = MemoryBound {
-            batches: ((config.prefetch_batches as u64 + 1) * batch_rows + 2 * group_rows)
-                * row_bytes,
-            decode_units: job_rows as u64 * row_bytes,
-            readers: config.threads as u64 * READERS_PER_WORKER * READER_BYTES,
-            decode_scratch: scratch_holders * largest_scratch,
-            limit: config.memory_limit_bytes.unwrap_or_else(default_limit),
+        let held_batches = shape
+            .prefetch_batches
+            .checked_add(1)
+            .ok_or_else(too_large)?;
+        let batch_rows = product(&[held_batches, shape.largest_batch])?
+            .checked_add(product(&[2, shape.group_rows])?)
+            .ok_or_else(too_large)?;
+        let scratch_holders = if scratch.prefetching {
+            shape.max_jobs
+        } else {
+            shape.threads
         };
-        if bound.total() > bound.limit {
+        let bound = MemoryBound {
+            batches: product(&[batch_rows, row_bytes])?,
+            decode_units: product(&[shape.max_jobs, MAX_JOB_ROWS, row_bytes])?,
+            readers: product(&[shape.threads, READERS_PER_WORKER, READER_BYTES])?,
+            decode_scratch: product(&[scratch_holders, scratch.largest])?,
+            limit: shape.limit,
+        };
+        let total = [bound.decode_units, bound.readers, bound.decode_scratch]
+            .iter()
+            .try_fold(bound.batches, |acc, &t| acc.checked_add(t))
+            .ok_or_else(too_large)?;
+        if total > bound.limit {
             return Err(Error::config("memory_limit_bytes", format!("the stream's working set is bounded at {bound}, above the limit of {} bytes; lower batch_size, prefetch_batches, threads or the field shapes, or raise memory_limit_bytes", bound.limit)));
         }
         Ok(bound)
@@ -114,5 +179,5 @@ pub fn host_memory_bytes() -> Option<u64> {
     let text = std::fs::read_to_string("/proc/meminfo").ok()?;
     let line = text.lines().find(|l| l.starts_with("MemTotal:"))?;
     let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
-    Some(kib * 1024)
+    kib.checked_mul(1024)
 }

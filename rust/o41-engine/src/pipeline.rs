@@ -21,12 +21,11 @@ use crate::cancel::Cancel;
 use crate::columns::Chunk;
 use crate::error::{Error, Result};
 use crate::formats::{self, ShardReader};
+use crate::memory::READERS_PER_WORKER;
 use crate::order::Segment;
 use crate::plan::{Dest, Job, Pending, Plan, Planner};
 use crate::storage::Storage;
 
-/// Open shard readers each worker keeps, so consecutive jobs on a shard continue in place.
-const READERS_PER_WORKER: usize = 4;
 /// How often the assembler looks at the stop flag while it waits for decoded rows.
 const POLL: Duration = Duration::from_millis(50);
 
@@ -153,7 +152,7 @@ fn decode_worker(
         if cancel.is_cancelled() {
             return;
         }
-        let result = decode(plan, storage, &mut readers, &mut job);
+        let result = Error::catch(|| decode(plan, storage, &mut readers, &mut job));
         if results.send((job.id, result)).is_err() {
             return;
         }
@@ -171,7 +170,8 @@ fn decode(
     } else {
         let entry = &plan.shards[job.shard];
         let reader = formats::open(storage, &entry.path, entry.encoding, &entry.meta)?;
-        if readers.len() == READERS_PER_WORKER {
+        // A few open readers per worker, so consecutive jobs on a shard continue in place.
+        if readers.len() as u64 == READERS_PER_WORKER {
             readers.pop();
         }
         readers.insert(0, (job.shard, reader));
@@ -196,7 +196,7 @@ struct Assembler {
 
 impl Assembler {
     fn run(mut self) {
-        if let Err(e) = self.assemble() {
+        if let Err(e) = Error::catch(|| self.assemble()) {
             let _ = self.out.send(Err(e));
         }
     }

@@ -18,15 +18,10 @@ use crate::encoding::Encoding;
 use crate::error::Result;
 use crate::fields::{Projection, Synthetic};
 use crate::formats::{Prefetch, ShardMeta};
-use crate::memory::{MemoryBound, PipelineSizes};
+use crate::memory::{MemoryBound, PipelineShape, ShardScratch, MAX_JOB_ROWS};
 use crate::order::{LayoutCache, Order, Segment, Slot};
 use crate::resolve::Resolved;
-use crate::storage::Storage;
-
-/// Most unique rows one read job decodes.
-pub const MAX_JOB_ROWS: usize = 1024;
-/// Rows planned together at least (a group reads each shard range once).
-const MIN_GROUP_ROWS: u64 = 4096;
+use crate::storage::{self, Storage};
 
 /// One shard of the stream, as inspection left it.
 pub struct ShardEntry {
@@ -97,28 +92,22 @@ impl Plan {
             }
             shard_ids.push(ids);
         }
-        let largest_window = order.stages().iter().map(|s| s.window).max().unwrap_or(0);
-        let largest_batch = order
-            .stages()
-            .iter()
-            .map(|s| s.batch_size)
-            .max()
-            .unwrap_or(1);
-        let group_rows = largest_window.max(MIN_GROUP_ROWS).div_ceil(largest_batch) * largest_batch;
-        let max_jobs = config.threads * 2;
+        let shape = PipelineShape::new(
+            config.stages.iter().map(|s| (s.batch_size, s.shuffle)),
+            config.threads,
+            config.prefetch_batches,
+            config.memory_limit_bytes,
+        )?;
         let bound = MemoryBound::compute(
-            &config,
+            &shape,
             &projection,
-            PipelineSizes {
-                group_rows,
-                max_jobs,
-                job_rows: max_jobs * MAX_JOB_ROWS,
-                largest_scratch: shards
+            ShardScratch {
+                largest: shards
                     .iter()
                     .map(|s| s.meta.scratch_bytes)
                     .max()
                     .unwrap_or(0),
-                prefetching: shards.iter().any(|s| s.meta.version.is_some()),
+                prefetching: shards.iter().any(|s| storage::is_remote(&s.path)),
             },
         )?;
         let fingerprint = config.fingerprint();
@@ -133,8 +122,8 @@ impl Plan {
             shards,
             shard_ids,
             bound,
-            group_rows,
-            max_jobs,
+            group_rows: shape.group_rows,
+            max_jobs: shape.max_jobs as usize,
             fingerprint,
         })
     }
@@ -301,14 +290,14 @@ fn split_jobs(
                 // The same row again (a small source repeating inside one group).
                 Some(r) if r.end == row + 1 => {}
                 Some(r) if r.end == row => {
-                    if unique as usize == MAX_JOB_ROWS {
+                    if u64::from(unique) == MAX_JOB_ROWS {
                         break;
                     }
                     r.end += 1;
                     unique += 1;
                 }
                 _ => {
-                    if unique as usize == MAX_JOB_ROWS {
+                    if u64::from(unique) == MAX_JOB_ROWS {
                         break;
                     }
                     ranges.push(row..row + 1);

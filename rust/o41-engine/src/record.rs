@@ -245,11 +245,13 @@ impl<'de, T: Element> Visitor<'de> for Slot<'_, '_, T> {
         self.scalar(T::from_u64(v), format_args!("integer {v}"), "does not fit")
     }
     fn visit_f64<E: serde::de::Error>(self, v: f64) -> Result<(), E> {
-        self.scalar(
-            T::from_f64(v),
-            format_args!("float {v}"),
-            "is not allowed in",
-        )
+        let refused = if T::DTYPE == DType::F32 {
+            "does not fit"
+        } else {
+            "is not allowed in"
+        };
+        // Debug prints 1e300 as such, not as 301 digits.
+        self.scalar(T::from_f64(v), format_args!("float {v:?}"), refused)
     }
     fn visit_str<E: serde::de::Error>(self, _: &str) -> Result<(), E> {
         self.refuse("a string")

@@ -5,14 +5,15 @@ use std::collections::HashMap;
 use std::path::Path;
 
 use crate::config::{
-    ManifestSelection, ResolvedConfig, ResolvedShard, ResolvedSource, ResolvedStage, SourceSpec,
-    StreamConfig, RESOLVED_CONFIG_VERSION,
+    ManifestSelection, ResolvedConfig, ResolvedShard, ResolvedSource, ResolvedStage, ShuffleSpec,
+    SourceSpec, StreamConfig, RESOLVED_CONFIG_VERSION,
 };
 use crate::encoding::Encoding;
 use crate::error::{Error, Result};
 use crate::fields::Projection;
 use crate::formats::{self, ShardMeta};
 use crate::manifest::{shard_path, Manifest};
+use crate::memory::{MemoryBound, PipelineShape, ShardScratch};
 use crate::storage::{self, Storage};
 
 /// A resolved config with what inspection learnt about each shard.
@@ -31,7 +32,17 @@ pub struct Resolved {
 /// Re-inspects the shards a checkpoint's resolved config pinned, refusing any whose row count
 /// or encoding changed since: a resumed stream must read exactly what the original read.
 pub fn reopen(config: ResolvedConfig, storage: &Storage) -> Result<Resolved> {
+    config.validate()?;
     let projection = Projection::new(&config.fields)?;
+    let bound = preflight(
+        config.stages.iter().map(|s| (s.batch_size, s.shuffle)),
+        (
+            config.threads,
+            config.prefetch_batches,
+            config.memory_limit_bytes,
+        ),
+        &projection,
+    )?;
     let (records, _) = projection.record_columns();
     let mut jobs = Vec::new();
     for (s, stage) in config.stages.iter().enumerate() {
@@ -50,7 +61,8 @@ pub fn reopen(config: ResolvedConfig, storage: &Storage) -> Result<Resolved> {
     for job in &jobs {
         storage.check(&job.path)?;
     }
-    let metas = inspect_all(storage, &jobs, &records, config.threads)?;
+    let max_record = max_record(&bound, config.threads, jobs.len());
+    let metas = inspect_all(storage, &jobs, &records, config.threads, max_record)?;
     let mut next = metas.into_iter();
     let mut all = Vec::with_capacity(config.stages.len());
     for stage in &config.stages {
@@ -192,10 +204,48 @@ fn absolute(path: &str) -> String {
         .map_or_else(|_| path.to_owned(), |p| p.to_string_lossy().into_owned())
 }
 
+/// Refuses, before any shard is touched, a config whose buffers alone exceed its memory limit
+/// or 64 bits: inspection must not allocate a row that the bound would refuse.
+fn preflight(
+    stages: impl IntoIterator<Item = (usize, Option<ShuffleSpec>)>,
+    resources: (usize, usize, Option<u64>),
+    projection: &Projection,
+) -> Result<MemoryBound> {
+    let (threads, prefetch_batches, memory_limit_bytes) = resources;
+    let shape = PipelineShape::new(stages, threads, prefetch_batches, memory_limit_bytes)?;
+    MemoryBound::compute(&shape, projection, ShardScratch::default())
+}
+
+/// The longest record (JSON line, `MessagePack` frame) each inspection thread may hold, so that
+/// inspecting hostile shards stays within the memory limit too: the bound's headroom shared by
+/// the threads, and never more than `MAX_RECORD_BYTES`.
+fn max_record(bound: &MemoryBound, threads: usize, shards: usize) -> u64 {
+    let headroom = bound.limit - bound.total();
+    (headroom / inspect_threads(threads, shards) as u64)
+        .saturating_sub(formats::READER_BUFFER_BYTES)
+        .min(formats::MAX_RECORD_BYTES)
+}
+
+/// Threads that inspect `shards` shards: at most `threads`, and never more than this many, which
+/// keep a storage service busy already.
+fn inspect_threads(threads: usize, shards: usize) -> usize {
+    const MAX_INSPECT_THREADS: usize = 64;
+    threads.clamp(1, shards.clamp(1, MAX_INSPECT_THREADS))
+}
+
 /// Resolves `config`: infers encodings, counts rows, indexes and checks every shard.
 pub fn resolve(config: &StreamConfig, storage: &Storage) -> Result<Resolved> {
     config.validate()?;
     let projection = Projection::new(&config.fields)?;
+    let bound = preflight(
+        config.stages.iter().map(|s| (s.batch_size, s.shuffle)),
+        (
+            config.threads,
+            config.prefetch_batches,
+            config.memory_limit_bytes,
+        ),
+        &projection,
+    )?;
     let (records, _) = projection.record_columns();
     let mut jobs = Vec::new();
     let mut manifests = HashMap::new();
@@ -209,7 +259,8 @@ pub fn resolve(config: &StreamConfig, storage: &Storage) -> Result<Resolved> {
         }
         counts.push(stage_counts);
     }
-    let metas = inspect_all(storage, &jobs, &records, config.threads)?;
+    let max_record = max_record(&bound, config.threads, jobs.len());
+    let metas = inspect_all(storage, &jobs, &records, config.threads, max_record)?;
     for (job, meta) in jobs.iter().zip(&metas) {
         if let Some(expected) = job.rows {
             if expected != meta.rows {
@@ -293,23 +344,38 @@ fn inspect_all(
     jobs: &[Job],
     projection: &Projection,
     threads: usize,
+    max_record: u64,
 ) -> Result<Vec<ShardMeta>> {
-    let threads = threads.clamp(1, jobs.len().max(1));
+    let threads = inspect_threads(threads, jobs.len());
     let per = jobs.len().div_ceil(threads).max(1);
+    let inspect_part = |part: &[Job]| -> Vec<Result<ShardMeta>> {
+        part.iter()
+            .map(|job| {
+                Error::catch(|| {
+                    storage.cancel().check(&job.path)?;
+                    formats::inspect(storage, &job.path, job.encoding, projection, max_record)
+                })
+            })
+            .collect()
+    };
     let results: Vec<Vec<Result<ShardMeta>>> = std::thread::scope(|scope| {
         let handles: Vec<_> = jobs
             .chunks(per)
             .map(|part| {
-                scope.spawn(move || {
-                    part.iter()
-                        .map(|job| formats::inspect(storage, &job.path, job.encoding, projection))
-                        .collect::<Vec<_>>()
-                })
+                std::thread::Builder::new()
+                    .name("o41-inspect".to_owned())
+                    .spawn_scoped(scope, move || inspect_part(part))
+                    .map_err(|e| Error::io("inspection thread", e))
             })
             .collect();
         handles
             .into_iter()
-            .map(|h| h.join().expect("inspection does not panic"))
+            .map(|spawned| match spawned {
+                Ok(handle) => handle
+                    .join()
+                    .unwrap_or_else(|panic| vec![Err(Error::from_panic(panic.as_ref()))]),
+                Err(e) => vec![Err(e)],
+            })
             .collect()
     });
     results.into_iter().flatten().collect()

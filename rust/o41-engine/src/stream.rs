@@ -16,7 +16,7 @@ use crate::checkpoint::{Checkpoint, Cursor, Position};
 use crate::config::{ResolvedConfig, StreamConfig};
 use crate::error::{Error, Result};
 use crate::memory::MemoryBound;
-use crate::order::Segment;
+use crate::order::{Segment, MAX_POSITION};
 use crate::pipeline::{Assembled, Pipeline};
 use crate::plan::{Plan, Planner};
 use crate::resolve::{check_config, reopen, resolve, Resolved};
@@ -73,6 +73,23 @@ pub struct Share {
     pub offset: u64,
     /// Distance between the local batches this stream yields.
     pub stride: u64,
+}
+
+impl Share {
+    /// Refuses a share that yields nothing or overlaps another: `stride` must be at least 1 and
+    /// `offset` below it.
+    pub fn check(&self) -> Result<()> {
+        if self.stride == 0 || self.offset >= self.stride {
+            return Err(Error::config(
+                "share",
+                format!(
+                    "({}, {}) is not (offset, stride) with 0 <= offset < stride",
+                    self.offset, self.stride
+                ),
+            ));
+        }
+        Ok(())
+    }
 }
 
 impl Default for Share {
@@ -146,6 +163,7 @@ impl BatchStream {
     /// Resolves `config` and starts the stream at its beginning, yielding `share` of the rank's
     /// batches.
     pub fn open(config: &StreamConfig, storage: &Storage, share: Share) -> Result<Self> {
+        share.check()?;
         let start = Start {
             segment: Segment::first(),
             origin: 0,
@@ -165,6 +183,7 @@ impl BatchStream {
         share: Share,
         expect: Expect<'_>,
     ) -> Result<Self> {
+        share.check()?;
         checkpoint.check_process(expect.rank, expect.world_size)?;
         if let Some(config) = expect.config {
             check_config(&checkpoint.resolved, config)?;
@@ -180,13 +199,15 @@ impl BatchStream {
         Self::start(resolved, start)
     }
 
-    fn start(resolved: Resolved, mut start: Start) -> Result<Self> {
-        start.share.stride = start.share.stride.max(1);
+    fn start(resolved: Resolved, start: Start) -> Result<Self> {
         let plan = Arc::new(Plan::new(resolved)?);
-        plan.order.check_segment(&start.segment)?;
-        if start.segment.start_batch > start.origin {
+        plan.order.check_cursor(&start.segment, start.origin)?;
+        if start.batches_base > MAX_POSITION || start.rows_base > MAX_POSITION {
             return Err(Error::Checkpoint {
-                message: "the cursor's segment starts after its next batch".to_owned(),
+                message: format!(
+                    "its counters ({} batches, {} rows) are beyond any a stream reaches",
+                    start.batches_base, start.rows_base
+                ),
             });
         }
         let bs = plan.order.batch_size(&start.segment);

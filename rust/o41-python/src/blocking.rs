@@ -10,7 +10,6 @@
 //! exception is raised once the work has stopped. No engine lock is held across any of this:
 //! the engine's locks are taken and released inside the work, never while the GIL is retaken.
 
-use std::any::Any;
 use std::sync::mpsc::{self, RecvTimeoutError};
 use std::time::Duration;
 
@@ -40,7 +39,7 @@ pub fn wait<T: Send>(
     on_interrupt: impl FnOnce() + Send,
 ) -> PyResult<T> {
     loop {
-        match py.detach(|| step(SIGNAL_POLL)) {
+        match py.detach(|| Error::catch(|| step(SIGNAL_POLL))) {
             Ok(Step::Done(value)) => return Ok(value),
             Ok(Step::Pending) => {}
             Err(e) => return Err(to_py(py, &e)),
@@ -81,19 +80,7 @@ pub fn blocking<T: Send>(
         finished?;
         match joined {
             Ok(result) => result.map_err(|e| to_py(py, &e)),
-            Err(panic) => Err(to_py(py, &panicked(panic.as_ref()))),
+            Err(panic) => Err(to_py(py, &Error::from_panic(panic.as_ref()))),
         }
     })
-}
-
-/// The engine error for a panic caught at a thread boundary: never a silent end, never an abort.
-pub fn panicked(panic: &(dyn Any + Send)) -> Error {
-    let cause = panic
-        .downcast_ref::<&str>()
-        .map(|s| (*s).to_owned())
-        .or_else(|| panic.downcast_ref::<String>().cloned())
-        .unwrap_or_else(|| "unknown cause".to_owned());
-    Error::Internal {
-        message: format!("an engine thread panicked: {cause}"),
-    }
 }

@@ -54,10 +54,7 @@ impl Stream {
 }
 
 fn share(offset: u64, stride: u64) -> Share {
-    Share {
-        offset,
-        stride: stride.max(1),
-    }
+    Share { offset, stride }
 }
 
 #[pymethods]

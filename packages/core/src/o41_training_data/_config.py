@@ -8,6 +8,9 @@ option at fault.
 from __future__ import annotations
 
 import json
+import math
+import operator
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -35,6 +38,87 @@ Encoding = Literal["parquet", "jsonl", "jsonl.gz", "msgpack"]
 
 DTYPES: tuple[str, ...] = ("i32", "i64", "f32", "f64", "bool")
 ENCODINGS: tuple[str, ...] = ("parquet", "jsonl", "jsonl.gz", "msgpack")
+
+_U64 = 2**64
+
+
+def _invalid(option: str, message: str) -> ConfigError:
+    error = ConfigError(f"invalid {option}: {message}")
+    error.option = option
+    return error
+
+
+def _integer(option: str, value: object, *, minimum: int, maximum: int = _U64 - 1) -> None:
+    """Refuses anything but an int in ``[minimum, maximum]`` (bools are not integers here)."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise _invalid(option, f"expected an integer, got {value!r}")
+    if not minimum <= value <= maximum:
+        raise _invalid(option, f"must be between {minimum} and {maximum}, got {value}")
+
+
+def _as_int(value: object) -> object:
+    """``value`` as an int when it is integer-like (``operator.index``), else unchanged."""
+    if isinstance(value, bool):
+        return value
+    try:
+        return operator.index(value)  # type: ignore[call-overload]
+    except TypeError:
+        return value
+
+
+def _weight(option: str, value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise _invalid(option, f"expected a number, got {value!r}")
+    if not (math.isfinite(value) and value > 0):
+        raise _invalid(option, f"must be a positive finite number, got {value!r}")
+
+
+def _check_field(option: str, field: ProjectedField) -> None:
+    if not isinstance(field, ProjectedField):
+        raise _invalid(option, f"expected a ProjectedField, got {type(field).__name__}")
+    for name in ("name", "source"):
+        value = getattr(field, name)
+        if not isinstance(value, str) or not value:
+            raise _invalid(f"{option}.{name}", f"expected a non-empty string, got {value!r}")
+    for size in field.shape or ():
+        _integer(f"{option}.shape", size, minimum=1)
+    pad = field.pad
+    if not isinstance(pad, (bool, int, float)):
+        raise _invalid(f"{option}.pad", f"expected a number or a bool, got {pad!r}")
+    if isinstance(pad, float) and not math.isfinite(pad):
+        raise _invalid(f"{option}.pad", f"must be finite, got {pad!r}")
+
+
+def _check_source(option: str, source: FileSource | ManifestSource) -> None:
+    if isinstance(source, FileSource):
+        if not source.files:
+            raise _invalid(f"{option}.files", "at least one file is required")
+        if source.encoding is not None and source.encoding not in ENCODINGS:
+            raise _invalid(
+                f"{option}.encoding",
+                f"unknown encoding {source.encoding!r}; expected one of {', '.join(ENCODINGS)}",
+            )
+    elif not isinstance(source, ManifestSource):
+        raise _invalid(option, f"expected a FileSource or a ManifestSource, got {type(source).__name__}")
+    _weight(f"{option}.weight", source.weight)
+
+
+def _check_stage(option: str, stage: Stage) -> None:
+    if not isinstance(stage, Stage):
+        raise _invalid(option, f"expected a Stage, got {type(stage).__name__}")
+    _integer(f"{option}.batch_size", stage.batch_size, minimum=1)
+    if not isinstance(stage.infinite, bool):
+        raise _invalid(f"{option}.infinite", f"expected a bool, got {stage.infinite!r}")
+    if stage.shuffle is not None:
+        if not isinstance(stage.shuffle, Shuffle):
+            raise _invalid(f"{option}.shuffle", f"expected a Shuffle, got {type(stage.shuffle).__name__}")
+        _integer(f"{option}.shuffle.buffer_rows", stage.shuffle.buffer_rows, minimum=1)
+        if stage.shuffle.unit_rows is not None:
+            _integer(f"{option}.shuffle.unit_rows", stage.shuffle.unit_rows, minimum=1)
+    if not stage.sources:
+        raise _invalid(f"{option}.sources", "at least one source is required")
+    for j, source in enumerate(stage.sources):
+        _check_source(f"{option}.sources[{j}]", source)
 
 
 @dataclass(frozen=True)
@@ -65,10 +149,12 @@ class ProjectedField:
             )
         if self.length is not None and self.shape is not None:
             raise ConfigError(f"invalid field '{self.name}': give length or shape, not both")
+        # Sizes are checked with the field's path by BatchStreamConfig; integer-like values
+        # (NumPy integers) become ints here.
         if self.shape is not None:
-            object.__setattr__(self, "shape", tuple(int(d) for d in self.shape))
+            object.__setattr__(self, "shape", tuple(_as_int(d) for d in self.shape))
         elif self.length is not None:
-            object.__setattr__(self, "shape", (int(self.length),))
+            object.__setattr__(self, "shape", (_as_int(self.length),))
         else:
             object.__setattr__(self, "shape", ())
 
@@ -101,9 +187,9 @@ class FileSource:
     weight: float = 1.0
 
     def __post_init__(self) -> None:
-        if isinstance(self.files, str):
-            raise ConfigError("invalid FileSource.files: expected a list of paths, got one string")
-        object.__setattr__(self, "files", tuple(str(f) for f in self.files))
+        if isinstance(self.files, (str, os.PathLike)):
+            raise ConfigError("invalid FileSource.files: expected a list of paths, got one path")
+        object.__setattr__(self, "files", tuple(os.fspath(f) for f in self.files))
 
     def to_dict(self) -> dict[str, Any]:
         """The source as the engine's JSON document expects it."""
@@ -238,10 +324,23 @@ class BatchStreamConfig:
     def __post_init__(self) -> None:
         object.__setattr__(self, "fields", tuple(self.fields))
         object.__setattr__(self, "stages", tuple(self.stages))
-        for name in ("seed", "threads", "prefetch_batches", "rank", "world_size"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                raise ConfigError(f"invalid {name}: expected a non-negative integer, got {value!r}")
+        # Types and ranges are checked here, with each option's path, so that a wrong value is
+        # named before it reaches the engine (whose checks repeat the rules for JSON configs).
+        _integer("seed", self.seed, minimum=0)
+        _integer("threads", self.threads, minimum=1, maximum=4096)
+        _integer("prefetch_batches", self.prefetch_batches, minimum=0, maximum=2**32)
+        _integer("world_size", self.world_size, minimum=1, maximum=2**32)
+        _integer("rank", self.rank, minimum=0, maximum=self.world_size - 1)
+        if self.memory_limit_bytes is not None:
+            _integer("memory_limit_bytes", self.memory_limit_bytes, minimum=1)
+        if not self.fields:
+            raise _invalid("fields", "at least one projected field is required")
+        for i, field in enumerate(self.fields):
+            _check_field(f"fields[{i}]", field)
+        if not self.stages:
+            raise _invalid("stages", "at least one stage is required")
+        for s, stage in enumerate(self.stages):
+            _check_stage(f"stages[{s}]", stage)
 
     def to_dict(self) -> dict[str, Any]:
         """The config as the engine's JSON document expects it."""
@@ -258,4 +357,4 @@ class BatchStreamConfig:
 
     def to_json(self) -> str:
         """The config as JSON for the engine."""
-        return json.dumps(self.to_dict())
+        return json.dumps(self.to_dict(), allow_nan=False)

@@ -34,6 +34,11 @@ impl ObjectCursor {
         self.pos
     }
 
+    /// Bytes of the object after the current position.
+    pub fn remaining(&self) -> u64 {
+        self.object.size().saturating_sub(self.pos)
+    }
+
     pub fn seek_to(&mut self, offset: u64) -> Result<()> {
         if offset == self.pos {
             return Ok(());

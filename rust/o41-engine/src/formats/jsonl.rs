@@ -38,6 +38,9 @@ pub struct Reader {
     /// Record number the next non-blank line holds.
     next_row: u64,
     line: Vec<u8>,
+    /// Longest line read, newline included: a longer one is an error before it is buffered
+    /// (a compressed stream can inflate to any length).
+    max_line: u64,
 }
 
 impl Reader {
@@ -45,6 +48,7 @@ impl Reader {
         object: Arc<Object>,
         encoding: Encoding,
         offsets: Option<Arc<Vec<u64>>>,
+        max_line: u64,
     ) -> Result<Self> {
         let mut reader = Reader {
             path: object.uri().to_owned(),
@@ -54,6 +58,7 @@ impl Reader {
             lines: None,
             next_row: 0,
             line: Vec::new(),
+            max_line,
         };
         reader.rewind(0)?;
         Ok(reader)
@@ -84,15 +89,35 @@ impl Reader {
         Ok(())
     }
 
+    /// Reads the next line, blank or not, into `self.line`: its length in bytes, 0 at the end.
+    /// `row` names it in errors.
+    fn read_line(&mut self, row: u64) -> Result<usize> {
+        let lines: &mut (dyn BufRead + Send) = self.lines.as_mut().expect("opened");
+        self.line.clear();
+        // One byte over the limit tells a line that is too long from one that is exactly it.
+        let n = std::io::Read::take(lines, self.max_line.saturating_add(1))
+            .read_until(b'\n', &mut self.line)
+            .map_err(|e| read_error(&self.path, self.encoding, row, e))?;
+        if n as u64 > self.max_line {
+            return Err(Error::Format {
+                path: self.path.clone(),
+                encoding: self.encoding.name(),
+                row: Some(row),
+                message: format!(
+                    "a line is longer than {} bytes, the most this stream holds for one record \
+                     (the longest line at open, or the memory limit's share); a shard that \
+                     changed since open, or raise memory_limit_bytes",
+                    self.max_line
+                ),
+            });
+        }
+        Ok(n)
+    }
+
     /// Reads the next non-blank line into `self.line`; false at end of file.
     fn next_line(&mut self) -> Result<bool> {
-        let lines = self.lines.as_mut().expect("opened");
         loop {
-            self.line.clear();
-            let n = lines
-                .read_until(b'\n', &mut self.line)
-                .map_err(|e| read_error(&self.path, self.encoding, self.next_row, e))?;
-            if n == 0 {
+            if self.read_line(self.next_row)? == 0 {
                 return Ok(false);
             }
             if !is_blank(&self.line) {
@@ -220,20 +245,17 @@ pub fn inspect(
     object: Arc<Object>,
     encoding: Encoding,
     projection: &Projection,
+    max_record: u64,
 ) -> Result<ShardMeta> {
     let path = &object.uri().to_owned();
-    let mut reader = Reader::open(object, encoding, None)?;
+    let mut reader = Reader::open(object, encoding, None, max_record)?;
     let plain = encoding == Encoding::Jsonl;
     let mut offsets = Vec::new();
     let mut offset = 0u64;
     let mut rows = 0u64;
     let mut longest = 0usize;
     loop {
-        let lines = reader.lines.as_mut().expect("opened");
-        reader.line.clear();
-        let n = lines
-            .read_until(b'\n', &mut reader.line)
-            .map_err(|e| read_error(path, encoding, rows, e))?;
+        let n = reader.read_line(rows)?;
         if n == 0 {
             break;
         }
@@ -260,6 +282,7 @@ pub fn inspect(
         version: None,
         bytes: 0,
         scratch_bytes: longest as u64 + 2 * BUF_BYTES as u64,
+        longest_record: longest as u64,
         index,
     })
 }

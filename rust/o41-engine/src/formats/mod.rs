@@ -32,6 +32,14 @@ pub use msgpack::FRAME_HEADER_BYTES;
 pub use records::{RecordChunk, ShardRecords};
 pub use value::{Record, Value};
 
+/// The longest JSON line or `MessagePack` frame any reader holds, whatever the memory limit
+/// allows: a record longer than this is an error, not an allocation.
+pub const MAX_RECORD_BYTES: u64 = 256 << 20;
+
+/// Buffers a JSON Lines or `MessagePack` reader holds besides its record (read and
+/// decompression buffers).
+pub const READER_BUFFER_BYTES: u64 = 2 << 20;
+
 /// Records per entry of the sparse row index kept for JSON Lines and `MessagePack` shards.
 pub const INDEX_STRIDE: u64 = 64;
 
@@ -48,6 +56,9 @@ pub struct ShardMeta {
     pub version: Option<String>,
     /// Size of the shard in bytes at inspection.
     pub bytes: u64,
+    /// The longest line or frame of a JSON Lines or `MessagePack` shard: readers refuse a longer
+    /// one (the shard changed) before buffering it.
+    pub longest_record: u64,
     index: ShardIndex,
 }
 
@@ -71,20 +82,24 @@ enum ShardIndex {
     Sequential,
 }
 
-/// Counts a shard's rows, indexes it, and checks the projection against its first record.
+/// Counts a shard's rows, indexes it, and checks the projection against its first record. A line
+/// or frame longer than `max_record` bytes is an error, not an allocation.
 pub fn inspect(
     storage: &Storage,
     path: &str,
     encoding: Encoding,
     projection: &Projection,
+    max_record: u64,
 ) -> Result<ShardMeta> {
     let object = Arc::new(storage.open(path)?);
     let version = object.version().map(str::to_owned);
     let bytes = object.size();
     let mut meta = match encoding {
         Encoding::Parquet => parquet::inspect(object, projection),
-        Encoding::Jsonl | Encoding::JsonlGz => jsonl::inspect(object, encoding, projection),
-        Encoding::Msgpack => msgpack::inspect(object, projection),
+        Encoding::Jsonl | Encoding::JsonlGz => {
+            jsonl::inspect(object, encoding, projection, max_record)
+        }
+        Encoding::Msgpack => msgpack::inspect(object, projection, max_record),
     }?;
     meta.version = version;
     meta.bytes = bytes;
@@ -169,15 +184,23 @@ pub fn open(
     let object = Arc::new(storage.open_known(path, meta.bytes, meta.version.as_deref())?);
     Ok(match (&meta.index, encoding) {
         (ShardIndex::Parquet(index), _) => Box::new(parquet::Reader::open(object, index.clone())),
-        (ShardIndex::Offsets(offsets), Encoding::Msgpack) => {
-            Box::new(msgpack::Reader::open(object, offsets.clone())?)
-        }
+        (ShardIndex::Offsets(offsets), Encoding::Msgpack) => Box::new(msgpack::Reader::open(
+            object,
+            offsets.clone(),
+            meta.longest_record,
+        )?),
         (ShardIndex::Offsets(offsets), _) => Box::new(jsonl::Reader::open(
             object,
             encoding,
             Some(offsets.clone()),
+            meta.longest_record,
         )?),
-        (ShardIndex::Sequential, _) => Box::new(jsonl::Reader::open(object, encoding, None)?),
+        (ShardIndex::Sequential, _) => Box::new(jsonl::Reader::open(
+            object,
+            encoding,
+            None,
+            meta.longest_record,
+        )?),
     })
 }
 

@@ -39,17 +39,53 @@ pub struct Reader {
     file: ObjectCursor,
     next_row: u64,
     frame: Vec<u8>,
+    /// Largest frame payload read: a length prefix that claims more is an error before any
+    /// buffer is sized from it.
+    max_frame: u64,
+}
+
+/// Whether `marker`, a `MessagePack` payload's first byte, starts a map.
+fn is_map_marker(marker: u8) -> bool {
+    matches!(marker, 0x80..=0x8f | 0xde | 0xdf)
 }
 
 impl Reader {
-    pub fn open(object: Arc<Object>, offsets: Arc<Vec<u64>>) -> Result<Self> {
+    pub fn open(object: Arc<Object>, offsets: Arc<Vec<u64>>, max_frame: u64) -> Result<Self> {
         Ok(Reader {
             path: object.uri().to_owned(),
             offsets,
             file: ObjectCursor::new(object, 0, BUF_BYTES)?,
             next_row: 0,
             frame: Vec::new(),
+            max_frame,
         })
+    }
+
+    /// Checks a frame's claimed length against what is left of the file and the frame limit,
+    /// before anything is allocated or skipped for it.
+    fn check_len(&self, len: usize) -> Result<()> {
+        let remaining = self.file.remaining();
+        if len as u64 > remaining {
+            return Err(format_error(
+                &self.path,
+                self.next_row,
+                format!(
+                    "truncated frame: its length prefix claims {len} bytes, {remaining} remain in the file"
+                ),
+            ));
+        }
+        if len as u64 > self.max_frame {
+            return Err(format_error(
+                &self.path,
+                self.next_row,
+                format!(
+                    "a frame of {len} bytes is longer than {} bytes, the most this stream holds \
+                     for one record (the longest frame at open, or the memory limit's share)",
+                    self.max_frame
+                ),
+            ));
+        }
+        Ok(())
     }
 
     /// Reads the next frame's length; `None` at a clean end of file.
@@ -80,7 +116,27 @@ impl Reader {
         let Some(len) = self.next_len()? else {
             return Ok(false);
         };
+        self.check_len(len)?;
         self.file.skip(len as u64)?;
+        Ok(true)
+    }
+
+    /// Skips a frame after checking that its payload is a map, reading only its first byte: a
+    /// frame holding anything else is not a record, and is refused where it is counted.
+    fn skip_record_frame(&mut self) -> Result<bool> {
+        let Some(len) = self.next_len()? else {
+            return Ok(false);
+        };
+        self.check_len(len)?;
+        let mut marker = [0u8; 1];
+        if len == 0 || self.file.read_exact(&mut marker).is_err() || !is_map_marker(marker[0]) {
+            return Err(format_error(
+                &self.path,
+                self.next_row,
+                "a record must be a map of fields; this frame holds something else",
+            ));
+        }
+        self.file.skip(len as u64 - 1)?;
         Ok(true)
     }
 
@@ -88,6 +144,7 @@ impl Reader {
         let Some(len) = self.next_len()? else {
             return Ok(false);
         };
+        self.check_len(len)?;
         self.frame.resize(len, 0);
         self.file.read_exact(&mut self.frame).map_err(|e| {
             if e.kind() == std::io::ErrorKind::UnexpectedEof {
@@ -223,10 +280,10 @@ pub fn write(mut out: impl Write, records: &[Record], path: &str) -> Result<()> 
     out.flush().map_err(|e| Error::io(path, e))
 }
 
-pub fn inspect(object: Arc<Object>, projection: &Projection) -> Result<ShardMeta> {
+pub fn inspect(object: Arc<Object>, projection: &Projection, max_record: u64) -> Result<ShardMeta> {
     let path = &object.uri().to_owned();
     let size = object.size();
-    let mut reader = Reader::open(object, Arc::new(vec![0]))?;
+    let mut reader = Reader::open(object, Arc::new(vec![0]), max_record)?;
     let mut offsets = Vec::new();
     let mut offset = 0u64;
     let mut longest = 0u64;
@@ -238,7 +295,7 @@ pub fn inspect(object: Arc<Object>, projection: &Projection) -> Result<ShardMeta
         let got = if rows == 0 {
             reader.read_frame()?
         } else {
-            reader.skip_frame()?
+            reader.skip_record_frame()?
         };
         if !got {
             break;
@@ -278,6 +335,7 @@ pub fn inspect(object: Arc<Object>, projection: &Projection) -> Result<ShardMeta
         version: None,
         bytes: 0,
         scratch_bytes: longest + BUF_BYTES as u64,
+        longest_record: longest,
         index: ShardIndex::Offsets(Arc::new(offsets)),
     })
 }

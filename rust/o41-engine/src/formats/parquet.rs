@@ -274,6 +274,22 @@ fn load_metadata(object: &Arc<Object>) -> Result<ArrowReaderMetadata> {
 pub fn inspect(object: Arc<Object>, projection: &Projection) -> Result<ShardMeta> {
     let path = &object.uri().to_owned();
     let metadata = load_metadata(&object)?;
+    if metadata.metadata().file_metadata().num_rows() == 0 {
+        // An empty shard (a writer's output for no records may have no columns at all) holds
+        // nothing to project: streams skip it.
+        return Ok(ShardMeta {
+            rows: 0,
+            version: None,
+            bytes: 0,
+            scratch_bytes: 0,
+            longest_record: 0,
+            index: ShardIndex::Parquet(Arc::new(ParquetIndex {
+                metadata,
+                roots: Vec::new(),
+                group_starts: vec![0],
+            })),
+        });
+    }
     let schema = metadata.schema().clone();
     let mut roots = Vec::with_capacity(projection.columns.len());
     for column in &projection.columns {
@@ -343,6 +359,7 @@ pub fn inspect(object: Arc<Object>, projection: &Projection) -> Result<ShardMeta
         bytes: 0,
         // A job spans at most two row groups (it holds at most one group's worth of rows).
         scratch_bytes: 2 * largest_group + gap_bytes,
+        longest_record: 0,
         index: ShardIndex::Parquet(index.clone()),
     };
     if rows > 0 {

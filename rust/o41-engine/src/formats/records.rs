@@ -7,7 +7,7 @@ use std::sync::Arc;
 use arrow_array::RecordBatch;
 
 use super::value::Record;
-use super::{jsonl, msgpack, parquet};
+use super::{jsonl, msgpack, parquet, MAX_RECORD_BYTES};
 use crate::encoding::Encoding;
 use crate::error::{Error, Result};
 use crate::storage::Storage;
@@ -46,10 +46,17 @@ impl ShardRecords {
             Encoding::Parquet => {
                 Source::Parquet(parquet::Batches::open(&object, chunk_rows.max(1))?)
             }
-            Encoding::Jsonl | Encoding::JsonlGz => {
-                Source::Lines(jsonl::Reader::open(object, encoding, None)?)
-            }
-            Encoding::Msgpack => Source::Frames(msgpack::Reader::open(object, Arc::new(vec![0]))?),
+            Encoding::Jsonl | Encoding::JsonlGz => Source::Lines(jsonl::Reader::open(
+                object,
+                encoding,
+                None,
+                MAX_RECORD_BYTES,
+            )?),
+            Encoding::Msgpack => Source::Frames(msgpack::Reader::open(
+                object,
+                Arc::new(vec![0]),
+                MAX_RECORD_BYTES,
+            )?),
         };
         Ok(ShardRecords {
             source,

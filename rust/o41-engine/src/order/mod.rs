@@ -21,10 +21,15 @@ use serde::{Deserialize, Serialize};
 
 pub use keyed::{key, mix64};
 pub use source::{EpochLayout, SourceRow};
-pub use stage::{StageOrder, StageRow, DEFAULT_UNIT_ROWS};
+pub use stage::{window_rows, StageOrder, StageRow, DEFAULT_UNIT_ROWS};
 
 use crate::config::ResolvedConfig;
 use crate::error::{Error, Result};
+
+/// No position or counter reaches this many rows or batches: no stream delivers 2^62 rows, and
+/// staying below keeps every position computation within 64 bits. A checkpoint beyond it is
+/// refused rather than wrapped into another part of the sequence.
+pub const MAX_POSITION: u64 = 1 << 62;
 
 /// The rows of an old stage still in its shuffle window when `advance` switched stages; they
 /// fill the first batches after the switch.
@@ -210,8 +215,50 @@ impl Order {
             )));
         }
         if let Some(d) = segment.drain {
-            if d.stage >= self.stages.len() || d.from > d.to {
-                return Err(bad(format!("cursor drain {d:?} is invalid")));
+            let order = self.stages.get(d.stage);
+            let fits = order.is_some_and(|o| {
+                d.from <= d.to
+                    && d.to <= MAX_POSITION
+                    && o.total().is_none_or(|total| d.to <= total)
+                    && o.window_end(d.from) >= d.to
+            });
+            if !fits {
+                return Err(bad(format!(
+                    "cursor drain {d:?} is not a part of one shuffle window of stage {}",
+                    d.stage
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// Checks that a cursor read from a checkpoint (its segment and next global batch) is one
+    /// this order reaches: positions stay below [`MAX_POSITION`], and a finite segment's cursor
+    /// is not past its end.
+    pub fn check_cursor(&self, segment: &Segment, next_batch: u64) -> Result<()> {
+        self.check_segment(segment)?;
+        let bad = |m: String| Error::Checkpoint { message: m };
+        if segment.start_batch > next_batch {
+            return Err(bad(format!(
+                "the cursor's segment starts at global batch {}, after its next batch {next_batch}",
+                segment.start_batch
+            )));
+        }
+        let batches = next_batch - segment.start_batch;
+        let rows = batches.checked_mul(self.batch_size(segment));
+        if next_batch > MAX_POSITION || rows.is_none_or(|rows| rows > MAX_POSITION) {
+            return Err(bad(format!(
+                "next batch {next_batch} is beyond any position a stream reaches (2^62 rows)"
+            )));
+        }
+        if let Some(total) = self.segment_rows(segment) {
+            let full = total / self.batch_size(segment);
+            if batches > full {
+                return Err(bad(format!(
+                    "next batch {next_batch} is past the end of finite stage {}, which has {full} \
+                     batches from global batch {}",
+                    segment.stage, segment.start_batch
+                )));
             }
         }
         Ok(())

@@ -10,11 +10,37 @@
 use super::keyed::{key, tag, Permutation};
 use super::mix::MixSchedule;
 use super::source::{SourceOrder, SourceRow};
-use crate::config::ResolvedStage;
-use crate::error::Result;
+use crate::config::{ResolvedStage, ShuffleSpec};
+use crate::error::{Error, Result};
 
 /// Rows that stay together when the shuffle window moves rows, unless configured.
 pub const DEFAULT_UNIT_ROWS: u64 = 8;
+
+/// The shuffle window in rows (the configured `buffer_rows` rounded up to whole units) and the
+/// unit; `(0, 1)` when unshuffled. `s` names the stage in errors.
+pub fn window_rows(shuffle: Option<ShuffleSpec>, s: usize) -> Result<(u64, u64)> {
+    let Some(sh) = shuffle else {
+        return Ok((0, 1));
+    };
+    let unit = sh
+        .unit_rows
+        .unwrap_or(DEFAULT_UNIT_ROWS)
+        .clamp(1, sh.buffer_rows.max(1));
+    let window = sh
+        .buffer_rows
+        .div_ceil(unit)
+        .checked_mul(unit)
+        .ok_or_else(|| {
+            Error::config(
+                format!("stages[{s}].shuffle.buffer_rows"),
+                format!(
+                    "{} rows do not fit 64 bits once rounded to whole units",
+                    sh.buffer_rows
+                ),
+            )
+        })?;
+    Ok((window, unit))
+}
 
 /// A row of a stage, with where it comes from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -66,16 +92,7 @@ impl StageOrder {
             (!stage.infinite).then_some(rows.as_slice()),
             &format!("stages[{s}].sources"),
         )?;
-        let (window, unit) = match shuffle {
-            Some(sh) => {
-                let unit = sh
-                    .unit_rows
-                    .unwrap_or(DEFAULT_UNIT_ROWS)
-                    .clamp(1, sh.buffer_rows);
-                (sh.buffer_rows.div_ceil(unit) * unit, unit)
-            }
-            None => (0, 1),
-        };
+        let (window, unit) = window_rows(shuffle, s)?;
         Ok(StageOrder {
             batch_size: stage.batch_size as u64,
             window,

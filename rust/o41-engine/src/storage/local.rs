@@ -16,6 +16,17 @@ use crate::cancel::Cancel;
 use crate::error::{Error, Result};
 
 pub fn open(path: &str, cancel: &Cancel) -> Result<Object> {
+    // Before opening: opening a FIFO for reading blocks until a writer comes, and a device
+    // such as /dev/zero is endless.
+    let kind = std::fs::metadata(path).map_err(|e| Error::io(path, e))?;
+    if !kind.is_file() {
+        return Err(Error::Storage {
+            path: path.to_owned(),
+            message: "not a regular file (a directory, device or pipe); shards and manifests \
+                      must be files"
+                .to_owned(),
+        });
+    }
     let file = File::open(path).map_err(|e| Error::io(path, e))?;
     let size = file.metadata().map_err(|e| Error::io(path, e))?.len();
     Ok(Object {

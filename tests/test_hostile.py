@@ -1,0 +1,311 @@
+"""Hostile inputs, configs and checkpoints: each gives a named error from the hierarchy, and none
+aborts, hangs or over-allocates the process.
+
+Cases that used to kill the interpreter run in a child process whose address space is capped at
+2 GiB, so an allocation past that fails there, not in the test runner, and the test sees it.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import struct
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import msgpack
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from o41_training_data import (
+    BatchStreamConfig,
+    Checkpoint,
+    CheckpointError,
+    ConfigError,
+    FileSource,
+    MalformedShardError,
+    ProjectedField,
+    ProjectionError,
+    Shuffle,
+    Stage,
+    StorageError,
+    open_batch_stream,
+    resume_batch_stream,
+)
+
+from conftest import ShardWriter
+from helpers import collect, config_for
+
+V = ProjectedField("v", "v", "i64")
+CAP_BYTES = 2 << 30
+
+
+def in_child(code: str, timeout: float = 120) -> str:
+    """Runs ``code`` in a fresh interpreter capped at 2 GiB of address space; returns its stdout.
+
+    The code prints its outcome; the test fails if the child dies (abort, signal) or hangs.
+    """
+    prelude = textwrap.dedent(
+        f"""
+        import resource
+        resource.setrlimit(resource.RLIMIT_AS, ({CAP_BYTES}, {CAP_BYTES}))
+        from o41_training_data import *
+        def outcome(call):
+            try:
+                call()
+            except O41Error as err:
+                print(type(err).__name__, err.option, err.path, "|", err, flush=True)
+            else:
+                print("no error", flush=True)
+        """
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", prelude + textwrap.dedent(code)],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+        env={**os.environ, "RAYON_NUM_THREADS": "1"},
+    )
+    assert done.returncode == 0, f"the child died ({done.returncode}): {done.stderr[-2000:]}"
+    return done.stdout.strip()
+
+
+def stream_call(
+    path: Path,
+    field: str = 'ProjectedField("v", "v", "i64")',
+    stage: str = "batch_size=10",
+    settings: str = "",
+) -> str:
+    """Child code that opens and drains a stream of one stage over ``path`` and prints the outcome."""
+    return f"""
+        config = BatchStreamConfig(
+            fields=[{field}],
+            stages=[Stage(sources=[FileSource(files=[{str(path)!r}])], {stage})],
+            {settings}
+        )
+        def run():
+            with open_batch_stream(config) as stream:
+                for _ in stream:
+                    pass
+        outcome(run)
+    """
+
+
+def test_a_frame_length_past_the_end_of_the_file_is_refused_before_allocating(tmp_path: Path) -> None:
+    path = tmp_path / "huge-prefix.msgpack"
+    path.write_bytes(struct.pack("<I", 0xFFFFFFFF) + b"\x81\xa1v\x01" * 11_500)  # 46 KB
+    out = in_child(stream_call(path))
+    assert out.startswith("MalformedShardError None"), out
+    assert "huge-prefix.msgpack" in out
+    assert "claims 4294967295 bytes" in out
+
+
+def test_an_endless_input_is_refused_as_not_a_regular_file(tmp_path: Path) -> None:
+    endless = tmp_path / "zero.jsonl"
+    endless.symlink_to("/dev/zero")
+    out = in_child(stream_call(endless))
+    assert out.startswith("StorageError None"), out
+    assert "zero.jsonl" in out
+    assert "not a regular file" in out
+
+
+def test_a_line_inflating_past_the_memory_share_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "bomb.jsonl.gz"
+    # 1 GiB of spaces without a newline compresses to about 1 MB.
+    with gzip.open(path, "wb", compresslevel=9) as out:
+        block = b" " * (1 << 20)
+        for _ in range(1024):
+            out.write(block)
+    out = in_child(stream_call(path, settings="memory_limit_bytes=512 << 20,"))
+    assert out.startswith("MalformedShardError None"), out
+    assert "bomb.jsonl.gz" in out
+    assert "a line is longer than" in out
+
+
+@pytest.mark.parametrize(
+    ("field", "stage", "option"),
+    [
+        ('ProjectedField("v", "v", "i64", shape=(10**6, 10**6))', "batch_size=10", "memory_limit_bytes"),
+        ('ProjectedField("v", "v", "i64", length=10**9)', "batch_size=10", "memory_limit_bytes"),
+        ('ProjectedField("v", "v", "i64", shape=(2**40, 2**40))', "batch_size=10", "fields[0].shape"),
+        (
+            'ProjectedField("v", "v", "i64")',
+            "batch_size=10, shuffle=Shuffle(buffer_rows=2**62), infinite=True",
+            "memory_limit_bytes",
+        ),
+        ('ProjectedField("v", "v", "i64")', "batch_size=2**62", "memory_limit_bytes"),
+        ('ProjectedField("v", "v", "i64")', "batch_size=2**62, infinite=True", "memory_limit_bytes"),
+    ],
+    ids=["shape-1e12", "length-1e9", "shape-overflow", "shuffle-2^62", "batch-2^62", "batch-2^62-infinite"],
+)
+def test_configs_too_large_to_allocate_are_refused_by_the_bound(
+    shard: ShardWriter, field: str, stage: str, option: str
+) -> None:
+    path = Path(shard("jsonl", [{"v": i} for i in range(100)]))
+    out = in_child(stream_call(path, field, stage))
+    assert out.startswith(f"ConfigError {option} None"), out
+
+
+@pytest.mark.parametrize("share", [(0, 0), (3, 2), (2, 2)])
+def test_a_share_that_yields_nothing_or_overlaps_is_refused(
+    shard: ShardWriter, share: tuple[int, int]
+) -> None:
+    path = shard("jsonl", [{"v": i} for i in range(10)])
+    with pytest.raises(ConfigError, match=r"share") as info:
+        open_batch_stream(config_for([FileSource(files=[path])], [V]), share=share)
+    assert info.value.option == "share"
+
+
+def test_a_float_beyond_f32_is_refused_not_made_infinite(shard: ShardWriter, tmp_path: Path) -> None:
+    for encoding in ("jsonl", "parquet"):
+        path = shard(encoding, [{"x": 1.5}, {"x": 1e300}])
+        with pytest.raises(ProjectionError, match=r"1e\+?300.*f32") as info:
+            collect(config_for([FileSource(files=[path])], [ProjectedField("x", "x", "f32")], batch_size=2))
+        assert (info.value.row, info.value.field) == (1, "x")
+    ok = shard("jsonl", [{"x": 3.0e38}, {"x": -1e-50}])
+    batches = collect(config_for([FileSource(files=[ok])], [ProjectedField("x", "x", "f32")], batch_size=2))
+    assert batches[0]["x"].tolist()[0] == pytest.approx(3.0e38)
+
+
+@pytest.mark.parametrize("next_batch", [2**62 + 1, 2**63 - 1, 2**63, 2**64 - 1])
+def test_a_checkpoint_past_any_reachable_position_is_refused(shard: ShardWriter, next_batch: int) -> None:
+    path = shard("jsonl", [{"v": i} for i in range(50)])
+    config = config_for([FileSource(files=[path])], [V], batch_size=2, infinite=True)
+    with open_batch_stream(config) as stream:
+        next(stream)
+        document = json.loads(stream.checkpoint().to_json())
+    document["cursor"]["next_batch"] = next_batch  # the fingerprint covers the resolved config only
+    checkpoint = Checkpoint.from_json(json.dumps(document))
+    with pytest.raises(CheckpointError, match="beyond any position"):
+        resume_batch_stream(checkpoint)
+
+
+def test_a_checkpoint_past_the_end_of_a_finite_stage_is_refused(shard: ShardWriter) -> None:
+    path = shard("jsonl", [{"v": i} for i in range(50)])
+    with open_batch_stream(config_for([FileSource(files=[path])], [V], batch_size=2)) as stream:
+        next(stream)
+        document = json.loads(stream.checkpoint().to_json())
+    document["cursor"]["next_batch"] = 26  # 25 batches in the stage
+    with pytest.raises(CheckpointError, match="past the end of finite stage 0"):
+        resume_batch_stream(Checkpoint.from_json(json.dumps(document)))
+    document["batches_yielded"] = 2**63
+    document["cursor"]["next_batch"] = 1
+    with pytest.raises(CheckpointError, match="counters"):
+        resume_batch_stream(Checkpoint.from_json(json.dumps(document)))
+
+
+@pytest.mark.parametrize(
+    ("build", "option"),
+    [
+        (
+            lambda s: BatchStreamConfig(fields=[V], stages=[Stage(sources=s, batch_size=-3)]),
+            "stages[0].batch_size",
+        ),
+        (
+            lambda s: BatchStreamConfig(
+                fields=[V],
+                stages=[Stage(sources=[FileSource(s[0].files, weight=float("nan"))], batch_size=2)],
+            ),
+            "stages[0].sources[0].weight",
+        ),
+        (
+            lambda s: BatchStreamConfig(fields=[V], stages=[Stage(sources=s, batch_size=2)], seed=2**64),
+            "seed",
+        ),
+        (
+            lambda s: BatchStreamConfig(
+                fields=[ProjectedField("v", "v", "i64", length=-1)], stages=[Stage(sources=s, batch_size=2)]
+            ),
+            "fields[0].shape",
+        ),
+        (
+            lambda s: BatchStreamConfig(
+                fields=[V], stages=[Stage(sources=s, batch_size=2)], memory_limit_bytes=-1
+            ),
+            "memory_limit_bytes",
+        ),
+        (
+            lambda s: BatchStreamConfig(fields=[V], stages=[Stage(sources=s, batch_size="8")]),
+            "stages[0].batch_size",
+        ),
+        (
+            lambda s: BatchStreamConfig(
+                fields=[V], stages=[Stage(sources=s, batch_size=2, shuffle=Shuffle(buffer_rows=0))]
+            ),
+            "stages[0].shuffle.buffer_rows",
+        ),
+        (
+            lambda s: BatchStreamConfig(
+                fields=[ProjectedField("v", "v", "f32", pad=float("inf"))],
+                stages=[Stage(sources=s, batch_size=2)],
+            ),
+            "fields[0].pad",
+        ),
+    ],
+    ids=[
+        "batch-negative",
+        "weight-nan",
+        "seed-2^64",
+        "length-negative",
+        "memory-negative",
+        "batch-string",
+        "buffer-zero",
+        "pad-inf",
+    ],
+)
+def test_config_values_of_the_wrong_type_or_sign_name_the_option(
+    shard: ShardWriter, build, option: str
+) -> None:
+    sources = [FileSource(files=[shard("jsonl", [{"v": 1}])])]
+    with pytest.raises(ConfigError) as info:
+        build(sources)
+    assert info.value.option == option
+    assert option in str(info.value)
+
+
+def test_the_engine_names_the_option_of_a_json_config_it_cannot_parse() -> None:
+    from o41_training_data import _core
+
+    text = json.dumps(
+        {
+            "fields": [{"name": "v", "source": "v", "dtype": "i64"}],
+            "stages": [{"sources": [{"kind": "files", "files": ["a.jsonl"]}], "batch_size": -3}],
+        }
+    )
+    with pytest.raises(ConfigError) as info:
+        _core.Stream(text)
+    assert info.value.option == "stages[0].batch_size"
+
+
+def test_a_frame_that_is_not_a_map_is_refused_where_it_is_counted(tmp_path: Path) -> None:
+    path = tmp_path / "bare.msgpack"
+    with path.open("wb") as out:
+        for value in [{"v": i} for i in range(12)] + [7]:  # the last frame falls in a partial batch
+            frame = msgpack.packb(value)
+            out.write(struct.pack("<I", len(frame)) + frame)
+    with pytest.raises(MalformedShardError, match="must be a map") as info:
+        open_batch_stream(config_for([FileSource(files=[str(path)])], [V], batch_size=5))
+    assert info.value.row == 12
+
+
+def test_an_empty_parquet_shard_beside_others_is_skipped(shard: ShardWriter, tmp_path: Path) -> None:
+    empty = tmp_path / "empty.parquet"
+    pq.write_table(pa.table({}), empty)
+    full = shard("parquet", [{"v": i} for i in range(6)])
+    batches = collect(config_for([FileSource(files=[str(empty), full])], [V], batch_size=2))
+    assert [b["v"].tolist() for b in batches] == [[0, 1], [2, 3], [4, 5]]
+
+
+def test_a_directory_or_pipe_is_not_a_shard(tmp_path: Path) -> None:
+    pipe = tmp_path / "pipe.jsonl"
+    os.mkfifo(pipe)
+    with pytest.raises(StorageError, match="not a regular file"):
+        open_batch_stream(config_for([FileSource(files=[str(pipe)])], [V]))
+    directory = tmp_path / "dir.jsonl"
+    directory.mkdir()
+    with pytest.raises(StorageError, match="not a regular file"):
+        open_batch_stream(config_for([FileSource(files=[str(directory)])], [V]))
