@@ -114,6 +114,20 @@ class RingTensor(torch.Tensor):
         return copied
 
 
+def _reserve(fd: int, size: int) -> None:
+    # Reserve the pages now: a full /dev/shm then fails here with ENOSPC, instead of killing
+    # the worker with SIGBUS at its first write into the mapping.
+    fallocate = getattr(os, "posix_fallocate", None)  # not on macOS
+    if fallocate is not None:
+        try:
+            fallocate(fd, 0, size)
+            return
+        except OSError as e:
+            if e.errno not in (errno.EOPNOTSUPP, errno.EINVAL):  # a filesystem without it
+                raise
+    os.ftruncate(fd, size)
+
+
 class _OwnedSegment:
     """A worker's segment: the file it created, mapped, and which of its slots are in use."""
 
@@ -124,12 +138,7 @@ class _OwnedSegment:
         size = _HEADER_BYTES + slots * slot_bytes
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o600)
         try:
-            try:
-                # Reserve the pages now: a full /dev/shm then fails here with ENOSPC, instead of
-                # killing the worker with SIGBUS at its first write.
-                os.posix_fallocate(fd, 0, size)
-            except AttributeError:  # pragma: no cover - no posix_fallocate (macOS)
-                os.ftruncate(fd, size)
+            _reserve(fd, size)
             self.memory = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
         except BaseException:
             os.close(fd)
@@ -363,11 +372,12 @@ class _MappedSegment:
         self.bases: dict[int, tuple[weakref.ref[np.ndarray], int]] = {}
         _all_mapped.add(self)
 
-    def _released(self, ref: weakref.ref[np.ndarray]) -> None:
+    def _released(self, ref: weakref.ref[np.ndarray], getpid: Any = os.getpid) -> None:
+        # (getpid bound early: this may run during interpreter shutdown, after `os` is gone.)
         _, slot = self.bases.pop(id(ref))
         # A process forked from this one inherits its tensors and this mapping; its garbage
         # collector must not free a slot that this process still uses.
-        if os.getpid() == self.pid:
+        if getpid() == self.pid:
             self.sent[slot] = 0
 
     def owner_alive(self) -> bool:
