@@ -309,3 +309,68 @@ def test_a_directory_or_pipe_is_not_a_shard(tmp_path: Path) -> None:
     directory.mkdir()
     with pytest.raises(StorageError, match="not a regular file"):
         open_batch_stream(config_for([FileSource(files=[str(directory)])], [V]))
+
+
+# -- Local shards are pinned like remote objects: size, modification time and inode.
+
+
+def fixed_width_shard(path: Path, base: int, rows: int = 2000) -> Path:
+    """JSON Lines whose every line has the same length, so a rewrite keeps size and row count."""
+    path.write_text("".join(f'{{"v": {base + i}}}\n' for i in range(rows)))
+    return path
+
+
+def rewrite_in_place(path: Path, base: int, rows: int = 2000) -> None:
+    size = path.stat().st_size
+    stat = path.stat()
+    with path.open("r+") as out:
+        out.write("".join(f'{{"v": {base + i}}}\n' for i in range(rows)))
+    assert path.stat().st_size == size
+    os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns + 1_000_000_000))
+
+
+def test_a_local_shard_rewritten_while_streaming_fails_closed(tmp_path: Path) -> None:
+    # Larger than what the pipeline reads ahead (two groups of 4,096 rows), so reading goes on
+    # after the rewrite.
+    path = fixed_width_shard(tmp_path / "data.jsonl", 100_000, rows=60_000)
+    config = config_for([FileSource(files=[str(path)])], [V], batch_size=10, threads=1, prefetch_batches=1)
+    with open_batch_stream(config) as stream:
+        first = next(stream).arrays()["v"].tolist()
+        assert first[0] == 100_000
+        rewrite_in_place(path, 500_000, rows=60_000)
+
+        def drain() -> None:
+            for batch in stream:
+                assert batch.arrays()["v"].max() < 500_000, "a row of the new version was delivered"
+
+        with pytest.raises(StorageError, match=r"data\.jsonl.*changed since the stream opened it") as info:
+            drain()
+    assert info.value.path == str(path)
+
+
+def test_a_checkpoint_of_a_rewritten_local_shard_is_refused(tmp_path: Path) -> None:
+    path = fixed_width_shard(tmp_path / "data.jsonl", 100_000)
+    config = config_for([FileSource(files=[str(path)])], [V], batch_size=10)
+    with open_batch_stream(config) as stream:
+        next(stream)
+        checkpoint = stream.checkpoint()
+    rewrite_in_place(path, 500_000)
+    with pytest.raises(CheckpointError, match=r"data\.jsonl changed since the checkpoint was taken"):
+        resume_batch_stream(checkpoint)
+
+
+def test_a_copy_that_keeps_the_modification_time_resumes(tmp_path: Path) -> None:
+    import shutil
+
+    path = fixed_width_shard(tmp_path / "data.jsonl", 100_000)
+    config = config_for([FileSource(files=[str(path)])], [V], batch_size=10)
+    with open_batch_stream(config) as stream:
+        next(stream)
+        checkpoint = stream.checkpoint()
+        expected = next(stream).arrays()["v"].tolist()
+    # A restarted job copies its shards to local disk again: another inode, same bytes and times.
+    copy = tmp_path / "copy.jsonl"
+    shutil.copy2(path, copy)
+    copy.replace(path)
+    with resume_batch_stream(checkpoint) as resumed:
+        assert next(resumed).arrays()["v"].tolist() == expected

@@ -395,6 +395,10 @@ pub struct ResolvedShard {
     pub encoding: Encoding,
     /// Number of records.
     pub rows: u64,
+    /// The version read at resolution: a remote object's `ETag`, a local file's modification
+    /// time (`mtime:<ns>`). A resumed stream refuses a shard whose version changed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub version: Option<String>,
 }
 
 /// The manifest selection a source was resolved from. Recorded so that a checkpoint can be

@@ -79,6 +79,19 @@ pub fn reopen(config: ResolvedConfig, storage: &Storage) -> Result<Resolved> {
                         ),
                     });
                 }
+                if let (Some(then), Some(now)) = (&shard.version, &meta.pin.version) {
+                    if then != now {
+                        return Err(Error::Checkpoint {
+                            message: format!(
+                                "{} changed since the checkpoint was taken (version {then}, now \
+                                 {now}); a resumed stream must read the bytes the original read. \
+                                 Copies of local shards must keep their modification times \
+                                 (cp -p, rsync -t)",
+                                shard.path
+                            ),
+                        });
+                    }
+                }
                 source_metas.push(meta);
             }
             stage_metas.push(source_metas);
@@ -294,6 +307,7 @@ pub fn resolve(config: &StreamConfig, storage: &Storage) -> Result<Resolved> {
                     path: job.path.clone(),
                     encoding: job.encoding,
                     rows: meta.rows,
+                    version: meta.pin.version.clone(),
                 });
                 source_metas.push(meta);
             }

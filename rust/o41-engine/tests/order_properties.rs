@@ -6,7 +6,7 @@ use std::collections::HashSet;
 use o41_engine::config::{
     ResolvedConfig, ResolvedShard, ResolvedSource, ResolvedStage, ShuffleSpec,
 };
-use o41_engine::formats::Encoding;
+use o41_engine::encoding::Encoding;
 use o41_engine::order::{LayoutCache, Order, Segment};
 use proptest::prelude::*;
 
@@ -29,6 +29,7 @@ fn stage(
                         path: format!("s{j}-{f}.parquet"),
                         encoding: Encoding::Parquet,
                         rows: *rows,
+                        version: None,
                     })
                     .collect(),
                 manifest: None,

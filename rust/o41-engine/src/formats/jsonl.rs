@@ -20,6 +20,7 @@ use crate::columns::Chunk;
 use crate::error::{Error, Result};
 use crate::fields::Projection;
 use crate::record::project_record;
+use crate::storage::Pin;
 use crate::storage::{self, Object};
 
 const BUF_BYTES: usize = 1 << 20;
@@ -279,8 +280,7 @@ pub fn inspect(
     };
     Ok(ShardMeta {
         rows,
-        version: None,
-        bytes: 0,
+        pin: Pin::default(),
         scratch_bytes: longest as u64 + 2 * BUF_BYTES as u64,
         longest_record: longest as u64,
         index,

@@ -26,7 +26,7 @@ pub use crate::encoding::Encoding;
 use crate::error::Error;
 use crate::error::Result;
 use crate::fields::Projection;
-use crate::storage::Storage;
+use crate::storage::{Pin, Storage};
 
 pub use msgpack::FRAME_HEADER_BYTES;
 pub use records::{RecordChunk, ShardRecords};
@@ -52,10 +52,9 @@ pub struct ShardMeta {
     /// column chunks (compressed, decompressed and decoded; two row groups at most), the
     /// longest JSON line, the longest `MessagePack` frame, plus read buffers.
     pub scratch_bytes: u64,
-    /// The remote object's version (`ETag`) at inspection; later reads are pinned to it.
-    pub version: Option<String>,
-    /// Size of the shard in bytes at inspection.
-    pub bytes: u64,
+    /// What identified the shard at inspection (size, version, inode); later reads are pinned
+    /// to it and fail closed on anything else.
+    pub pin: Pin,
     /// The longest line or frame of a JSON Lines or `MessagePack` shard: readers refuse a longer
     /// one (the shard changed) before buffering it.
     pub longest_record: u64,
@@ -92,8 +91,7 @@ pub fn inspect(
     max_record: u64,
 ) -> Result<ShardMeta> {
     let object = Arc::new(storage.open(path)?);
-    let version = object.version().map(str::to_owned);
-    let bytes = object.size();
+    let pin = object.pin();
     let mut meta = match encoding {
         Encoding::Parquet => parquet::inspect(object, projection),
         Encoding::Jsonl | Encoding::JsonlGz => {
@@ -101,8 +99,7 @@ pub fn inspect(
         }
         Encoding::Msgpack => msgpack::inspect(object, projection, max_record),
     }?;
-    meta.version = version;
-    meta.bytes = bytes;
+    meta.pin = pin;
     Ok(meta)
 }
 
@@ -137,8 +134,10 @@ pub fn prefetch(
     let ShardIndex::Parquet(index) = &meta.index else {
         return None;
     };
-    let version = meta.version.as_deref()?;
-    let object = storage.open_known(path, meta.bytes, Some(version)).ok()?;
+    if !crate::storage::is_remote(path) {
+        return None;
+    }
+    let object = storage.open_pinned(path, &meta.pin).ok()?;
     parquet::prefetch(&object, index, ranges, projection).map(Prefetch)
 }
 
@@ -181,27 +180,53 @@ pub fn open(
     meta: &ShardMeta,
 ) -> Result<Box<dyn ShardReader>> {
     // Reads are pinned to the version inspected, so a replaced object fails at its first read.
-    let object = Arc::new(storage.open_known(path, meta.bytes, meta.version.as_deref())?);
-    Ok(match (&meta.index, encoding) {
-        (ShardIndex::Parquet(index), _) => Box::new(parquet::Reader::open(object, index.clone())),
+    let object = Arc::new(storage.open_pinned(path, &meta.pin)?);
+    let reader: Box<dyn ShardReader> = match (&meta.index, encoding) {
+        (ShardIndex::Parquet(index), _) => {
+            Box::new(parquet::Reader::open(object.clone(), index.clone()))
+        }
         (ShardIndex::Offsets(offsets), Encoding::Msgpack) => Box::new(msgpack::Reader::open(
-            object,
+            object.clone(),
             offsets.clone(),
             meta.longest_record,
         )?),
         (ShardIndex::Offsets(offsets), _) => Box::new(jsonl::Reader::open(
-            object,
+            object.clone(),
             encoding,
             Some(offsets.clone()),
             meta.longest_record,
         )?),
         (ShardIndex::Sequential, _) => Box::new(jsonl::Reader::open(
-            object,
+            object.clone(),
             encoding,
             None,
             meta.longest_record,
         )?),
-    })
+    };
+    Ok(Box::new(Pinned { reader, object }))
+}
+
+/// A reader that checks, around every read, that its shard is still the one inspected: a file
+/// rewritten while the stream runs fails closed instead of mixing two versions.
+struct Pinned {
+    reader: Box<dyn ShardReader>,
+    object: Arc<crate::storage::Object>,
+}
+
+impl ShardReader for Pinned {
+    fn read_ranges(
+        &mut self,
+        ranges: &[Range<u64>],
+        projection: &Projection,
+        chunk: &mut Chunk,
+        prefetched: Option<Prefetch>,
+    ) -> Result<()> {
+        self.object.verify_unchanged()?;
+        self.reader
+            .read_ranges(ranges, projection, chunk, prefetched)?;
+        // After too: bytes read while the file was being rewritten are not delivered.
+        self.object.verify_unchanged()
+    }
 }
 
 /// What a shard is written from: records (JSON Lines, `MessagePack`) or Arrow batches (Parquet).

@@ -15,6 +15,7 @@ use crate::columns::Chunk;
 use crate::error::{Error, Result};
 use crate::fields::Projection;
 use crate::record::project_record;
+use crate::storage::Pin;
 use crate::storage::{self, Object};
 
 /// Bytes of the length prefix before every frame.
@@ -332,8 +333,7 @@ pub fn inspect(object: Arc<Object>, projection: &Projection, max_record: u64) ->
     }
     Ok(ShardMeta {
         rows,
-        version: None,
-        bytes: 0,
+        pin: Pin::default(),
         scratch_bytes: longest + BUF_BYTES as u64,
         longest_record: longest,
         index: ShardIndex::Offsets(Arc::new(offsets)),

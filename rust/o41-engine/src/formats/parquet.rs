@@ -27,6 +27,7 @@ use crate::columns::Chunk;
 use crate::error::{Error, Result};
 use crate::fields::Projection;
 use crate::from_arrow::project_arrow_column;
+use crate::storage::Pin;
 use crate::storage::{Object, PendingPieces};
 
 /// Bytes fetched from the end of a remote shard at open: the footer and, for shards written by
@@ -279,8 +280,7 @@ pub fn inspect(object: Arc<Object>, projection: &Projection) -> Result<ShardMeta
         // nothing to project: streams skip it.
         return Ok(ShardMeta {
             rows: 0,
-            version: None,
-            bytes: 0,
+            pin: Pin::default(),
             scratch_bytes: 0,
             longest_record: 0,
             index: ShardIndex::Parquet(Arc::new(ParquetIndex {
@@ -355,8 +355,7 @@ pub fn inspect(object: Arc<Object>, projection: &Projection) -> Result<ShardMeta
     });
     let meta = ShardMeta {
         rows,
-        version: None,
-        bytes: 0,
+        pin: Pin::default(),
         // A job spans at most two row groups (it holds at most one group's worth of rows).
         scratch_bytes: 2 * largest_group + gap_bytes,
         longest_record: 0,

@@ -5,13 +5,13 @@
 use std::fs::File;
 use std::io::{Read, Seek, SeekFrom, Write};
 use std::ops::Range;
-use std::os::unix::fs::FileExt;
+use std::os::unix::fs::{FileExt, MetadataExt};
 use std::path::Path;
 use std::sync::Arc;
 
 use bytes::Bytes;
 
-use super::{sha256_hex, Object, Source, WriteMode, Written};
+use super::{sha256_hex, Object, Pin, Source, WriteMode, Written};
 use crate::cancel::Cancel;
 use crate::error::{Error, Result};
 
@@ -28,13 +28,43 @@ pub fn open(path: &str, cancel: &Cancel) -> Result<Object> {
         });
     }
     let file = File::open(path).map_err(|e| Error::io(path, e))?;
-    let size = file.metadata().map_err(|e| Error::io(path, e))?.len();
+    // Identity from the open handle, so it describes the bytes this object reads.
+    let pin = current_pin(path, &file)?;
     Ok(Object {
         uri: path.to_owned(),
-        size,
-        source: Source::Local(Arc::new(file)),
+        size: pin.size,
+        source: Source::Local(LocalFile {
+            file: Arc::new(file),
+            version: pin.version.unwrap_or_default(),
+            inode: pin.inode.unwrap_or_default(),
+        }),
         cancel: cancel.clone(),
     })
+}
+
+/// What identifies the open file now: size, modification time and inode.
+pub fn current_pin(path: &str, file: &File) -> Result<Pin> {
+    let metadata = file.metadata().map_err(|e| Error::io(path, e))?;
+    Ok(Pin {
+        size: metadata.len(),
+        version: Some(format!("mtime:{}", mtime_ns(&metadata))),
+        inode: Some(metadata.ino()),
+    })
+}
+
+/// An open local file and what identifies it.
+pub struct LocalFile {
+    /// The open handle.
+    pub file: Arc<File>,
+    /// `mtime:<ns>`: changes when the file is written or replaced (unless a copy keeps it).
+    pub version: String,
+    /// The inode: another file under the same name has another.
+    pub inode: u64,
+}
+
+/// Modification time in nanoseconds since the epoch (negative before it).
+fn mtime_ns(metadata: &std::fs::Metadata) -> i128 {
+    i128::from(metadata.mtime()) * 1_000_000_000 + i128::from(metadata.mtime_nsec())
 }
 
 pub fn read_range(path: &str, file: &File, range: Range<u64>) -> Result<Bytes> {

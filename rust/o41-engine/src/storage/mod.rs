@@ -187,16 +187,19 @@ impl Storage {
         }
     }
 
-    /// Opens `uri` already known to be `size` bytes at `version`, without asking the service
-    /// again: reads are pinned to `version`, so a replaced object fails closed at its first read.
-    pub fn open_known(&self, uri: &str, size: u64, version: Option<&str>) -> Result<Object> {
-        if let (Location::S3 { bucket, key }, Some(version)) = (Location::parse(uri)?, version) {
+    /// Opens `uri`, already seen as `pin`. A remote object is not asked for again: its reads
+    /// are pinned to the `ETag`, so a replaced object fails closed at its first read. A local
+    /// file is opened and compared (size, modification time, inode) before any byte is read.
+    pub fn open_pinned(&self, uri: &str, pin: &Pin) -> Result<Object> {
+        if let (Location::S3 { bucket, key }, Some(version)) =
+            (Location::parse(uri)?, pin.version.as_deref())
+        {
             return self
                 .s3(uri)?
-                .known(uri, bucket, key, size, version, &self.cancel);
+                .known(uri, bucket, key, pin.size, version, &self.cancel);
         }
         let object = self.open(uri)?;
-        object.expect_version(version)?;
+        object.expect(pin)?;
         Ok(object)
     }
 
@@ -288,6 +291,45 @@ impl Storage {
     }
 }
 
+/// What identifies an object's content, as first seen: its size and version, and for a local
+/// file its inode.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Pin {
+    /// Size in bytes.
+    pub size: u64,
+    /// `ETag`, or a local file's `mtime:<ns>`.
+    pub version: Option<String>,
+    /// A local file's inode.
+    pub inode: Option<u64>,
+}
+
+/// Fails closed when `now` is not the object `then` described.
+fn compare_pins(uri: &str, then: &Pin, now: &Pin) -> Result<()> {
+    let changed = |what: String| {
+        Err(Error::Storage {
+            path: uri.to_owned(),
+            message: format!(
+                "the object changed since the stream opened it ({what}); the stream stops instead \
+                 of mixing two versions"
+            ),
+        })
+    };
+    if then.size != now.size {
+        return changed(format!("{} bytes, now {}", then.size, now.size));
+    }
+    if let (Some(a), Some(b)) = (&then.version, &now.version) {
+        if a != b {
+            return changed(format!("version {a}, now {b}"));
+        }
+    }
+    if let (Some(a), Some(b)) = (then.inode, now.inode) {
+        if a != b {
+            return changed(format!("inode {a}, now {b}: another file"));
+        }
+    }
+    Ok(())
+}
+
 /// An object opened for reading.
 pub struct Object {
     uri: String,
@@ -298,7 +340,7 @@ pub struct Object {
 }
 
 enum Source {
-    Local(Arc<std::fs::File>),
+    Local(local::LocalFile),
     Remote(s3::Remote),
 }
 
@@ -324,32 +366,58 @@ impl Object {
         &self.cancel
     }
 
-    /// The remote object's version (`ETag`) that reads are pinned to; None for local files.
+    /// The version reads are pinned to: a remote object's `ETag`, a local file's modification
+    /// time (`mtime:<ns>`). A checkpoint stores it, so a resumed stream reads the same bytes.
     pub fn version(&self) -> Option<&str> {
         match &self.source {
-            Source::Local(_) => None,
+            Source::Local(file) => Some(&file.version),
             Source::Remote(remote) => remote.version(),
         }
     }
 
-    /// Fails closed when the object is no longer the version `expected` that was seen before.
-    pub fn expect_version(&self, expected: Option<&str>) -> Result<()> {
-        match (expected, self.version()) {
-            (Some(expected), Some(now)) if expected != now => Err(Error::Storage {
-                path: self.uri.clone(),
-                message: format!(
-                    "the object was replaced since the stream opened it (ETag {expected} is now \
-                     {now}); the stream stops instead of mixing two versions"
-                ),
-            }),
-            _ => Ok(()),
+    /// A local file's inode: checked while a stream runs (a file replaced under the same name,
+    /// even with its size and modification time kept, is another file), but not stored in
+    /// checkpoints, so that shards copied to another machine with their times resume.
+    pub fn inode(&self) -> Option<u64> {
+        match &self.source {
+            Source::Local(file) => Some(file.inode),
+            Source::Remote(_) => None,
+        }
+    }
+
+    /// Fails closed when the object is no longer the one `pin` describes.
+    pub fn expect(&self, pin: &Pin) -> Result<()> {
+        compare_pins(&self.uri, pin, &self.pin())
+    }
+
+    /// Fails closed when a local file changed since it was opened (written in place, or
+    /// replaced under its name): one `fstat` of the open handle, cheap enough for every read.
+    /// Remote reads need no such check: each request is pinned to the `ETag`.
+    pub fn verify_unchanged(&self) -> Result<()> {
+        let Source::Local(file) = &self.source else {
+            return Ok(());
+        };
+        compare_pins(
+            &self.uri,
+            &self.pin(),
+            &local::current_pin(&self.uri, &file.file)?,
+        )
+    }
+
+    /// What identifies this object: reads through [`Storage::open_pinned`] fail closed on any
+    /// other.
+    pub fn pin(&self) -> Pin {
+        Pin {
+            size: self.size,
+            version: self.version().map(str::to_owned),
+            inode: self.inode(),
         }
     }
 
     /// The open local file, when the object is local (the Parquet reader's fast path).
     pub fn local_file(&self) -> Option<&Arc<std::fs::File>> {
         match &self.source {
-            Source::Local(file) => Some(file),
+            Source::Local(file) => Some(&file.file),
             Source::Remote(_) => None,
         }
     }
@@ -358,7 +426,7 @@ impl Object {
     pub fn read_range(&self, range: Range<u64>) -> Result<Bytes> {
         self.check_range(&range)?;
         match &self.source {
-            Source::Local(file) => local::read_range(&self.uri, file, range),
+            Source::Local(file) => local::read_range(&self.uri, &file.file, range),
             Source::Remote(remote) => remote.read_range(range, &self.cancel),
         }
     }
@@ -373,7 +441,12 @@ impl Object {
         match &self.source {
             Source::Local(file) => ranges
                 .iter()
-                .map(|r| Ok((r.start, local::read_range(&self.uri, file, r.clone())?)))
+                .map(|r| {
+                    Ok((
+                        r.start,
+                        local::read_range(&self.uri, &file.file, r.clone())?,
+                    ))
+                })
                 .collect(),
             Source::Remote(remote) => remote.read_pieces(ranges, &self.cancel),
         }
