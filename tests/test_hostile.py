@@ -374,3 +374,67 @@ def test_a_copy_that_keeps_the_modification_time_resumes(tmp_path: Path) -> None
     copy.replace(path)
     with resume_batch_stream(checkpoint) as resumed:
         assert next(resumed).arrays()["v"].tolist() == expected
+
+
+# -- Errors surface in order: every batch before the one with the bad row is delivered first.
+
+
+def bad_row_shard(tmp_path: Path, encoding: str, rows: int, bad: int) -> str:
+    path = tmp_path / f"bad-{encoding.replace('.', '-')}"
+    if encoding == "parquet":
+        values = [None if i == bad else i for i in range(rows)]  # a null where an i64 is declared
+        pq.write_table(pa.table({"v": pa.array(values, pa.int64())}), path, row_group_size=256)
+    else:
+        lines = [f'{{"v": {i}}}' if i != bad else '{"v": ' for i in range(rows)]
+        text = ("\n".join(lines) + "\n").encode()
+        path.write_bytes(gzip.compress(text) if encoding == "jsonl.gz" else text)
+    return str(path)
+
+
+def drain_rows(stream, into: list) -> None:
+    """Appends each batch's ``row`` column to ``into`` until the stream ends or raises."""
+    for batch in stream:
+        into.append(batch.arrays()["row"].tolist())
+
+
+@pytest.mark.parametrize("encoding", ["jsonl", "jsonl.gz", "parquet"])
+@pytest.mark.parametrize(("rows", "bad"), [(1000, 500), (10_000, 5_000)])
+def test_every_batch_before_a_bad_row_is_delivered_first(
+    tmp_path: Path, encoding: str, rows: int, bad: int
+) -> None:
+    path = bad_row_shard(tmp_path, encoding, rows, bad)
+    fields = [V, ProjectedField("row", "@row", "i64")]
+    config = config_for([FileSource(files=[path], encoding=encoding)], fields, batch_size=10)
+    delivered: list[list[int]] = []
+    with open_batch_stream(config) as stream, pytest.raises((MalformedShardError, ProjectionError)) as info:
+        drain_rows(stream, delivered)
+    assert [row for rows in delivered for row in rows] == list(range(bad - bad % 10)), "error came early"
+    assert info.value.row == bad
+    assert info.value.path == path
+
+
+def test_a_shuffled_stream_delivers_every_batch_without_the_bad_row(tmp_path: Path) -> None:
+    import dataclasses
+
+    path = bad_row_shard(tmp_path, "jsonl", 2000, 777)
+    fields = [ProjectedField("row", "@row", "i64")]
+    config = config_for(
+        [FileSource(files=[path], encoding="jsonl")],
+        fields,
+        batch_size=8,
+        shuffle=Shuffle(buffer_rows=512, unit_rows=2),
+        seed=3,
+    )
+    # The rows of every batch, from a stream that reads no record values at all.
+    plan: list[list[int]] = []
+    with open_batch_stream(config) as reference:
+        drain_rows(reference, plan)
+    failing = next(k for k, rows in enumerate(plan) if 777 in rows)
+    got: list[list[int]] = []
+    with (
+        open_batch_stream(dataclasses.replace(config, fields=[V, *fields])) as stream,
+        pytest.raises(MalformedShardError, match="row 777"),
+    ):
+        drain_rows(stream, got)
+    assert got == plan[:failing]
+    assert failing > 0

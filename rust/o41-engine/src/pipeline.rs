@@ -10,6 +10,8 @@
 //! blocked on a stalled remote read returns at once instead of after its retry budget.
 
 use std::collections::{HashMap, VecDeque};
+use std::ops::Range;
+use std::panic::AssertUnwindSafe;
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender, SyncSender};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
@@ -20,7 +22,7 @@ use arrow_array::RecordBatch;
 use crate::cancel::Cancel;
 use crate::columns::Chunk;
 use crate::error::{Error, Result};
-use crate::formats::{self, ShardReader};
+use crate::formats::{self, ReadFailure, ShardReader};
 use crate::memory::READERS_PER_WORKER;
 use crate::order::Segment;
 use crate::plan::{Dest, Job, Pending, Plan, Planner};
@@ -130,7 +132,9 @@ impl Pipeline {
     }
 }
 
-type JobResult = (u64, Result<Chunk>);
+/// A decoded job: its id, the chunk (its first `rows_done` rows valid when it failed), and the
+/// failure, if any.
+type JobResult = (u64, Chunk, Option<ReadFailure>);
 
 /// Open readers of one worker, most recently used first, keyed by flat shard id.
 type ReaderCache = Vec<(usize, Box<dyn ShardReader>)>;
@@ -152,8 +156,17 @@ fn decode_worker(
         if cancel.is_cancelled() {
             return;
         }
-        let result = Error::catch(|| decode(plan, storage, &mut readers, &mut job));
-        if results.send((job.id, result)).is_err() {
+        let rows: u64 = job.ranges.iter().map(|r| r.end - r.start).sum();
+        let mut chunk = Chunk::padded(&plan.records, rows as usize);
+        let outcome = std::panic::catch_unwind(AssertUnwindSafe(|| {
+            decode(plan, storage, &mut readers, &mut job, &mut chunk)
+        }))
+        .unwrap_or_else(|panic| Err(ReadFailure::from(Error::from_panic(panic.as_ref()))));
+        if outcome.is_err() {
+            // A reader that failed (or panicked) is in no known state: the next job opens anew.
+            readers.retain(|(shard, _)| *shard != job.shard);
+        }
+        if results.send((job.id, chunk, outcome.err())).is_err() {
             return;
         }
     }
@@ -164,7 +177,8 @@ fn decode(
     storage: &Storage,
     readers: &mut ReaderCache,
     job: &mut Job,
-) -> Result<Chunk> {
+    chunk: &mut Chunk,
+) -> std::result::Result<(), ReadFailure> {
     if let Some(pos) = readers.iter().position(|(k, _)| *k == job.shard) {
         readers[..=pos].rotate_right(1);
     } else {
@@ -176,12 +190,40 @@ fn decode(
         }
         readers.insert(0, (job.shard, reader));
     }
-    let rows: u64 = job.ranges.iter().map(|r| r.end - r.start).sum();
-    let mut chunk = Chunk::padded(&plan.records, rows as usize);
     readers[0]
         .1
-        .read_ranges(&job.ranges, &plan.records, &mut chunk, job.prefetch.take())?;
-    Ok(chunk)
+        .read_ranges(&job.ranges, &plan.records, chunk, job.prefetch.take())
+}
+
+/// A dispatched job: its shard, rows and where each decoded row goes.
+struct InFlight {
+    shard: usize,
+    ranges: Vec<Range<u64>>,
+    dests: Vec<Dest>,
+}
+
+/// The first batch a failed read keeps from being completed, and why. The stream delivers
+/// every batch before it, then the error.
+struct Poison {
+    seq: u64,
+    error: Error,
+}
+
+impl Poison {
+    fn keep_earliest(poison: &mut Option<Poison>, seq: u64, error: Error) {
+        if poison.as_ref().is_none_or(|p| seq < p.seq) {
+            *poison = Some(Poison { seq, error });
+        }
+    }
+}
+
+/// The shard row of an error that names one row, when the error is about that row's data and
+/// the rows after it may still be read (a malformed line, a value that does not fit).
+fn bad_row(error: &Error) -> Option<u64> {
+    match error {
+        Error::Format { row: Some(row), .. } | Error::Projection { row, .. } => Some(*row),
+        _ => None,
+    }
 }
 
 struct Assembler {
@@ -205,14 +247,20 @@ impl Assembler {
         let plan = self.plan.clone();
         let mut pending: VecDeque<Pending> = VecDeque::new();
         let mut queued: VecDeque<(Job, Vec<Dest>)> = VecDeque::new();
-        let mut in_flight: HashMap<u64, Vec<Dest>> = HashMap::new();
+        let mut in_flight: HashMap<u64, InFlight> = HashMap::new();
         let mut next_job = 0u64;
         let mut planning = true;
+        let mut poison: Option<Poison> = None;
         let group_batches =
             (plan.group_rows / plan.order.batch_size(&self.planner.segment)).max(1) as usize;
         loop {
-            // Plan ahead up to two groups so reads of the next group overlap delivery.
-            while planning && pending.len() < 2 * group_batches && queued.len() < plan.max_jobs {
+            // Plan ahead up to two groups so reads of the next group overlap delivery; nothing
+            // past a batch that cannot be completed.
+            while planning
+                && poison.is_none()
+                && pending.len() < 2 * group_batches
+                && queued.len() < plan.max_jobs
+            {
                 planning = self
                     .planner
                     .plan_group(&mut pending, &mut queued, &mut next_job);
@@ -229,14 +277,28 @@ impl Assembler {
                     &job.ranges,
                     &plan.records,
                 );
-                in_flight.insert(job.id, dests);
+                in_flight.insert(
+                    job.id,
+                    InFlight {
+                        shard: job.shard,
+                        ranges: job.ranges.clone(),
+                        dests,
+                    },
+                );
                 if self.jobs.send(job).is_err() {
                     return Ok(());
                 }
             }
+            let front = pending.front().map(|p| (p.seq, p.missing));
+            if let (Some((seq, _)), Some(p)) = (front, &poison) {
+                if seq == p.seq {
+                    // Every batch before it was delivered: now the error.
+                    return Err(poison.take().expect("checked").error);
+                }
+            }
             // One batch at a time, topping up reads in between, so workers never wait for the
             // consumer to drain a whole group.
-            if pending.front().is_some_and(|p| p.missing == 0) {
+            if front.is_some_and(|(_, missing)| missing == 0) {
                 let done = pending.pop_front().expect("front exists");
                 let batch = Assembled {
                     columns: done
@@ -258,8 +320,8 @@ impl Assembler {
             if in_flight.is_empty() && queued.is_empty() {
                 continue;
             }
-            let (id, chunk) = match self.done.recv_timeout(POLL) {
-                Ok((id, result)) => (id, result?),
+            let (id, chunk, failure) = match self.done.recv_timeout(POLL) {
+                Ok(result) => result,
                 Err(RecvTimeoutError::Timeout) => {
                     if self.cancel.is_cancelled() {
                         return Ok(());
@@ -268,12 +330,16 @@ impl Assembler {
                 }
                 Err(RecvTimeoutError::Disconnected) => return Ok(()),
             };
-            let dests = in_flight
+            let job = in_flight
                 .remove(&id)
                 .expect("a result for a dispatched job");
-            let front = pending.front().map_or(0, |p| p.seq);
-            for (row, seq, slot) in dests {
-                let batch = &mut pending[(seq - front) as usize];
+            let rows_done = failure.as_ref().map_or(usize::MAX, |f| f.rows_done);
+            let first_seq = pending.front().map_or(0, |p| p.seq);
+            for &(row, seq, slot) in &job.dests {
+                if (row as usize) >= rows_done {
+                    continue;
+                }
+                let batch = &mut pending[(seq - first_seq) as usize];
                 for (k, column) in plan.records.columns.iter().enumerate() {
                     batch.buffer.columns[plan.record_map[k]].copy_rows(
                         slot as usize,
@@ -285,6 +351,86 @@ impl Assembler {
                 }
                 batch.missing -= 1;
             }
+            if let Some(failure) = failure {
+                Self::fail(&job, failure, &mut queued, &mut next_job, &mut poison);
+            }
         }
+    }
+
+    /// Handles a read that failed after `rows_done` rows. When the error names one bad row, the
+    /// batches that need it cannot be completed and the job's other undecoded rows are read
+    /// again in a job of their own; otherwise no undecoded row of the job will come. Either way
+    /// the earliest batch left incomplete is where the error surfaces.
+    fn fail(
+        job: &InFlight,
+        failure: ReadFailure,
+        queued: &mut VecDeque<(Job, Vec<Dest>)>,
+        next_job: &mut u64,
+        poison: &mut Option<Poison>,
+    ) {
+        let ReadFailure { rows_done, error } = failure;
+        let shard_rows: Vec<u64> = job.ranges.iter().flat_map(Clone::clone).collect();
+        let bad = bad_row(&error).and_then(|row| {
+            shard_rows
+                .iter()
+                .skip(rows_done)
+                .position(|&r| r == row)
+                .map(|k| rows_done + k)
+        });
+        let Some(bad) = bad else {
+            let seq = job
+                .dests
+                .iter()
+                .filter(|d| d.0 as usize >= rows_done)
+                .map(|d| d.1)
+                .min();
+            if let Some(seq) = seq {
+                Poison::keep_earliest(poison, seq, error);
+            }
+            return;
+        };
+        if let Some(seq) = job
+            .dests
+            .iter()
+            .filter(|d| d.0 as usize == bad)
+            .map(|d| d.1)
+            .min()
+        {
+            Poison::keep_earliest(poison, seq, error);
+        }
+        // The rows still to read: every undecoded one but the bad one, renumbered for the new
+        // job's chunk.
+        let retry: Vec<usize> = (rows_done..shard_rows.len())
+            .filter(|&k| k != bad)
+            .collect();
+        if retry.is_empty() {
+            return;
+        }
+        let mut ranges: Vec<Range<u64>> = Vec::new();
+        let mut index_of = vec![u32::MAX; shard_rows.len()];
+        for (new, &k) in retry.iter().enumerate() {
+            index_of[k] = new as u32;
+            let row = shard_rows[k];
+            match ranges.last_mut() {
+                Some(r) if r.end == row => r.end += 1,
+                _ => ranges.push(row..row + 1),
+            }
+        }
+        let dests: Vec<Dest> = job
+            .dests
+            .iter()
+            .filter(|d| index_of[d.0 as usize] != u32::MAX)
+            .map(|&(row, seq, slot)| (index_of[row as usize], seq, slot))
+            .collect();
+        queued.push_front((
+            Job {
+                id: *next_job,
+                shard: job.shard,
+                ranges,
+                prefetch: None,
+            },
+            dests,
+        ));
+        *next_job += 1;
     }
 }

@@ -13,8 +13,8 @@ use flate2::write::GzEncoder;
 use super::cursor::ObjectCursor;
 use super::value::{read_record, Record, RecordRef};
 use super::{
-    read_record_ranges, Encoding, Prefetch, RecordCursor, ShardIndex, ShardMeta, ShardReader,
-    INDEX_STRIDE,
+    read_record_ranges, Encoding, Prefetch, ReadFailure, RecordCursor, ShardIndex, ShardMeta,
+    ShardReader, INDEX_STRIDE,
 };
 use crate::columns::Chunk;
 use crate::error::{Error, Result};
@@ -237,7 +237,7 @@ impl ShardReader for Reader {
         projection: &Projection,
         chunk: &mut Chunk,
         _prefetched: Option<Prefetch>,
-    ) -> Result<()> {
+    ) -> std::result::Result<(), ReadFailure> {
         read_record_ranges(self, ranges, projection, chunk)
     }
 }

@@ -103,8 +103,28 @@ pub fn inspect(
     Ok(meta)
 }
 
+/// A read that failed part way. The first `rows_done` rows of the chunk were decoded whole,
+/// so a stream can still deliver every batch that needs only them.
+#[derive(Debug)]
+pub struct ReadFailure {
+    /// Rows of the chunk decoded before the failure, every column.
+    pub rows_done: usize,
+    /// What failed (with the shard row, when one row is at fault).
+    pub error: Error,
+}
+
+impl From<Error> for ReadFailure {
+    fn from(error: Error) -> Self {
+        ReadFailure {
+            rows_done: 0,
+            error,
+        }
+    }
+}
+
 /// Decodes row ranges of one shard. Readers keep their position, so reading ranges in
-/// increasing order never re-reads a compressed stream from its start.
+/// increasing order never re-reads a compressed stream from its start. A reader that failed is
+/// dropped, not used again.
 pub trait ShardReader: Send {
     /// Decodes the rows of `ranges` (sorted, disjoint) into consecutive rows of `chunk`.
     /// `prefetched` holds bytes [`prefetch`] started fetching for exactly these ranges;
@@ -115,7 +135,7 @@ pub trait ShardReader: Send {
         projection: &Projection,
         chunk: &mut Chunk,
         prefetched: Option<Prefetch>,
-    ) -> Result<()>;
+    ) -> std::result::Result<(), ReadFailure>;
 }
 
 /// Bytes of a remote shard being fetched ahead of the reader that will decode them.
@@ -160,12 +180,15 @@ fn read_record_ranges(
     ranges: &[Range<u64>],
     projection: &Projection,
     chunk: &mut Chunk,
-) -> Result<()> {
+) -> std::result::Result<(), ReadFailure> {
     let mut out_row = 0;
+    let failed = |rows_done: usize| move |error: Error| ReadFailure { rows_done, error };
     for range in ranges {
-        cursor.seek_row(range.start)?;
+        cursor.seek_row(range.start).map_err(failed(out_row))?;
         for _ in range.clone() {
-            cursor.project_next(projection, chunk, out_row)?;
+            cursor
+                .project_next(projection, chunk, out_row)
+                .map_err(failed(out_row))?;
             out_row += 1;
         }
     }
@@ -220,12 +243,12 @@ impl ShardReader for Pinned {
         projection: &Projection,
         chunk: &mut Chunk,
         prefetched: Option<Prefetch>,
-    ) -> Result<()> {
+    ) -> std::result::Result<(), ReadFailure> {
         self.object.verify_unchanged()?;
         self.reader
             .read_ranges(ranges, projection, chunk, prefetched)?;
-        // After too: bytes read while the file was being rewritten are not delivered.
-        self.object.verify_unchanged()
+        // After too: no row read while the file was being rewritten counts as decoded.
+        Ok(self.object.verify_unchanged()?)
     }
 }
 

@@ -9,7 +9,8 @@ use std::sync::Arc;
 use super::cursor::ObjectCursor;
 use super::value::{read_record, Record, RecordRef};
 use super::{
-    read_record_ranges, Prefetch, RecordCursor, ShardIndex, ShardMeta, ShardReader, INDEX_STRIDE,
+    read_record_ranges, Prefetch, ReadFailure, RecordCursor, ShardIndex, ShardMeta, ShardReader,
+    INDEX_STRIDE,
 };
 use crate::columns::Chunk;
 use crate::error::{Error, Result};
@@ -233,7 +234,7 @@ impl ShardReader for Reader {
         projection: &Projection,
         chunk: &mut Chunk,
         _prefetched: Option<Prefetch>,
-    ) -> Result<()> {
+    ) -> std::result::Result<(), ReadFailure> {
         read_record_ranges(self, ranges, projection, chunk)
     }
 }

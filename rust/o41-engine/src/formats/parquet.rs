@@ -22,7 +22,7 @@ use parquet::file::metadata::{PageIndexPolicy, ParquetMetaData};
 use parquet::file::properties::WriterProperties;
 use parquet::file::reader::{ChunkReader, Length};
 
-use super::{Prefetch, ShardIndex, ShardMeta, ShardReader};
+use super::{Prefetch, ReadFailure, ShardIndex, ShardMeta, ShardReader};
 use crate::columns::Chunk;
 use crate::error::{Error, Result};
 use crate::fields::Projection;
@@ -365,7 +365,9 @@ pub fn inspect(object: Arc<Object>, projection: &Projection) -> Result<ShardMeta
         // Decoding the first record checks every projected column's type now, not mid-run.
         let mut reader = Reader::open(object, index);
         let mut chunk = Chunk::padded(projection, 1);
-        reader.read_ranges(std::slice::from_ref(&(0..1)), projection, &mut chunk, None)?;
+        reader
+            .read_ranges(std::slice::from_ref(&(0..1)), projection, &mut chunk, None)
+            .map_err(|failure| failure.error)?;
     }
     Ok(meta)
 }
@@ -428,7 +430,7 @@ impl ShardReader for Reader {
         projection: &Projection,
         chunk: &mut Chunk,
         prefetched: Option<Prefetch>,
-    ) -> Result<()> {
+    ) -> std::result::Result<(), ReadFailure> {
         if let Some(file) = &self.file {
             // The builder takes its reader by value; a cloned handle shares the open file.
             let file = file.try_clone().map_err(|e| Error::io(&self.path, e))?;
@@ -452,7 +454,14 @@ impl ShardReader for Reader {
             chunk,
             &self.path,
         )
-        .map_err(|e| fetched.take_failure().unwrap_or(e))
+        .map_err(|failure| match fetched.take_failure() {
+            // A storage failure behind a decoding error is what the user must see.
+            Some(error) => ReadFailure {
+                rows_done: failure.rows_done,
+                error,
+            },
+            None => failure,
+        })
     }
 }
 
@@ -523,7 +532,7 @@ fn read_ranges<R: ChunkReader + 'static>(
     projection: &Projection,
     chunk: &mut Chunk,
     path: &str,
-) -> Result<()> {
+) -> std::result::Result<(), ReadFailure> {
     let wanted: u64 = ranges.iter().map(|r| r.end - r.start).sum();
     if wanted == 0 {
         return Ok(());
@@ -546,13 +555,19 @@ fn read_ranges<R: ChunkReader + 'static>(
     let at = |out_row: usize| shard_rows.get(out_row).copied().unwrap_or(first_row);
     let mut out_row = 0usize;
     for batch in reader {
-        let batch = batch.map_err(|e| decode_error(path, Some(at(out_row)), e))?;
+        let batch = batch.map_err(|e| ReadFailure {
+            rows_done: out_row,
+            error: decode_error(path, Some(at(out_row)), e),
+        })?;
         let n = batch.num_rows();
+        // Every column is projected up to its own first bad value, so that the rows before the
+        // earliest one are whole in every column and still count as decoded.
+        let mut earliest: Option<(usize, Error)> = None;
         for (k, column) in projection.columns.iter().enumerate() {
             let array = batch
                 .column_by_name(&column.source)
                 .expect("projected root columns are in the batch");
-            project_arrow_column(
+            let projected = project_arrow_column(
                 array.as_ref(),
                 column,
                 0..n,
@@ -560,32 +575,48 @@ fn read_ranges<R: ChunkReader + 'static>(
                 out_row,
                 path,
                 0,
-            )
-            .map_err(|e| match e {
-                Error::Projection {
+            );
+            let error = match projected {
+                Ok(()) => continue,
+                Err(Error::Projection {
                     path,
                     row,
                     field,
                     source_field,
                     message,
-                } => Error::Projection {
-                    path,
-                    row: at(out_row + row as usize),
-                    field,
-                    source_field,
-                    message,
-                },
-                other => other,
-            })?;
+                }) => (
+                    row as usize,
+                    Error::Projection {
+                        path,
+                        row: at(out_row + row as usize),
+                        field,
+                        source_field,
+                        message,
+                    },
+                ),
+                Err(other) => (0, other),
+            };
+            if earliest.as_ref().is_none_or(|(row, _)| error.0 < *row) {
+                earliest = Some(error);
+            }
+        }
+        if let Some((row, error)) = earliest {
+            return Err(ReadFailure {
+                rows_done: out_row + row,
+                error,
+            });
         }
         out_row += n;
     }
     if out_row as u64 != wanted {
-        return Err(format_error(
-            path,
-            Some(first_row),
-            format!("expected {wanted} rows, decoded {out_row}"),
-        ));
+        return Err(ReadFailure {
+            rows_done: out_row,
+            error: format_error(
+                path,
+                Some(at(out_row)),
+                format!("expected {wanted} rows, decoded {out_row}"),
+            ),
+        });
     }
     Ok(())
 }
@@ -727,6 +758,7 @@ mod tests {
         let mut chunk = Chunk::padded(&projection, 30);
         reader
             .read_ranges(&[5..15, 390..410], &projection, &mut chunk, None)
+            .map_err(|failure| failure.error)
             .unwrap();
         let expected: Vec<i64> = (5..15).chain(390..410).map(|i| i * 3).collect();
         assert!(
