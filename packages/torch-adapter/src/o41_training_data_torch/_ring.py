@@ -60,12 +60,13 @@ __all__ = [
 SEGMENT_PREFIX = "o41-ring-"
 """Segment files are named ``o41-ring-<worker pid>-<random>``."""
 
-# The DataLoader's default prefetch_factor (2) batches in flight, the one the trainer holds and
-# the one it just let go of; a worker needing more adds segments.
 INITIAL_SLOTS = 4
-# Growth doubles a worker's slots for a batch size up to this many per segment, so a trainer that
-# keeps many batches costs a handful of segments, not one per batch.
+"""Slots of a worker's first segment for a batch size: the ``DataLoader``'s default
+``prefetch_factor`` (2) batches in flight, the one the trainer holds and the one it just let go
+of. A worker needing more adds segments."""
 MAX_SLOTS_PER_SEGMENT = 64
+"""Growth doubles a worker's slots for a batch size up to this many per segment, so a trainer
+that keeps many batches costs a handful of segments, not one per batch."""
 # The header holds one "the main process may hold it" byte per slot; slots start page-aligned.
 _PAGE = 4096
 _HEADER_BYTES = _PAGE
