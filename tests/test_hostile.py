@@ -438,3 +438,74 @@ def test_a_shuffled_stream_delivers_every_batch_without_the_bad_row(tmp_path: Pa
         drain_rows(stream, got)
     assert got == plan[:failing]
     assert failing > 0
+
+
+# -- The saver and storage settings raise only the documented hierarchy, naming what is at fault.
+
+
+def saved(tmp_path: Path, data_format: str = "parquet"):
+    from o41_training_data import TrainingData
+
+    saver = TrainingData().dataset_saver(tmp_path / "data" / "data-manifest-v1.json", data_format)
+    shards = [
+        saver.save("train", None, [{"v": k * 10 + i} for i in range(10)], shard_id=str(k)) for k in range(2)
+    ]
+    return saver, shards
+
+
+@pytest.mark.parametrize(
+    ("mutate", "message"),
+    [
+        (lambda text: text[: len(text) // 2], "not a completion descriptor"),
+        (lambda text: json.dumps({**json.loads(text), "rows": "ten"}), "field 'rows'"),
+        (lambda text: json.dumps({**json.loads(text), "unknown": 1}), "fields are not a saved shard's"),
+        (lambda text: json.dumps({k: v for k, v in json.loads(text).items() if k != "checksum"}), "fields"),
+        (
+            lambda text: json.dumps({**json.loads(text), "location": "train/_/shard-9.parquet"}),
+            "not the shard",
+        ),
+        (lambda text: "[1, 2]", "not a JSON object"),
+    ],
+)
+def test_a_truncated_or_altered_descriptor_is_refused_naming_it(tmp_path: Path, mutate, message: str) -> None:
+    saver, shards = saved(tmp_path)
+    descriptor = tmp_path / "data" / (shards[1].location + ".done.json")
+    descriptor.write_text(mutate(descriptor.read_text()))
+    with pytest.raises(MalformedShardError, match=message) as info:
+        saver.commit_manifest()
+    assert info.value.path == str(descriptor)
+    assert not (tmp_path / "data" / "data-manifest-v1.json").exists()
+
+
+def test_a_saver_of_another_format_cannot_publish_beside_existing_shards(tmp_path: Path) -> None:
+    from o41_training_data import TrainingData
+
+    saved(tmp_path, "parquet")
+    other = TrainingData().dataset_saver(tmp_path / "data" / "data-manifest-v1.json", "msgpack")
+    other.save("train", None, [{"v": 1}], shard_id="2")
+    with pytest.raises(ConfigError, match=r"another format than this saver's 'msgpack'") as info:
+        other.commit_manifest()
+    assert info.value.option is None or "data_format" in str(info.value)
+    assert not (tmp_path / "data" / "data-manifest-v1.json").exists()
+
+
+def test_an_empty_shard_beside_others_is_skipped_by_streams(tmp_path: Path) -> None:
+    from o41_training_data import ManifestSource
+
+    saver, _ = saved(tmp_path)
+    saver.save("train", None, [], shard_id="empty")
+    saver.commit_manifest()
+    source = ManifestSource(manifest_uri=str(tmp_path / "data" / "data-manifest-v1.json"), split="train")
+    batches = collect(BatchStreamConfig(fields=[V], stages=[Stage(sources=[source], batch_size=5)]))
+    assert sorted(v for b in batches for v in b["v"].tolist()) == list(range(20))
+
+
+def test_credentials_in_the_endpoint_url_are_refused_without_repeating_them() -> None:
+    from o41_training_data import TrainingData
+
+    with pytest.raises(ConfigError, match="carries credentials") as info:
+        TrainingData(
+            s3_base_url="http://AKIDSECRET:hunter2@127.0.0.1:9/", access_key_id="a", secret_access_key="b"
+        )
+    assert "hunter2" not in str(info.value)
+    assert info.value.option == "s3_base_url"

@@ -61,7 +61,7 @@ def _as_int(value: object) -> object:
     if isinstance(value, bool):
         return value
     try:
-        return operator.index(value)  # type: ignore[call-overload]
+        return operator.index(value)  # type: ignore[arg-type]
     except TypeError:
         return value
 

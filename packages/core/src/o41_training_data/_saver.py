@@ -122,6 +122,57 @@ def _write_data(
     return _core.write_shard(str(path), data_format, records=records, name=name)
 
 
+def _parse_descriptor(text: bytes, descriptor: str, location: str) -> SavedShard:
+    """A completion descriptor's shard; anything truncated, altered or foreign is refused naming it."""
+
+    def refuse(why: str) -> MalformedShardError:
+        error = MalformedShardError(
+            f"{descriptor}: {why}; remove it and its data object to regenerate the shard"
+        )
+        error.path = descriptor
+        return error
+
+    try:
+        document = json.loads(text)
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise refuse(f"not a completion descriptor ({err})") from None
+    if not isinstance(document, dict):
+        raise refuse("not a completion descriptor (not a JSON object)")
+    if document.pop("version", None) != DESCRIPTOR_VERSION:
+        raise refuse("unknown descriptor version")
+    try:
+        shard = SavedShard(**document)
+    except TypeError as err:
+        raise refuse(f"its fields are not a saved shard's ({err})") from None
+    kinds = {
+        "split": str,
+        "shard_id": str,
+        "location": str,
+        "rows": int,
+        "bytes": int,
+        "checksum": str,
+        "schema": dict,
+        "metadata": dict,
+    }
+    for name, kind in kinds.items():
+        value = getattr(shard, name)
+        if not isinstance(value, kind) or isinstance(value, bool) or (isinstance(value, int) and value < 0):
+            raise refuse(f"field '{name}' is {value!r}")
+    if shard.curriculum_stage is not None and not isinstance(shard.curriculum_stage, str):
+        raise refuse(f"field 'curriculum_stage' is {shard.curriculum_stage!r}")
+    expected = location.split("/")
+    if (
+        shard.location != location
+        or shard.split != expected[0]
+        or (shard.curriculum_stage or "_") != expected[1]
+        or not expected[2].startswith(f"shard-{shard.shard_id}.")
+    ):
+        raise refuse(f"it describes {shard.location!r} of split {shard.split!r}, not the shard beside it")
+    if not shard.checksum.startswith("sha256:"):
+        raise refuse(f"checksum {shard.checksum!r} is not sha256:<hex>")
+    return shard
+
+
 def _publish_descriptor(store: _core.Storage, uri: str, document: bytes) -> None:
     """Writes a completion descriptor, create-only: the step that marks a shard complete."""
     store.write(uri, document)
@@ -192,10 +243,7 @@ class DatasetSaver:
             text = store.read(descriptor)
         except ObjectNotFoundError:
             return None
-        document = json.loads(text)
-        if document.pop("version", None) != DESCRIPTOR_VERSION:
-            raise MalformedShardError(f"{descriptor}: unknown descriptor version")
-        shard = SavedShard(**document)
+        shard = _parse_descriptor(bytes(text), descriptor, location)
         try:
             intact = (
                 store.open(data).size == shard.bytes and "sha256:" + store.checksum(data) == shard.checksum
@@ -339,6 +387,13 @@ class DatasetSaver:
             location = descriptor.removeprefix(prefix)[: -len(".done.json")]
             if not _DESCRIPTOR.match(descriptor.removeprefix(prefix)):
                 continue
+            if not location.endswith(_EXTENSIONS[self.data_format]):
+                # One manifest lists one data_format: shards of another cannot join it.
+                raise ConfigError(
+                    f"data_format: {self._root} already holds {location}, saved as another format "
+                    f"than this saver's {self.data_format!r}; save to another location, or with "
+                    "the data_format of the shards there"
+                )
             shard = self._read_descriptor(location)
             if shard is not None:
                 splits.setdefault(shard.split, []).append(shard)

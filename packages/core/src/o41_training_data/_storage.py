@@ -64,6 +64,21 @@ class RetryPolicy:
                 raise ConfigError(f"invalid retry.{name}: must be a number of seconds >= 0")
 
 
+def _check_endpoint(url: str) -> None:
+    """Refuses an endpoint with a ``user[:password]@`` part: it would show in reprs and pickles.
+
+    The message does not repeat the URL, which holds a secret.
+    """
+    authority = url.split("://", 1)[-1].split("/", 1)[0]
+    if "@" in authority:
+        error = ConfigError(
+            "invalid s3_base_url: it carries credentials (user:password@host), which would show "
+            "in reprs, pickles and logs; pass them as access_key_id and secret_access_key"
+        )
+        error.option = "s3_base_url"
+        raise error
+
+
 def _env(*names: str) -> str | None:
     for name in names:
         value = os.environ.get(name)
@@ -97,6 +112,8 @@ class StorageConfig:
     _missing_credentials: str | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
+        if self.s3_base_url is not None:
+            _check_endpoint(self.s3_base_url)
         if self.s3_base_url is not None and self.secret_access_key is not None:
             # Registered now, before any worker is forked, so forked workers inherit the entry.
             token = secrets.token_hex(16)
@@ -117,6 +134,8 @@ class StorageConfig:
         """Settings from the arguments, falling back to the standard AWS environment variables."""
         endpoint = s3_base_url or _env("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL")
         retry = retry or RetryPolicy()
+        if endpoint is not None:
+            _check_endpoint(endpoint)
         if endpoint is None:
             given = [
                 name

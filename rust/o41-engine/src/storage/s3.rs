@@ -223,6 +223,18 @@ impl fmt::Debug for S3 {
 
 impl S3 {
     pub fn new(settings: S3Settings, policy: RetryPolicy) -> Result<Self> {
+        let authority = settings
+            .endpoint
+            .split_once("://")
+            .map_or("", |(_, rest)| rest.split('/').next().unwrap_or(""));
+        if authority.contains('@') {
+            // Not repeated in the message: the URL holds a secret.
+            return Err(Error::config(
+                "s3_base_url",
+                "it carries credentials (user:password@host); pass them as access_key_id and \
+                 secret_access_key",
+            ));
+        }
         if !(settings.endpoint.starts_with("http://") || settings.endpoint.starts_with("https://"))
         {
             return Err(Error::config(
