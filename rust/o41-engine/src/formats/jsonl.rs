@@ -69,11 +69,12 @@ impl Reader {
     /// at the start for compressed ones.
     fn rewind(&mut self, row: u64) -> Result<()> {
         let (offset, first_row) = match &self.offsets {
-            Some(offsets) => {
-                let k = (row / INDEX_STRIDE) as usize;
+            // The nearest indexed line at or before `row`; a shard of blank lines indexes none.
+            Some(offsets) if !offsets.is_empty() => {
+                let k = ((row / INDEX_STRIDE) as usize).min(offsets.len() - 1);
                 (offsets[k], k as u64 * INDEX_STRIDE)
             }
-            None => (0, 0),
+            Some(_) | None => (0, 0),
         };
         let file = ObjectCursor::new(self.object.clone(), offset, BUF_BYTES)?;
         // The cursor is buffered already: plain lines are read straight from its buffer, and

@@ -125,6 +125,43 @@ fn decode_error(path: &str, row: Option<u64>, e: impl std::fmt::Display) -> Erro
     format_error(path, row, message)
 }
 
+/// Refuses a footer whose sizes and offsets cannot describe this file: negative or past its end.
+/// The Parquet reader trusts them (and asserts on some), so they are checked before it runs.
+fn check_layout(metadata: &ParquetMetaData, file_size: u64, path: &str) -> Result<()> {
+    let bad =
+        |what: String| format_error(path, None, format!("the footer is inconsistent: {what}"));
+    let mut rows = 0u64;
+    for (g, group) in metadata.row_groups().iter().enumerate() {
+        let group_rows = u64::try_from(group.num_rows())
+            .map_err(|_| bad(format!("row group {g} has {} rows", group.num_rows())))?;
+        rows = rows
+            .checked_add(group_rows)
+            .ok_or_else(|| bad("its row count overflows 64 bits".to_owned()))?;
+        for column in group.columns() {
+            let start = column
+                .dictionary_page_offset()
+                .unwrap_or_else(|| column.data_page_offset());
+            let (Ok(start), Ok(len), Ok(_)) = (
+                u64::try_from(start),
+                u64::try_from(column.compressed_size()),
+                u64::try_from(column.uncompressed_size()),
+            ) else {
+                return Err(bad(format!(
+                    "column '{}' of row group {g} has a negative offset or size",
+                    column.column_path()
+                )));
+            };
+            if start.checked_add(len).is_none_or(|end| end > file_size) {
+                return Err(bad(format!(
+                    "column '{}' of row group {g} lies past the end of the {file_size}-byte file",
+                    column.column_path()
+                )));
+            }
+        }
+    }
+    Ok(())
+}
+
 /// Refuses, before any page is decoded, a shard whose columns among `roots` (all when `None`)
 /// use a codec this build cannot decompress, naming the column and the codec.
 fn check_codecs(metadata: &ParquetMetaData, roots: Option<&[usize]>, path: &str) -> Result<()> {
@@ -257,6 +294,12 @@ impl ChunkReader for Fetched {
 }
 
 fn load_metadata(object: &Arc<Object>) -> Result<ArrowReaderMetadata> {
+    let metadata = read_metadata(object)?;
+    check_layout(metadata.metadata(), object.size(), object.uri())?;
+    Ok(metadata)
+}
+
+fn read_metadata(object: &Arc<Object>) -> Result<ArrowReaderMetadata> {
     let path = object.uri();
     let options = ArrowReaderOptions::new().with_offset_index_policy(PageIndexPolicy::Optional);
     if let Some(file) = object.local_file() {
@@ -272,7 +315,32 @@ fn load_metadata(object: &Arc<Object>) -> Result<ArrowReaderMetadata> {
     })
 }
 
+/// Runs `f`, which drives the Parquet decoder over the shard at `path`. The decoder asserts on
+/// some malformed pages instead of returning an error: such a panic is the shard's fault, and is
+/// reported as a malformed shard, not as a crash.
+fn guarded<T>(
+    path: &str,
+    row: Option<u64>,
+    f: impl FnOnce() -> T,
+) -> std::result::Result<T, Error> {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).map_err(|panic| {
+        let Error::Internal { message } = Error::from_panic(panic.as_ref()) else {
+            unreachable!("from_panic builds an internal error")
+        };
+        format_error(
+            path,
+            row,
+            format!("the Parquet decoder failed on it: {message}"),
+        )
+    })
+}
+
 pub fn inspect(object: Arc<Object>, projection: &Projection) -> Result<ShardMeta> {
+    let path = object.uri().to_owned();
+    guarded(&path, None, || inspect_unguarded(object, projection))?
+}
+
+fn inspect_unguarded(object: Arc<Object>, projection: &Projection) -> Result<ShardMeta> {
     let path = &object.uri().to_owned();
     let metadata = load_metadata(&object)?;
     if metadata.metadata().file_metadata().num_rows() == 0 {
@@ -425,6 +493,22 @@ fn merge_ranges(mut ranges: Vec<Range<u64>>) -> Vec<Range<u64>> {
 
 impl ShardReader for Reader {
     fn read_ranges(
+        &mut self,
+        ranges: &[Range<u64>],
+        projection: &Projection,
+        chunk: &mut Chunk,
+        prefetched: Option<Prefetch>,
+    ) -> std::result::Result<(), ReadFailure> {
+        let path = self.path.clone();
+        let first = ranges.first().map(|r| r.start);
+        guarded(&path, first, || {
+            self.read_ranges_unguarded(ranges, projection, chunk, prefetched)
+        })?
+    }
+}
+
+impl Reader {
+    fn read_ranges_unguarded(
         &mut self,
         ranges: &[Range<u64>],
         projection: &Projection,
@@ -634,6 +718,12 @@ pub struct Batches {
 impl Batches {
     /// Opens `object` at its first row.
     pub fn open(object: &Arc<Object>, batch_rows: usize) -> Result<Self> {
+        guarded(object.uri(), None, || {
+            Self::open_unguarded(object, batch_rows)
+        })?
+    }
+
+    fn open_unguarded(object: &Arc<Object>, batch_rows: usize) -> Result<Self> {
         let path = object.uri().to_owned();
         let metadata = load_metadata(object)?;
         check_codecs(metadata.metadata(), None, &path)?;
@@ -660,6 +750,12 @@ impl Batches {
 
     /// The next batch of rows; `None` after the last.
     pub fn next_batch(&mut self) -> Result<Option<RecordBatch>> {
+        let path = self.path.clone();
+        let row = Some(self.next_row);
+        guarded(&path, row, || self.next_batch_unguarded())?
+    }
+
+    fn next_batch_unguarded(&mut self) -> Result<Option<RecordBatch>> {
         match self.reader.next() {
             None => Ok(None),
             Some(Ok(batch)) => {

@@ -1,0 +1,339 @@
+//! Byte-mutation fuzzing of everything the engine reads from a file: shards of every encoding,
+//! checkpoint documents and data manifests. Valid seeds are mutated (bytes overwritten, inserted,
+//! deleted, the tail cut) and read through inspection, the stream readers and whole-record
+//! reads. An input may be refused, with an error; it may not panic, abort, or make the engine
+//! ask for a large allocation: no single allocation may exceed `ALLOCATION_BOUND`, whatever the
+//! (small) input claims its sizes are.
+//!
+//! Runs `PROPTEST_CASES` cases per target (300 by default, a few seconds); set it higher for a
+//! longer search. This binary counts its allocations, so it holds these tests only.
+
+// Counting allocations needs a global allocator, which is an unsafe trait; it only forwards to
+// the system allocator.
+#![allow(unsafe_code)]
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::io::Write;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use arrow_array::types::Int32Type;
+use arrow_array::{ArrayRef, Int64Array, ListArray, RecordBatch};
+use o41_engine::checkpoint::Checkpoint;
+use o41_engine::columns::Chunk;
+use o41_engine::config::{FieldSpec, ResolvedConfig};
+use o41_engine::dtype::DType;
+use o41_engine::encoding::Encoding;
+use o41_engine::fields::Projection;
+use o41_engine::formats::{self, ShardRecords};
+use o41_engine::manifest::Manifest;
+use o41_engine::order::Order;
+use o41_engine::storage::Storage;
+use parquet::arrow::ArrowWriter;
+use parquet::file::properties::WriterProperties;
+use proptest::prelude::*;
+use proptest::sample::Index;
+
+/// The largest single allocation any mutated input (a few KiB) may cause.
+const ALLOCATION_BOUND: usize = 64 << 20;
+
+/// The system allocator, remembering the largest single request.
+struct Counting;
+
+static LARGEST: AtomicUsize = AtomicUsize::new(0);
+
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        LARGEST.fetch_max(layout.size(), Ordering::Relaxed);
+        unsafe { System.alloc(layout) }
+    }
+
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        unsafe { System.dealloc(ptr, layout) }
+    }
+
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        LARGEST.fetch_max(new_size, Ordering::Relaxed);
+        unsafe { System.realloc(ptr, layout, new_size) }
+    }
+}
+
+#[global_allocator]
+static ALLOCATOR: Counting = Counting;
+
+fn cases() -> u32 {
+    std::env::var("PROPTEST_CASES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(300)
+}
+
+/// Edits applied to a seed: overwrite, insert or delete a byte, or cut the tail.
+fn mutations(seed: Vec<u8>) -> impl Strategy<Value = Vec<u8>> {
+    prop::collection::vec((any::<Index>(), any::<u8>(), 0..4u8), 1..6).prop_map(move |edits| {
+        let mut bytes = seed.clone();
+        for (at, byte, kind) in edits {
+            if bytes.is_empty() {
+                bytes.push(byte);
+                continue;
+            }
+            let i = at.index(bytes.len());
+            match kind {
+                0 => bytes[i] = byte,
+                1 => bytes.insert(i, byte),
+                2 => {
+                    bytes.remove(i);
+                }
+                _ => bytes.truncate(i),
+            }
+        }
+        bytes
+    })
+}
+
+fn projection() -> Projection {
+    Projection::new(&[
+        FieldSpec {
+            name: "v".into(),
+            source: "v".into(),
+            dtype: DType::I64,
+            shape: vec![],
+            pad: serde_json::Value::from(0),
+        },
+        FieldSpec {
+            name: "t".into(),
+            source: "t".into(),
+            dtype: DType::I32,
+            shape: vec![4],
+            pad: serde_json::Value::from(0),
+        },
+    ])
+    .unwrap()
+}
+
+fn records() -> Vec<(i64, Vec<i32>)> {
+    (0..40)
+        .map(|i| (i * 7, (0..i % 5).map(|k| k as i32).collect()))
+        .collect()
+}
+
+fn parquet_seed() -> Vec<u8> {
+    let (v, t): (Vec<i64>, Vec<Vec<i32>>) = records().into_iter().unzip();
+    let v: ArrayRef = Arc::new(Int64Array::from(v));
+    let t: ArrayRef = Arc::new(ListArray::from_iter_primitive::<Int32Type, _, _>(
+        t.into_iter().map(|l| Some(l.into_iter().map(Some))),
+    ));
+    let batch = RecordBatch::try_from_iter([("v", v), ("t", t)]).unwrap();
+    let mut out = Vec::new();
+    let properties = WriterProperties::builder()
+        .set_max_row_group_row_count(Some(16))
+        .build();
+    let mut writer = ArrowWriter::try_new(&mut out, batch.schema(), Some(properties)).unwrap();
+    writer.write(&batch).unwrap();
+    writer.close().unwrap();
+    out
+}
+
+fn jsonl_seed() -> Vec<u8> {
+    let mut out = Vec::new();
+    for (v, t) in records() {
+        writeln!(out, "{{\"v\": {v}, \"t\": {t:?}, \"x\": \"skip\"}}").unwrap();
+    }
+    out
+}
+
+fn gzip_seed() -> Vec<u8> {
+    let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
+    gz.write_all(&jsonl_seed()).unwrap();
+    gz.finish().unwrap()
+}
+
+fn msgpack_seed() -> Vec<u8> {
+    let mut out = Vec::new();
+    for (v, t) in records() {
+        let frame = rmp_serde::to_vec_named(&serde_json::json!({"v": v, "t": t})).unwrap();
+        out.extend_from_slice(&(frame.len() as u32).to_le_bytes());
+        out.extend_from_slice(&frame);
+    }
+    out
+}
+
+/// Writes `bytes` as a shard and reads it every way the engine does; errors are fine.
+fn read_every_way(bytes: &[u8], encoding: Encoding, case: u64) {
+    let path = std::env::temp_dir().join(format!(
+        "o41-fuzz-{}-{case}.{}",
+        std::process::id(),
+        encoding.name()
+    ));
+    std::fs::write(&path, bytes).unwrap();
+    let uri = path.to_string_lossy().into_owned();
+    let storage = Storage::local();
+    let projection = projection();
+    if let Ok(meta) = formats::inspect(&storage, &uri, encoding, &projection, 1 << 20) {
+        if let Ok(mut reader) = formats::open(&storage, &uri, encoding, &meta) {
+            let rows = meta.rows.min(1 << 16);
+            let mut chunk = Chunk::padded(&projection, rows as usize);
+            let _ = reader.read_ranges(
+                std::slice::from_ref(&(0..rows)),
+                &projection,
+                &mut chunk,
+                None,
+            );
+        }
+    }
+    if let Ok(mut records) = ShardRecords::open(&storage, &uri, encoding, 64) {
+        for _ in 0..10_000 {
+            match records.next_chunk(64) {
+                Ok(Some(_)) => {}
+                Ok(None) | Err(_) => break,
+            }
+        }
+    }
+    std::fs::remove_file(&path).unwrap();
+}
+
+fn check_allocations() {
+    let largest = LARGEST.load(Ordering::Relaxed);
+    assert!(
+        largest <= ALLOCATION_BOUND,
+        "an input of a few KiB made the engine allocate {largest} bytes at once"
+    );
+}
+
+fn fuzz_shards(encoding: Encoding, seed: Vec<u8>) {
+    let mut runner = proptest::test_runner::TestRunner::new(ProptestConfig {
+        cases: cases(),
+        failure_persistence: None,
+        ..ProptestConfig::default()
+    });
+    let case = AtomicUsize::new(0);
+    runner
+        .run(&mutations(seed), |bytes| {
+            let n = case.fetch_add(1, Ordering::Relaxed) as u64;
+            read_every_way(&bytes, encoding, n);
+            check_allocations();
+            Ok(())
+        })
+        .unwrap();
+}
+
+#[test]
+fn parquet_shards() {
+    fuzz_shards(Encoding::Parquet, parquet_seed());
+}
+
+#[test]
+fn jsonl_shards() {
+    fuzz_shards(Encoding::Jsonl, jsonl_seed());
+}
+
+#[test]
+fn jsonl_gz_shards() {
+    fuzz_shards(Encoding::JsonlGz, gzip_seed());
+}
+
+#[test]
+fn msgpack_shards() {
+    fuzz_shards(Encoding::Msgpack, msgpack_seed());
+}
+
+fn checkpoint_seed() -> Vec<u8> {
+    let resolved: ResolvedConfig = serde_json::from_value(serde_json::json!({
+        "version": 1,
+        "fields": [{"name": "v", "source": "v", "dtype": "i64", "shape": [], "pad": 0}],
+        "stages": [
+            {"sources": [{"weight": 1.0, "shards": [{"path": "/a.jsonl", "encoding": "jsonl", "rows": 100}]}],
+             "batch_size": 4, "shuffle": {"buffer_rows": 16, "unit_rows": 2}, "infinite": true},
+            {"sources": [{"weight": 2.0, "shards": [{"path": "/b.jsonl", "encoding": "jsonl", "rows": 10}]}],
+             "batch_size": 2, "shuffle": null, "infinite": false}
+        ],
+        "seed": 1, "threads": 1, "prefetch_batches": 1, "rank": 0, "world_size": 2,
+        "memory_limit_bytes": null
+    }))
+    .unwrap();
+    let fingerprint = resolved.fingerprint();
+    serde_json::to_vec(&serde_json::json!({
+        "version": 1,
+        "fingerprint": fingerprint,
+        "cursor": {"segment": {"stage": 1, "start_batch": 8, "drain": {"stage": 0, "from": 30, "to": 32}}, "next_batch": 10},
+        "stage": 1,
+        "batches_yielded": 5,
+        "rows_yielded": 18,
+        "epochs": [0],
+        "resolved": resolved,
+    }))
+    .unwrap()
+}
+
+#[test]
+fn checkpoint_documents() {
+    let mut runner = proptest::test_runner::TestRunner::new(ProptestConfig {
+        cases: cases(),
+        failure_persistence: None,
+        ..ProptestConfig::default()
+    });
+    runner
+        .run(&mutations(checkpoint_seed()), |bytes| {
+            let Ok(text) = std::str::from_utf8(&bytes) else {
+                return Ok(());
+            };
+            if let Ok(checkpoint) = Checkpoint::from_json(text) {
+                // What resuming does with the document before opening any shard.
+                if let Ok(order) = Order::new(&checkpoint.resolved) {
+                    let _ = order
+                        .check_cursor(&checkpoint.cursor.segment, checkpoint.cursor.next_batch);
+                }
+                let _ = checkpoint.for_world(1, 3);
+            }
+            check_allocations();
+            Ok(())
+        })
+        .unwrap();
+}
+
+fn manifest_seed() -> Vec<u8> {
+    serde_json::to_vec(&serde_json::json!({
+        "format": "o41-data-manifest",
+        "version": 1,
+        "data_format": "parquet",
+        "splits": {
+            "train": {
+                "shards": [
+                    {"location": "train/easy/shard-0.parquet", "rows": 10, "bytes": 100,
+                     "checksum": "sha256:00", "curriculum_stage": "easy", "metadata": {}},
+                    {"location": "train/hard/shard-1.parquet", "rows": 20, "bytes": 200,
+                     "checksum": "sha256:11", "curriculum_stage": "hard", "metadata": {"k": 1}}
+                ],
+                "curricula": [{"name": "all", "shards": ["train/easy/shard-0.parquet", "train/hard/shard-1.parquet"], "metadata": {}}]
+            }
+        }
+    }))
+    .unwrap()
+}
+
+#[test]
+fn manifest_documents() {
+    let mut runner = proptest::test_runner::TestRunner::new(ProptestConfig {
+        cases: cases(),
+        failure_persistence: None,
+        ..ProptestConfig::default()
+    });
+    runner
+        .run(&mutations(manifest_seed()), |bytes| {
+            let Ok(text) = std::str::from_utf8(&bytes) else {
+                return Ok(());
+            };
+            if let Ok(manifest) = Manifest::from_json(text, "/m.json") {
+                for stages in [
+                    None,
+                    Some(vec!["easy".to_owned()]),
+                    Some(vec!["all".to_owned()]),
+                ] {
+                    let _ = manifest.select("train", stages.as_deref(), "source");
+                }
+            }
+            check_allocations();
+            Ok(())
+        })
+        .unwrap();
+}
