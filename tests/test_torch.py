@@ -502,3 +502,32 @@ def test_a_slot_is_reused_only_after_every_tensor_of_it_is_gone() -> None:
         for segment in ring.segments:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(segment.path)
+
+
+class _Tagged(O41IterableDataset):
+    """Records which DataLoader worker produced each item."""
+
+    def __iter__(self):
+        info = torch.utils.data.get_worker_info()
+        worker = info.id if info is not None else -1
+        for item in super().__iter__():
+            dict.__setitem__(item, "worker", worker)
+            yield item
+
+
+@MANY_WORKERS
+@pytest.mark.parametrize("workers", [2, 3])
+def test_workers_decode_each_batch_once_in_the_first_worker(config: BatchStreamConfig, workers: int) -> None:
+    reference = core_sequence(config)
+    got, producers = [], []
+    for batch in DataLoader(_Tagged(config), batch_size=None, num_workers=workers):
+        got.append((batch["batch_index"], batch["v"].tolist()))
+        producers.append(batch["worker"])
+    assert got == reference
+    assert set(producers) == {0}
+    split, producers = [], []
+    for batch in DataLoader(_Tagged(config, split_workers=True), batch_size=None, num_workers=workers):
+        split.append((batch["batch_index"], batch["v"].tolist()))
+        producers.append(batch["worker"])
+    assert split == reference
+    assert producers[:workers] == list(range(workers))

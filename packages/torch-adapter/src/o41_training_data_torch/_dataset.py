@@ -132,9 +132,13 @@ class O41IterableDataset(IterableDataset[O41Batch]):
     - **Ranks** come from ``torch.distributed`` when it is initialised, else from the config
       (when it sets them), else from ``RANK``/``WORLD_SIZE``; a config or checkpoint whose explicit
       rank or world size disagrees with ``torch.distributed`` is refused.
-    - **Workers**: worker ``w`` of ``N`` yields the rank's local batches ``k`` with
-      ``k % N == w``, so the ``DataLoader``'s in-order round robin yields exactly the sequence
-      of ``num_workers=0``. Engine threads start lazily inside each worker (never across a fork).
+    - **Workers** add no decoding parallelism (the engine's ``threads`` do that): by default the
+      first ``DataLoader`` worker streams all of the rank's batches and the others end at once,
+      so ``num_workers=N`` yields exactly the sequence of ``num_workers=0`` and decodes it once.
+      With ``split_workers=True``, worker ``w`` of ``N`` runs its own engine over the rank's
+      local batches ``k`` with ``k % N == w`` instead, and the ``DataLoader``'s in-order round
+      robin yields the same sequence (useful when a ``collate_fn`` does heavy CPU work per
+      batch). Engine threads start lazily inside each worker (never across a fork).
     - **Fields** become tensors sharing memory with the batch (``torch.from_numpy``); ``bool``
       fields are ``torch.bool`` views (``bool_as="bool"``) or ``uint8`` (``bool_as="uint8"``).
       A ``DataLoader`` worker copies each batch once into a shared-memory slot and only a small
@@ -158,6 +162,7 @@ class O41IterableDataset(IterableDataset[O41Batch]):
         training_data: TrainingData | None = None,
         *,
         bool_as: Literal["bool", "uint8"] = "bool",
+        split_workers: bool = False,
     ) -> None:
         if training_data is not None and not isinstance(training_data, TrainingData):
             raise ConfigError(
@@ -168,6 +173,9 @@ class O41IterableDataset(IterableDataset[O41Batch]):
         if bool_as not in ("bool", "uint8"):
             raise ConfigError(f"invalid bool_as: {bool_as!r}; expected 'bool' or 'uint8'")
         self._bool_as = bool_as
+        if not isinstance(split_workers, bool):
+            raise ConfigError(f"invalid split_workers: expected a bool, got {split_workers!r}")
+        self._split_workers = split_workers
         self._config: BatchStreamConfig | None = None
         self._start: Checkpoint | None = None  # the checkpoint to resume from
         if isinstance(source, Checkpoint):
@@ -244,40 +252,54 @@ class O41IterableDataset(IterableDataset[O41Batch]):
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
 
-    @staticmethod
-    def _worker_share() -> tuple[int, int]:
-        info = get_worker_info()
-        return (info.id, info.num_workers) if info is not None else (0, 1)
+    def _worker_share(self) -> tuple[int, int, int]:
+        """The share of the rank's batches this process yields: ``(offset, stride, workers)``.
 
-    def _start_checkpoint(self) -> tuple[Checkpoint | None, int]:
-        """The checkpoint this process's stream starts from, and its share's offset from there.
+        ``stride`` is 0 for a worker that yields nothing (every worker but the first, unless
+        ``split_workers``).
+        """
+        info = get_worker_info()
+        if info is None:
+            return 0, 1, 1
+        if self._split_workers:
+            return info.id, info.num_workers, info.num_workers
+        return 0, (1 if info.id == 0 else 0), info.num_workers
+
+    def _start_checkpoint(self) -> tuple[Checkpoint | None, int, int]:
+        """The checkpoint this process's stream starts from, and its share (offset, stride).
 
         The checkpoint is None when the stream starts at the config's beginning.
         """
-        offset, _ = self._worker_share()
+        offset, stride, _ = self._worker_share()
         if self._loaded is not None:
-            return Checkpoint.from_json(self._loaded["checkpoint"]), int(self._loaded["offset"])
-        return self._start, offset
+            loaded = self._loaded
+            return Checkpoint.from_json(loaded["checkpoint"]), int(loaded["offset"]), int(loaded["stride"])
+        return self._start, offset, stride
 
-    def _open(self) -> BatchStream:
-        _, workers = self._worker_share()
-        if self._loaded is not None and self._loaded["stride"] != workers:
+    def _open(self) -> BatchStream | None:
+        """The stream of this process's share, or None for a worker that yields nothing."""
+        _, _, workers = self._worker_share()
+        if self._loaded is not None and self._loaded["workers"] != workers:
             raise CheckpointError(
-                f"checkpoint refused: the state was taken with {self._loaded['stride']} workers, this "
+                f"checkpoint refused: the state was taken with {self._loaded['workers']} workers, this "
                 f"loader has {workers}; build the dataset from dataset.checkpoint(batch) to change "
                 "num_workers"
             )
-        checkpoint, offset = self._start_checkpoint()
+        checkpoint, offset, stride = self._start_checkpoint()
+        if stride == 0:
+            return None
         if checkpoint is not None:
-            return resume_batch_stream(checkpoint, share=(offset, workers), storage=self._storage)
+            return resume_batch_stream(checkpoint, share=(offset, stride), storage=self._storage)
         assert self._config is not None
-        return open_batch_stream(self._config, share=(offset, workers), storage=self._storage)
+        return open_batch_stream(self._config, share=(offset, stride), storage=self._storage)
 
     def __iter__(self) -> Iterator[O41Batch]:
-        _, workers = self._worker_share()
+        _, _, workers = self._worker_share()
         if self._stream is not None and self._stream_pid == os.getpid():
             self._stream.close()
         stream = self._open()
+        if stream is None:
+            return  # the first worker streams the rank's batches; this one has none
         self._stream, self._stream_pid = stream, os.getpid()
         seen_request = self._requests[2] if self._requests is not None else 0
         # In a DataLoader worker, batches go through the shared-memory ring so that only small
@@ -376,29 +398,26 @@ class O41IterableDataset(IterableDataset[O41Batch]):
         """The position after the last batch this process yielded.
 
         It is the core checkpoint JSON, plus which share of the rank's batches this worker
-        resumes with.
+        resumes with and how many workers the loader had.
         """
-        _, workers = self._worker_share()
+        offset, stride, workers = self._worker_share()
         if self._last_position is not None:
             checkpoint = self._checkpoint_at(self._last_position).to_json()
-            # This worker's next local batch is `workers` after the one it yielded; counted from
-            # the position after that batch, it is `workers - 1` ahead.
+            # This worker's next local batch is `stride` after the one it yielded; counted from
+            # the position after that batch, it is `stride - 1` ahead.
             return {
                 "version": STATE_VERSION,
                 "checkpoint": checkpoint,
-                "offset": workers - 1,
-                "stride": workers,
+                "offset": stride - 1,
+                "stride": stride,
+                "workers": workers,
             }
-        start, offset = self._start_checkpoint()
+        start, offset, stride = self._start_checkpoint()
+        share = {"offset": offset, "stride": stride, "workers": workers}
         if start is None:
             assert self._config is not None
-            return {
-                "version": STATE_VERSION,
-                "config": self._config.to_json(),
-                "offset": offset,
-                "stride": workers,
-            }
-        return {"version": STATE_VERSION, "checkpoint": start.to_json(), "offset": offset, "stride": workers}
+            return {"version": STATE_VERSION, "config": self._config.to_json(), **share}
+        return {"version": STATE_VERSION, "checkpoint": start.to_json(), **share}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Continues from ``state`` (from :meth:`state_dict`) at the next iteration."""
@@ -412,6 +431,8 @@ class O41IterableDataset(IterableDataset[O41Batch]):
                 "checkpoint": state["checkpoint"],
                 "offset": state["offset"],
                 "stride": state["stride"],
+                # States of the first releases have no "workers": their stride was the count.
+                "workers": state.get("workers", state["stride"]),
             }
         else:
             self._loaded = None
