@@ -174,18 +174,21 @@ def with_stage(config: BatchStreamConfig, index: int, **changes) -> BatchStreamC
 @pytest.mark.parametrize(
     ("change", "message"),
     [
-        (lambda c: dataclasses.replace(c, seed=9), r"seed 3 in the checkpoint, 9 in the config"),
+        (lambda c: dataclasses.replace(c, seed=9), r"seed is 3 in the checkpoint, 9 in the config"),
         (
             lambda c: dataclasses.replace(c, fields=[ProjectedField("v", "v", "i32")]),
             r"fields\[0\] is .*i64.* in the checkpoint, .*i32.* in the config",
         ),
-        (lambda c: dataclasses.replace(c, stages=c.stages[:1]), r"the checkpoint has 2 stages, the config 1"),
+        (
+            lambda c: dataclasses.replace(c, stages=c.stages[:1]),
+            r"the number of stages is 2 in the checkpoint, 1 in the config",
+        ),
         (lambda c: with_stage(c, 1, batch_size=8), r"stages\[1\]\.batch_size is 4 in the checkpoint, 8"),
         (lambda c: with_stage(c, 0, shuffle=Shuffle(buffer_rows=32)), r"stages\[0\]\.shuffle is"),
         (lambda c: with_stage(c, 1, infinite=False), r"stages\[1\]\.infinite is true in the checkpoint"),
         (
             lambda c: with_stage(c, 0, sources=[dataclasses.replace(c.stages[0].sources[0], weight=2.0)]),
-            r"stages\[0\]\.sources\[0\]\.weight is 1 in the checkpoint, 2 in the config",
+            r"stages\[0\]\.sources\[0\]\.weight is 1\.0 in the checkpoint, 2\.0 in the config",
         ),
         (
             lambda c: with_stage(

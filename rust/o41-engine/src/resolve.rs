@@ -412,72 +412,68 @@ pub fn check_config(resolved: &ResolvedConfig, config: &StreamConfig) -> Result<
     }
 }
 
+/// "`option` is X in the checkpoint, Y in the config" when they differ.
+fn differs<T: PartialEq + serde::Serialize>(option: &str, theirs: &T, ours: &T) -> Option<String> {
+    (theirs != ours).then(|| {
+        format!(
+            "{option} is {} in the checkpoint, {} in the config",
+            show(theirs),
+            show(ours)
+        )
+    })
+}
+
 fn first_difference(resolved: &ResolvedConfig, config: &StreamConfig) -> Result<Option<String>> {
-    if resolved.fields.len() != config.fields.len() {
-        return Ok(Some(format!(
-            "the checkpoint projects {} fields, the config {}",
-            resolved.fields.len(),
-            config.fields.len()
-        )));
+    if let Some(d) = differs(
+        "the number of fields",
+        &resolved.fields.len(),
+        &config.fields.len(),
+    ) {
+        return Ok(Some(d));
     }
     for (i, (theirs, ours)) in resolved.fields.iter().zip(&config.fields).enumerate() {
-        if theirs != ours {
-            return Ok(Some(format!(
-                "fields[{i}] is {} in the checkpoint, {} in the config",
-                show(theirs),
-                show(ours)
-            )));
+        if let Some(d) = differs(&format!("fields[{i}]"), theirs, ours) {
+            return Ok(Some(d));
         }
     }
-    if resolved.seed != config.seed {
-        return Ok(Some(format!(
-            "seed {} in the checkpoint, {} in the config",
-            resolved.seed, config.seed
-        )));
-    }
-    if resolved.stages.len() != config.stages.len() {
-        return Ok(Some(format!(
-            "the checkpoint has {} stages, the config {}",
-            resolved.stages.len(),
-            config.stages.len()
-        )));
+    if let Some(d) = differs("seed", &resolved.seed, &config.seed).or_else(|| {
+        differs(
+            "the number of stages",
+            &resolved.stages.len(),
+            &config.stages.len(),
+        )
+    }) {
+        return Ok(Some(d));
     }
     for (s, (theirs, ours)) in resolved.stages.iter().zip(&config.stages).enumerate() {
         let option = format!("stages[{s}]");
-        if theirs.batch_size != ours.batch_size {
-            return Ok(Some(format!(
-                "{option}.batch_size is {} in the checkpoint, {} in the config",
-                theirs.batch_size, ours.batch_size
-            )));
-        }
-        if theirs.shuffle != ours.shuffle {
-            return Ok(Some(format!(
-                "{option}.shuffle is {} in the checkpoint, {} in the config",
-                show(&theirs.shuffle),
-                show(&ours.shuffle)
-            )));
-        }
-        if theirs.infinite != ours.infinite {
-            return Ok(Some(format!(
-                "{option}.infinite is {} in the checkpoint, {} in the config",
-                theirs.infinite, ours.infinite
-            )));
-        }
-        if theirs.sources.len() != ours.sources.len() {
-            return Ok(Some(format!(
-                "{option} mixes {} sources in the checkpoint, {} in the config",
-                theirs.sources.len(),
-                ours.sources.len()
-            )));
+        let stage = differs(
+            &format!("{option}.batch_size"),
+            &theirs.batch_size,
+            &ours.batch_size,
+        )
+        .or_else(|| differs(&format!("{option}.shuffle"), &theirs.shuffle, &ours.shuffle))
+        .or_else(|| {
+            differs(
+                &format!("{option}.infinite"),
+                &theirs.infinite,
+                &ours.infinite,
+            )
+        })
+        .or_else(|| {
+            differs(
+                &format!("the number of {option}.sources"),
+                &theirs.sources.len(),
+                &ours.sources.len(),
+            )
+        });
+        if stage.is_some() {
+            return Ok(stage);
         }
         for (j, (theirs, ours)) in theirs.sources.iter().zip(&ours.sources).enumerate() {
             let option = format!("{option}.sources[{j}]");
-            if theirs.weight.to_bits() != ours.weight().to_bits() {
-                return Ok(Some(format!(
-                    "{option}.weight is {} in the checkpoint, {} in the config",
-                    theirs.weight,
-                    ours.weight()
-                )));
+            if let Some(d) = differs(&format!("{option}.weight"), &theirs.weight, &ours.weight()) {
+                return Ok(Some(d));
             }
             if let Some(difference) = source_difference(theirs, ours, &option)? {
                 return Ok(Some(difference));
