@@ -49,7 +49,7 @@ bench: bootstrap ## install the peers and run the benchmarks; rewrites benchmark
 	$(UV) sync --all-packages --group dev --group bench
 	$(UV) run --group bench python benchmarks/run.py
 	$(UV) run --group bench python benchmarks/order_bench.py
-	$(UV) run --group bench python benchmarks/torch_bench.py
+	$(UV) run --group bench python benchmarks/torch_bench.py --mix
 	$(UV) run --group bench python benchmarks/peers.py
 	$(UV) run --group bench python benchmarks/saver_bench.py
 	$(UV) run --group bench python benchmarks/s3_bench.py

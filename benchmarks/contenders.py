@@ -45,10 +45,25 @@ def o41_stream(shards: list[str]) -> Batches:
             yield arrays["tokens"], arrays["loss_mask"]
 
 
+def numpy_of(array: pa.Array) -> np.ndarray:
+    """A NumPy view of a null-free primitive or boolean array, read from its buffers.
+
+    ``Array.to_numpy`` makes pyarrow import pandas when it is installed (about a second, which
+    would be charged to this contender); reading the buffers is what a careful user writes.
+    """
+    if pa.types.is_boolean(array.type):
+        bits = np.frombuffer(array.buffers()[1], dtype=np.uint8)
+        return np.unpackbits(bits, bitorder="little")[array.offset : array.offset + len(array)]
+    dtype = np.dtype(array.type.to_pandas_dtype())
+    return np.frombuffer(
+        array.buffers()[1], dtype=dtype, count=len(array), offset=array.offset * dtype.itemsize
+    )
+
+
 def _fixed(column: pa.ListArray, dtype: type) -> np.ndarray:
     """Truncates/pads a list column to (rows, SEQ): one slice copy per row, the fastest plain way."""
-    offsets = column.offsets.to_numpy()
-    values = column.values.to_numpy(zero_copy_only=False)
+    offsets = numpy_of(column.offsets)
+    values = numpy_of(column.values)
     out = np.zeros((len(column), SEQ), dtype=dtype)
     for i in range(len(column)):
         start = offsets[i]

@@ -86,6 +86,12 @@ zstd Parquet, {len(shards)} shards
 
 Goal (foundation issue): o41-stream rows/s >= pyarrow-loop rows/s. \
 Measured ratio: **{ours / theirs:.2f}x** ({"met" if ours >= theirs else "MISSED"}).
+
+The pyarrow loop reads its NumPy arrays straight from the Arrow buffers: `Array.to_numpy`
+imports pandas when it is installed (about a second, which runs before 2026-12-01 did not
+charge it), and copies. That made the plain loop faster than in earlier runs, so the ratio is
+lower than their 1.40-1.68x; an A/B of this stream against the previous release on the same
+corpus (8 alternating runs) measured 0.99x.
 """
     write_section("foundation", report)
     print(f"wrote {RESULTS}")

@@ -202,6 +202,13 @@ Measured: **{adapter_ratio:.2f}x** ({"met" if adapter_ratio >= 0.9 else "MISSED"
 Goal (workers issue): the adapter with `num_workers=2` at >= 0.8x the core stream (workers'
 batches cross through the shared-memory ring: one copy, one small handle per batch on the queue).
 Measured: **{workers_ratio:.2f}x** ({"met" if workers_ratio >= 0.8 else "MISSED"}).
+
+With workers, the first one streams every batch through the ring and the others end at once
+(each batch is decoded once). Torch's own transfer measured 0.22-0.25x on this machine and the
+ring with one engine per worker 0.5x. What is left is the `DataLoader`'s per-batch round trip
+(an index message, the item, a feeder thread and a receiving loop on each side) and the worker's
+copy into the ring, on the same 2 cores as the engine's threads; `num_workers=0` stays the
+fastest setting, which `docs/torch.md` recommends.
 """
     print(body)
     write_section("torch", body)
