@@ -267,20 +267,6 @@ def test_config_values_of_the_wrong_type_or_sign_name_the_option(
     assert option in str(info.value)
 
 
-def test_the_engine_names_the_option_of_a_json_config_it_cannot_parse() -> None:
-    from o41_training_data import _core
-
-    text = json.dumps(
-        {
-            "fields": [{"name": "v", "source": "v", "dtype": "i64"}],
-            "stages": [{"sources": [{"kind": "files", "files": ["a.jsonl"]}], "batch_size": -3}],
-        }
-    )
-    with pytest.raises(ConfigError) as info:
-        _core.Stream(text)
-    assert info.value.option == "stages[0].batch_size"
-
-
 def test_a_frame_that_is_not_a_map_is_refused_where_it_is_counted(tmp_path: Path) -> None:
     path = tmp_path / "bare.msgpack"
     with path.open("wb") as out:

@@ -555,6 +555,23 @@ mod tests {
     }
 
     #[test]
+    fn values_serde_refuses_are_named_by_their_path() {
+        let err = StreamConfig::from_json(
+            &minimal("").replace(r#""batch_size":2"#, r#""batch_size":-3"#),
+        )
+        .unwrap_err();
+        assert!(
+            matches!(&err, Error::Config { option, .. } if option == "stages[0].batch_size"),
+            "{err}"
+        );
+        let err = StreamConfig::from_json(&minimal(r#","seed":18446744073709551616"#)).unwrap_err();
+        assert!(
+            matches!(&err, Error::Config { option, .. } if option == "seed"),
+            "{err}"
+        );
+    }
+
+    #[test]
     fn pad_must_fit_the_dtype() {
         let text = minimal("").replace(r#""shape":[4]"#, r#""shape":[4],"pad":1.5"#);
         let err = StreamConfig::from_json(&text).unwrap_err();
