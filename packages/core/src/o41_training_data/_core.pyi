@@ -84,7 +84,7 @@ class Checkpoint:
         """The resolved config document (JSON) the checkpoint pins."""
     def resolved_config(self) -> dict[str, Any]:
         """The resolved config document the checkpoint pins, as a dict."""
-    def __eq__(self, other: object) -> bool: ...
+    def __eq__(self, other: object, /) -> bool: ...
 
 class Position:
     """A rank's place in a batch stream after some batch: everything a checkpoint holds except
@@ -127,7 +127,7 @@ class Position:
     @property
     def epochs(self) -> list[int]:
         """Completed passes over each source of the active stage."""
-    def __eq__(self, other: object) -> bool: ...
+    def __eq__(self, other: object, /) -> bool: ...
 
 class Segment:
     """The stretch of a stream between two stage switches."""
@@ -141,7 +141,7 @@ class Segment:
     @property
     def drain(self) -> Drain | None:
         """Rows of the previous stage delivered first, or None."""
-    def __eq__(self, other: object) -> bool: ...
+    def __eq__(self, other: object, /) -> bool: ...
 
 class Drain:
     """Output positions of a previous stage still in its shuffle window at a stage switch."""
@@ -155,7 +155,7 @@ class Drain:
     @property
     def end(self) -> int:
         """End of the drained range."""
-    def __eq__(self, other: object) -> bool: ...
+    def __eq__(self, other: object, /) -> bool: ...
 
 class Stream:
     """An open batch stream. Use ``o41_training_data.open_batch_stream``, not this class."""
