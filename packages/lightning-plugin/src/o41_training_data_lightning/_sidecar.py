@@ -1,0 +1,227 @@
+"""Per-rank stream checkpoints beside each model checkpoint, and the ``CheckpointIO`` that writes them.
+
+Lightning tells no state hook where a checkpoint goes, but every save and every removal by
+``ModelCheckpoint`` (``save_top_k``) or ``trainer.save_checkpoint`` reaches the strategy's
+``CheckpointIO`` with the path, on rank 0. :class:`SidecarCheckpointIO` wraps it: after the
+model checkpoint ``<name>.ckpt`` is written it writes, from the datamodule state inside it,
+
+```text
+<name>.ckpt.o41/stream-rank{r}-of-{n}.json   rank r's core checkpoint (Checkpoint.from_json)
+<name>.ckpt.o41/datamodule.json              format, version, world size, global step, and
+                                             each rank's file and pending curriculum switches
+```
+
+each file atomically (a temporary file renamed over it; one ``PUT`` on object stores), and
+removes the directory with its checkpoint. The model checkpoint's own state is what a resume
+reads; these files are for tools, and for a resume whose model checkpoint carries no
+``O41DataModule`` state (Lightning keys it by class name, so a renamed subclass misses it).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import secrets
+from collections.abc import Mapping
+from typing import Any
+
+from lightning.fabric.utilities.cloud_io import get_filesystem
+from lightning.fabric.utilities.types import _PATH
+from lightning.pytorch.plugins.io import CheckpointIO
+from lightning.pytorch.strategies import Strategy
+from o41_training_data import Checkpoint, CheckpointError
+
+from ._state import FORMAT, STATE_VERSION, RankState, StreamState, read_header, read_switches
+
+SIDECAR_SUFFIX = ".o41"
+"""Appended to a model checkpoint's path to name the directory of its stream checkpoints."""
+INDEX_FILE = "datamodule.json"
+"""The sidecar directory's index: format, version, world size, global step, files and switches."""
+_RANK_FILE = re.compile(r"stream-rank(\d+)-of-(\d+)\.json")
+
+
+def sidecar_directory(checkpoint_path: _PATH) -> str:
+    """The directory beside ``checkpoint_path`` (``<path>.o41``); a local symlink is followed."""
+    path = os.fspath(checkpoint_path)
+    if _is_local(path):
+        # `last.ckpt` may be a link to the checkpoint it names (ModelCheckpoint(save_last="link")).
+        return os.path.realpath(path) + SIDECAR_SUFFIX
+    return path + SIDECAR_SUFFIX
+
+
+def _is_local(path: str) -> bool:
+    protocol = get_filesystem(path).protocol
+    return bool({"file", "local"} & set(protocol if isinstance(protocol, tuple | list) else [protocol]))
+
+
+def rank_file(rank: int, world_size: int) -> str:
+    """The name of rank ``rank``'s stream checkpoint in a sidecar directory."""
+    return f"stream-rank{rank}-of-{world_size}.json"
+
+
+def _join(directory: str, name: str) -> str:
+    if _is_local(directory):
+        return os.path.join(directory, name)
+    return f"{directory.rstrip('/')}/{name}"
+
+
+def _write(directory: str, name: str, text: str) -> None:
+    fs = get_filesystem(directory)
+    path = _join(directory, name)
+    if not _is_local(directory):
+        fs.pipe_file(path, text.encode())  # one PUT: an object appears whole or not at all
+        return
+    temporary = os.path.join(directory, f".{name}.{os.getpid()}-{secrets.token_hex(4)}.tmp")
+    try:
+        with open(temporary, "w", encoding="utf-8") as out:
+            out.write(text)
+            out.flush()
+            os.fsync(out.fileno())
+        os.replace(temporary, path)
+    except BaseException:
+        if os.path.exists(temporary):
+            os.unlink(temporary)
+        raise
+
+
+def write_sidecars(checkpoint_path: _PATH, state: StreamState, global_step: Any = None) -> None:
+    """Writes every rank's stream checkpoint and the index beside ``checkpoint_path``."""
+    directory = sidecar_directory(checkpoint_path)
+    fs = get_filesystem(directory)
+    fs.makedirs(directory, exist_ok=True)
+    files: list[str | None] = []
+    for rank in range(state.world_size):
+        checkpoint = state.checkpoint(rank)
+        if checkpoint is None:  # at the beginning of the config: there is no checkpoint to write
+            files.append(None)
+            continue
+        files.append(rank_file(rank, state.world_size))
+        _write(directory, rank_file(rank, state.world_size), checkpoint.to_json())
+    index = {
+        "format": FORMAT,
+        "version": STATE_VERSION,
+        "world_size": state.world_size,
+        "global_step": global_step if isinstance(global_step, int) else None,
+        "ranks": [
+            {"file": file, "switches": [[switch.stage, switch.at] for switch in entry.switches]}
+            for file, entry in zip(files, state.ranks, strict=True)
+        ],
+    }
+    _write(directory, INDEX_FILE, json.dumps(index) + "\n")
+    # A checkpoint name saved again by another world (last.ckpt) must not keep the old ranks' files.
+    for entry in fs.ls(directory, detail=False):
+        name = os.path.basename(str(entry).rstrip("/"))
+        if _RANK_FILE.fullmatch(name) and name not in files:
+            fs.rm(entry)
+
+
+def remove_sidecars(checkpoint_path: _PATH) -> None:
+    """Removes the sidecar directory of ``checkpoint_path``, if there is one.
+
+    A link (``last.ckpt``) has none of its own: the directory it leads to belongs to the
+    checkpoint it names, which stays.
+    """
+    path = os.fspath(checkpoint_path)
+    if _is_local(path) and os.path.islink(path):
+        return
+    directory = sidecar_directory(path)
+    fs = get_filesystem(directory)
+    if fs.exists(directory):
+        fs.rm(directory, recursive=True)
+
+
+def read_sidecars(checkpoint_path: _PATH, rank: int, world_size: int) -> StreamState:
+    """The state the sidecars of ``checkpoint_path`` hold, as far as rank ``rank`` of ``world_size`` needs it.
+
+    With the world size that wrote them, only this rank's file is read; with another, every
+    rank's (an elastic resume compares them). A missing index or rank file raises
+    :class:`CheckpointError` naming it.
+    """
+    directory = sidecar_directory(checkpoint_path)
+    fs = get_filesystem(directory)
+    index_path = _join(directory, INDEX_FILE)
+    if not fs.exists(index_path):
+        raise CheckpointError(
+            f"checkpoint refused: {os.fspath(checkpoint_path)} holds no O41DataModule state and "
+            f"{index_path} does not exist, so this run cannot tell where each rank's stream stopped; "
+            "resume with the datamodule class that wrote the checkpoint, or start a new run"
+        )
+    try:
+        index = json.loads(fs.cat_file(index_path))
+    except ValueError as e:
+        raise CheckpointError(f"checkpoint refused: {index_path} is not JSON: {e}") from None
+    old_world, listed = read_header(index, index_path)
+    needed = {rank} if old_world == world_size else set(range(old_world))
+    resolved: str | None = None
+    entries: list[RankState] = []
+    for old_rank, entry in enumerate(listed):
+        where = f"{index_path}: ranks[{old_rank}]"
+        name = entry.get("file")
+        if name is not None and name != rank_file(old_rank, old_world):
+            raise CheckpointError(f"checkpoint refused: {where}.file is {name!r}")
+        position = None
+        if name is not None and old_rank in needed:
+            path = _join(directory, name)
+            if not fs.exists(path):
+                raise CheckpointError(
+                    f"checkpoint refused: {path} is missing; every rank of the {old_world} that wrote "
+                    f"{os.fspath(checkpoint_path)} needs its stream checkpoint there"
+                )
+            try:
+                checkpoint = Checkpoint.from_json(fs.cat_file(path).decode())
+            except CheckpointError as e:
+                raise CheckpointError(f"{path}: {e}") from None
+            if (checkpoint.rank, checkpoint.world_size) != (old_rank, old_world):
+                raise CheckpointError(
+                    f"checkpoint refused: {path} holds rank {checkpoint.rank} of {checkpoint.world_size}"
+                )
+            resolved = resolved or checkpoint.resolved_json()
+            position = checkpoint.position
+        entries.append(RankState(position=position, switches=read_switches(entry, where)))
+    return StreamState(world_size=old_world, resolved=resolved, ranks=tuple(entries))
+
+
+class SidecarCheckpointIO(CheckpointIO):
+    """Wraps the strategy's ``CheckpointIO``: stream checkpoints follow every model checkpoint.
+
+    Saving writes the model checkpoint through the wrapped plugin, then, for the
+    ``O41DataModule`` state inside it, each rank's stream checkpoint in ``<path>.o41/``.
+    Removing a checkpoint removes that directory first. Loading is the wrapped plugin's.
+    """
+
+    def __init__(self, checkpoint_io: CheckpointIO) -> None:
+        super().__init__()
+        self.checkpoint_io = checkpoint_io
+
+    def save_checkpoint(
+        self, checkpoint: dict[str, Any], path: _PATH, storage_options: Any | None = None
+    ) -> None:
+        """Saves the model checkpoint, then the stream checkpoints beside it."""
+        self.checkpoint_io.save_checkpoint(checkpoint, path, storage_options=storage_options)
+        for key, value in checkpoint.items():
+            if isinstance(value, Mapping) and value.get("format") == FORMAT:
+                state = StreamState.from_dict(value, f"the {key!r} state of {os.fspath(path)}")
+                write_sidecars(path, state, checkpoint.get("global_step"))
+
+    def load_checkpoint(
+        self, path: _PATH, map_location: Any | None = None, weights_only: bool | None = None
+    ) -> dict[str, Any]:
+        """Loads the model checkpoint with the wrapped plugin."""
+        return self.checkpoint_io.load_checkpoint(path, map_location=map_location, weights_only=weights_only)
+
+    def remove_checkpoint(self, path: _PATH) -> None:
+        """Removes the stream checkpoints, then the model checkpoint."""
+        remove_sidecars(path)
+        self.checkpoint_io.remove_checkpoint(path)
+
+    def teardown(self) -> None:
+        """Tears down the wrapped plugin."""
+        self.checkpoint_io.teardown()
+
+
+def install(strategy: Strategy) -> None:
+    """Wraps ``strategy``'s ``CheckpointIO`` in a :class:`SidecarCheckpointIO`, once."""
+    current = strategy.checkpoint_io
+    if not isinstance(current, SidecarCheckpointIO):
+        strategy.checkpoint_io = SidecarCheckpointIO(current)
