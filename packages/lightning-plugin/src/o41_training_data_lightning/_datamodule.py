@@ -1,0 +1,429 @@
+"""``O41DataModule``: a ``LightningDataModule`` whose resume is exact on every rank."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable, Iterator, Mapping
+from typing import Any, Literal
+
+import torch
+from lightning.pytorch import LightningDataModule
+from lightning.pytorch.utilities.model_helpers import is_overridden
+from lightning.pytorch.utilities.signature_utils import is_param_in_hook_signature
+from o41_training_data import (
+    BatchStream,
+    BatchStreamConfig,
+    Checkpoint,
+    CheckpointError,
+    ConfigError,
+    Position,
+    TrainingData,
+    open_batch_stream,
+    resolve_batch_stream_config,
+    resume_batch_stream,
+)
+from o41_training_data_torch import POSITION_KEY, O41Batch, O41IterableDataset
+from torch.utils.data import DataLoader
+
+from . import _sidecar
+from ._state import FORMAT, STATE_VERSION, RankState, StreamState, Switch
+
+# What Lightning's own loader state holds for the train loader (see _TrainLoader.state_dict).
+_LOADER_STATE = {"format": FORMAT, "version": STATE_VERSION, "positions": "in the O41DataModule state"}
+
+
+class _TrainLoader:
+    """What ``train_dataloader()`` returns: a new pass over the rank's stream at each ``iter()``.
+
+    Each pass continues right after the last batch a training step consumed, so an epoch cut
+    short (``limit_train_batches``, ``max_steps``) loses nothing and the batch Lightning had
+    fetched ahead is delivered again. A pass that would start at the end of a finite stream
+    starts over from the config instead, as a new pass over a ``DataLoader`` does.
+
+    It is not a ``DataLoader``, so Lightning does not advise more workers for it (the engine
+    decodes on its own threads; see docs/torch.md). It is stateful in Lightning's sense, so a
+    mid-epoch resume counts as resumable, but what Lightning saves for it is a constant: rank
+    0's loader state goes to every rank, so the positions travel in the datamodule's state.
+    """
+
+    def __init__(self, module: O41DataModule) -> None:
+        self._module = module
+        self.delivered = False  # whether any pass handed Lightning a batch
+        self.checked_resume = False
+
+    def __iter__(self) -> Iterator[O41Batch]:
+        return self._module._passes(self)
+
+    def state_dict(self) -> dict[str, Any]:
+        """A constant: the positions are in the datamodule's state, rank by rank."""
+        return dict(_LOADER_STATE)
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Ignores the state: the datamodule's ``load_state_dict`` restored this rank's position."""
+
+
+class _EvalLoader:
+    """What ``val_dataloader()`` returns: the whole finite validation stream at each ``iter()``."""
+
+    def __init__(self, loader: DataLoader[O41Batch]) -> None:
+        self._loader = loader
+
+    def __iter__(self) -> Iterator[O41Batch]:
+        # A generator, so that Lightning's iterability check starts no stream and no worker.
+        yield from self._loader
+
+
+class O41DataModule(LightningDataModule):
+    """A ``LightningDataModule`` over an o41 batch stream: ``Trainer.fit(model, datamodule=...)``.
+
+    ``train_dataloader()`` streams ``config`` with the PyTorch adapter, each rank its own share
+    (the trainer's rank and world size). ``val_config``, when given, must be finite: each
+    validation run reads all of it. Every item is one whole batch (an ``O41Batch``: a dict of
+    tensors plus ``stage``, ``batch_index`` and the position).
+
+    Resume is exact: ``state_dict()`` gathers every rank's position after the last batch its
+    training step consumed into the model checkpoint, and ``trainer.fit(ckpt_path=...)`` puts
+    each rank back at its own (or, on another number of ranks, moves them, when every rank
+    stopped at the same place). Each rank's core checkpoint is also written beside the model
+    checkpoint, in ``<name>.ckpt.o41/``. See docs/lightning.md.
+
+    ``num_workers`` defaults to 0: the engine decodes on its own threads, and ``DataLoader``
+    workers only add copies (0.62x of the core stream's speed, measured).
+
+    Example:
+        >>> datamodule = O41DataModule(config, val_config=val_config)  # doctest: +SKIP
+        >>> checkpoints = ModelCheckpoint(every_n_train_steps=100, save_last=True)  # doctest: +SKIP
+        >>> trainer = Trainer(max_steps=1000, callbacks=[checkpoints])  # doctest: +SKIP
+        >>> trainer.fit(model, datamodule=datamodule)  # doctest: +SKIP
+        >>> trainer.fit(model, datamodule=datamodule, ckpt_path="last")  # after a restart  # doctest: +SKIP
+
+    """
+
+    def __init__(
+        self,
+        config: BatchStreamConfig,
+        training_data: TrainingData | None = None,
+        val_config: BatchStreamConfig | None = None,
+        *,
+        num_workers: int = 0,
+        bool_as: Literal["bool", "uint8"] = "bool",
+    ) -> None:
+        super().__init__()
+        if not isinstance(config, BatchStreamConfig):
+            raise ConfigError(f"config: expected a BatchStreamConfig, got {type(config).__name__}")
+        if training_data is not None and not isinstance(training_data, TrainingData):
+            raise ConfigError(f"training_data: expected a TrainingData, got {type(training_data).__name__}")
+        if val_config is not None:
+            if not isinstance(val_config, BatchStreamConfig):
+                raise ConfigError(
+                    f"val_config: expected a BatchStreamConfig, got {type(val_config).__name__}"
+                )
+            for i, stage in enumerate(val_config.stages):
+                if stage.infinite:
+                    raise ConfigError(
+                        f"val_config.stages[{i}].infinite is True; a validation stream must end"
+                    )
+        if type(num_workers) is not int or num_workers < 0:
+            raise ConfigError(f"num_workers: expected an int >= 0, got {num_workers!r}")
+        if bool_as not in ("bool", "uint8"):
+            raise ConfigError(f"bool_as: expected 'bool' or 'uint8', got {bool_as!r}")
+        self._config = config
+        self._training_data = training_data
+        self._val_config = val_config
+        self._num_workers = num_workers
+        self._bool_as: Literal["bool", "uint8"] = bool_as
+        self._consumed: Position | None = None  # after the last batch a training step consumed
+        self._anchor: Checkpoint | None = None  # any checkpoint of the stream: its pinned resolved config
+        self._switches: list[Switch] = []  # requested switches the consumed position does not reflect
+        self._frontier: tuple[object, int, int] | None = None  # (pass, batches_yielded, stage) handed out
+        self._loader: _TrainLoader | None = None
+        self._restored_from: Any = None  # the ckpt_path whose state this rank resumed from
+        if val_config is not None:
+            # Only a datamodule with a validation stream may look as if it overrides the hook:
+            # Lightning warns about a val_dataloader without a validation_step.
+            self.val_dataloader = self._val_dataloader  # type: ignore[method-assign]
+
+    @property
+    def config(self) -> BatchStreamConfig:
+        """The training stream's config."""
+        return self._config
+
+    @property
+    def val_config(self) -> BatchStreamConfig | None:
+        """The validation stream's config, if any."""
+        return self._val_config
+
+    # -- Lightning's hooks.
+
+    def train_dataloader(self) -> Iterable[O41Batch]:
+        """The training batches of this rank: an iterable that starts a new pass at each ``iter()``.
+
+        Under a trainer it also installs the ``CheckpointIO`` wrapper that writes the stream
+        checkpoints beside each model checkpoint, and, when the trainer resumes from a
+        checkpoint that carries no ``O41DataModule`` state, restores from those files.
+        """
+        trainer = self.trainer
+        if trainer is not None:
+            model = trainer.lightning_module
+            if is_param_in_hook_signature(model.training_step, "dataloader_iter", explicit=True):
+                raise ConfigError(
+                    "O41DataModule: training_step(dataloader_iter) fetches batches out of Lightning's "
+                    "sight, so the position of the batch a step consumed is unknown; take the batch "
+                    "argument instead"
+                )
+            _sidecar.install(trainer.strategy)
+            ckpt_path = trainer.ckpt_path
+            if ckpt_path and ckpt_path != self._restored_from:
+                rank, world_size = self._rank_world()
+                self._restore(
+                    _sidecar.read_sidecars(ckpt_path, rank, world_size), f"the sidecars of {ckpt_path}"
+                )
+                self._restored_from = ckpt_path
+        self._loader = _TrainLoader(self)
+        return self._loader
+
+    def _val_dataloader(self) -> Iterable[O41Batch]:
+        assert self._val_config is not None
+        dataset = O41IterableDataset(
+            self._ranked(self._val_config), self._training_data, bool_as=self._bool_as
+        )
+        return _EvalLoader(DataLoader(dataset, batch_size=None, num_workers=self._num_workers))
+
+    def on_before_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
+        """Records the position of the batch a training step is about to consume.
+
+        Lightning fetches one batch ahead of the step, so the last batch fetched is not the
+        last one consumed; this hook sees the consumed one. A ``LightningModule`` that
+        overrides this hook too has its own called after (Lightning calls only this one and
+        warns about it).
+        """
+        trainer = self.trainer
+        if trainer is not None and trainer.training and isinstance(batch, Mapping):
+            position = batch.get(POSITION_KEY)
+            if isinstance(position, Position):
+                self._consumed_batch(position)
+        model = trainer.lightning_module if trainer is not None else None
+        if model is not None and is_overridden("on_before_batch_transfer", model):
+            return model.on_before_batch_transfer(batch, dataloader_idx)
+        return batch
+
+    def state_dict(self) -> dict[str, Any]:
+        """Every rank's position (and pending curriculum switches), for the model checkpoint.
+
+        Lightning calls this on every rank and writes rank 0's result only, so the ranks'
+        entries are gathered here with ``torch.distributed.all_gather_object``: call it on every
+        rank at once, as ``trainer.save_checkpoint`` requires anyway.
+        """
+        _, world_size = self._rank_world()
+        mine = RankState(position=self._consumed, switches=tuple(self._switches)).to_json()
+        entries = self._gather(mine, world_size)
+        first = next((entry["position"] for entry in entries if entry["position"] is not None), None)
+        resolved = None
+        if first is not None:
+            anchor = self._anchor
+            if anchor is None:  # this rank has not started while another has
+                anchor = Checkpoint.from_position(
+                    Position.from_json(first), self._resolved(self._ranked(self._config))
+                )
+            resolved = anchor.resolved_json()
+        return {
+            "format": FORMAT,
+            "version": STATE_VERSION,
+            "world_size": world_size,
+            "resolved": resolved,
+            "ranks": entries,
+        }
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Puts this rank back at its own position from ``state_dict`` (see :meth:`state_dict`).
+
+        Raises :class:`CheckpointError` when the state is of another version or stream, or was
+        written by another number of ranks that did not all stop at the same place.
+        """
+        trainer = self.trainer
+        ckpt_path = trainer.ckpt_path if trainer is not None else None
+        source = f"the checkpoint {ckpt_path}" if ckpt_path else "the O41DataModule state"
+        self._restore(StreamState.from_dict(state_dict, source), source)
+        self._restored_from = ckpt_path
+
+    # -- Curriculum and positions.
+
+    def advance(self, stage: int) -> None:
+        """Switches the training stream to curriculum ``stage``, on this rank.
+
+        The new stage starts with the first batch not yet handed to Lightning: Lightning
+        fetches one batch ahead, so called during a training step, the step after the next one
+        trains on the first batch of ``stage``. Call it on every rank at the same step (as
+        :class:`O41Curriculum` does); the switch is part of the state, so a resume from a
+        checkpoint taken in between switches at the same batch. Switching to the stage already
+        in effect (or requested) does nothing.
+        """
+        stages = len(self._config.stages)
+        if type(stage) is not int or not 0 <= stage < stages:
+            raise ConfigError(
+                f"advance: stage {stage!r} does not exist; the config has stages 0 to {stages - 1}"
+            )
+        if self._frontier is not None:
+            _, at, current = self._frontier
+        elif self._consumed is not None:
+            at, current = self._consumed.batches_yielded, self._consumed.stage
+        else:
+            at, current = 0, 0
+        if self._switches:
+            current = self._switches[-1].stage
+        if stage == current:
+            return
+        if self._switches and self._switches[-1].at == at:
+            self._switches[-1] = Switch(stage=stage, at=at)  # two requests before the next batch
+        else:
+            self._switches.append(Switch(stage=stage, at=at))
+
+    def checkpoint(self) -> Checkpoint | None:
+        """The rank's stream checkpoint after the last batch a training step consumed.
+
+        ``None`` while the rank is at the beginning of the config.
+        """
+        if self._consumed is None:
+            return None
+        assert self._anchor is not None
+        return Checkpoint.from_position(self._consumed, self._anchor)
+
+    # -- Internals.
+
+    def _rank_world(self) -> tuple[int, int]:
+        trainer = self.trainer
+        if trainer is not None:
+            return trainer.global_rank, trainer.world_size
+        if torch.distributed.is_available() and torch.distributed.is_initialized():
+            return torch.distributed.get_rank(), torch.distributed.get_world_size()
+        return 0, 1
+
+    def _ranked(self, config: BatchStreamConfig) -> BatchStreamConfig:
+        rank, world_size = self._rank_world()
+        explicit = (config.rank, config.world_size)
+        if explicit != (0, 1) and explicit != (rank, world_size):
+            raise ConfigError(
+                f"rank/world_size: the config says rank {config.rank} of {config.world_size}, the "
+                f"trainer runs rank {rank} of {world_size}; leave them unset"
+            )
+        return dataclasses.replace(config, rank=rank, world_size=world_size)
+
+    def _resolved(self, config: BatchStreamConfig) -> dict[str, Any]:
+        if self._training_data is not None:
+            return self._training_data.resolve_batch_stream_config(config)
+        return resolve_batch_stream_config(config)
+
+    def _gather(self, mine: dict[str, Any], world_size: int) -> list[dict[str, Any]]:
+        if world_size == 1:
+            return [mine]
+        if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
+            raise ConfigError(
+                f"O41DataModule.state_dict: the trainer has {world_size} ranks but torch.distributed "
+                "is not initialised, so their positions cannot be gathered"
+            )
+        entries: list[Any] = [None] * world_size
+        torch.distributed.all_gather_object(entries, mine)
+        return entries
+
+    def _restore(self, state: StreamState, source: str) -> None:
+        trainer = self.trainer
+        loader = self._loader
+        if (
+            loader is not None
+            and loader.delivered
+            and trainer is not None
+            and trainer.train_dataloader is loader
+        ):
+            raise CheckpointError(
+                f"checkpoint refused: {source} arrived after this fit's train loader had started "
+                "(a strategy that restores after setup, with trainer.estimated_stepping_batches "
+                "read in configure_optimizers, fetches a batch first); set max_steps and leave "
+                "max_epochs unset, or read it after the restore"
+            )
+        rank, world_size = self._rank_world()
+        start, switches = state.start_for(rank, world_size, self._ranked(self._config), source)
+        self._consumed = start.position if start is not None else None
+        self._anchor = start
+        done = start.batches_yielded if start is not None else 0
+        self._switches = [switch for switch in switches if switch.at >= done]
+
+    def _consumed_batch(self, position: Position) -> None:
+        loader, trainer = self._loader, self.trainer
+        if loader is not None and not loader.checked_resume and trainer is not None:
+            loader.checked_resume = True
+            if trainer.ckpt_path and trainer.ckpt_path != self._restored_from:
+                raise CheckpointError(
+                    f"checkpoint refused: the trainer resumed from {trainer.ckpt_path}, but this rank's "
+                    "stream position was not restored before training started"
+                )
+        self._consumed = position
+        # A switch is reflected in the position once the first batch of its stage is consumed.
+        self._switches = [switch for switch in self._switches if switch.at >= position.batches_yielded]
+
+    def _open(self, start: Checkpoint | None) -> BatchStream:
+        data = self._training_data
+        if start is not None:
+            return data.resume_batch_stream(start) if data is not None else resume_batch_stream(start)
+        config = self._ranked(self._config)
+        return data.batch_stream(config) if data is not None else open_batch_stream(config)
+
+    def _switched(self, start: Checkpoint | None, stage: int) -> Checkpoint:
+        """The checkpoint at ``start`` (``None``: the config's beginning) with ``stage`` switched in.
+
+        The adapter cannot take a switch point before its first batch, so the switch is made in
+        a stream of our own and the adapter resumes from that stream's checkpoint, which the
+        core makes equal to switching in the running stream at the same global batch.
+        """
+        with self._open(start) as stream:
+            stream.advance(stage)
+            return stream.checkpoint()
+
+    def _passes(self, loader: _TrainLoader) -> Iterator[O41Batch]:
+        token = object()
+        start = self.checkpoint()
+        restarted = False
+        try:
+            while True:
+                done = start.batches_yielded if start is not None else 0
+                self._frontier = (token, done, start.stage if start is not None else 0)
+                due = [switch for switch in self._switches if switch.at == done]
+                if due:
+                    start = self._switched(start, due[-1].stage)
+                    if self._anchor is None:
+                        self._anchor = start
+                source: BatchStreamConfig | Checkpoint = (
+                    start if start is not None else self._ranked(self._config)
+                )
+                dataset = O41IterableDataset(source, self._training_data, bool_as=self._bool_as)
+                batches = iter(DataLoader(dataset, batch_size=None, num_workers=self._num_workers))
+                delivered = 0
+                switch_after: Position | None = None
+                try:
+                    for batch in batches:
+                        position = batch[POSITION_KEY]
+                        if self._anchor is None:
+                            self._anchor = dataset.checkpoint(batch)
+                        delivered += 1
+                        loader.delivered = True
+                        self._frontier = (token, position.batches_yielded, position.stage)
+                        yield batch
+                        if any(switch.at == position.batches_yielded for switch in self._switches):
+                            switch_after = position
+                            break
+                finally:
+                    # Stop the workers and the engine now, not whenever the iterator is collected.
+                    del batches
+                if switch_after is not None:
+                    assert self._anchor is not None
+                    start = Checkpoint.from_position(switch_after, self._anchor)
+                    continue
+                if delivered == 0 and start is not None and not restarted:
+                    # The pass began where a finite stream ends: start over, and a switch
+                    # requested for the next batch applies to the first one.
+                    restarted, start = True, None
+                    self._switches = [Switch(stage=s.stage, at=0) for s in self._switches[-1:]]
+                    continue
+                return
+        finally:
+            if self._frontier is not None and self._frontier[0] is token:
+                self._frontier = None
