@@ -57,12 +57,20 @@ pub fn blocking<T: Send>(
     py: Python<'_>,
     work: impl FnOnce(&Cancel) -> Result<T, Error> + Send,
 ) -> PyResult<T> {
-    let cancel = Cancel::new();
+    blocking_with(py, &Cancel::new(), work)
+}
+
+/// Like [`blocking`], with the flag of an object that outlives the call (a reader whose storage
+/// was opened with it): an interrupt cancels that object's reads, now and later.
+pub fn blocking_with<T: Send>(
+    py: Python<'_>,
+    cancel: &Cancel,
+    work: impl FnOnce(&Cancel) -> Result<T, Error> + Send,
+) -> PyResult<T> {
     std::thread::scope(|scope| {
         let (done_tx, done_rx) = mpsc::sync_channel::<()>(1);
-        let flag = &cancel;
         let worker = scope.spawn(move || {
-            let result = work(flag);
+            let result = work(cancel);
             let _ = done_tx.send(());
             result
         });

@@ -5,7 +5,7 @@ use o41_engine::storage::Object;
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
 
-use crate::blocking::blocking;
+use crate::blocking::blocking_with;
 
 /// One object opened by `Storage.open`: its size, and byte ranges of the version seen then.
 #[pyclass(module = "o41_training_data._core", frozen)]
@@ -34,7 +34,10 @@ impl StorageObject {
         start: u64,
         end: u64,
     ) -> PyResult<Bound<'py, PyBytes>> {
-        let data = blocking(py, |_| self.inner.read_range(start..end))?;
+        // The object's reads obey the flag it was opened with: Ctrl-C stops this one.
+        let data = blocking_with(py, self.inner.cancel(), |_| {
+            self.inner.read_range(start..end)
+        })?;
         Ok(PyBytes::new(py, &data))
     }
 }

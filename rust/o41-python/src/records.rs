@@ -5,6 +5,7 @@
 use std::sync::Mutex;
 
 use arrow_pyarrow::{FromPyArrow, Table, ToPyArrow};
+use o41_engine::cancel::Cancel;
 use o41_engine::encoding::Encoding;
 use o41_engine::formats::{
     write_shard as engine_write_shard, Record, RecordChunk, ShardData,
@@ -17,7 +18,7 @@ use pyo3::types::{
     PyBool, PyByteArray, PyBytes, PyDict, PyFloat, PyInt, PyList, PyMapping, PyString, PyTuple,
 };
 
-use crate::blocking::blocking;
+use crate::blocking::{blocking, blocking_with};
 use crate::errors::to_py;
 use crate::storage::{engine, Storage};
 
@@ -25,6 +26,8 @@ use crate::storage::{engine, Storage};
 #[pyclass(module = "o41_training_data._core")]
 pub struct ShardRecords {
     inner: Mutex<EngineRecords>,
+    /// The flag the reader's storage obeys: Ctrl-C in any call stops its reads.
+    cancel: Cancel,
 }
 
 #[pymethods]
@@ -39,7 +42,8 @@ impl ShardRecords {
         chunk_rows: usize,
     ) -> PyResult<Self> {
         let storage = engine(storage);
-        let inner = blocking(py, |cancel| {
+        let cancel = Cancel::new();
+        let inner = blocking_with(py, &cancel, |cancel| {
             let encoding = Encoding::parse(encoding, "data_format")?;
             EngineRecords::open(
                 &storage.with_cancel(cancel.clone()),
@@ -50,6 +54,7 @@ impl ShardRecords {
         })?;
         Ok(ShardRecords {
             inner: Mutex::new(inner),
+            cancel,
         })
     }
 
@@ -65,7 +70,7 @@ impl ShardRecords {
             .lock()
             .map_err(|_| PyRuntimeError::new_err("the shard reader's lock is poisoned"))?;
         let reader = &mut *reader;
-        let chunk = blocking(py, |_| reader.next_chunk(max_rows))?;
+        let chunk = blocking_with(py, &self.cancel, |_| reader.next_chunk(max_rows))?;
         match chunk {
             None => Ok(None),
             Some(RecordChunk::Arrow(batch)) => Ok(Some(batch.to_pyarrow(py)?)),
