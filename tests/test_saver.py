@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import pickle
+import sys
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
@@ -210,16 +211,24 @@ def test_cli_inspects_and_verifies_a_manifest(saver, capsys: pytest.CaptureFixtu
     assert "checksum differs" in capsys.readouterr().err
 
 
-def test_ray_tasks_save_and_the_driver_publishes(saver) -> None:
+def test_ray_tasks_save_and_the_driver_publishes(saver, monkeypatch: pytest.MonkeyPatch) -> None:
     import ray
+    from ray._private import ray_constants
 
+    # Under `uv run --no-sync`, Ray would start workers with that same command
+    # in a copy of the working directory, where uv finds no environment; the
+    # workers must run the driver's own interpreter whatever launched pytest.
+    monkeypatch.setattr(ray_constants, "RAY_ENABLE_UV_RUN_RUNTIME_ENV", False)
     ray.init(
         num_cpus=2,
         include_dashboard=False,
         log_to_driver=False,
         configure_logging=False,
         _node_ip_address="127.0.0.1",  # a local cluster on loopback only
-        runtime_env={"env_vars": {"PYTHONPATH": str(Path(__file__).parent)}},
+        runtime_env={
+            "py_executable": sys.executable,
+            "env_vars": {"PYTHONPATH": str(Path(__file__).parent)},
+        },
     )
     try:
         remote_save = ray.remote(save_shard)
