@@ -19,7 +19,6 @@ from typing import Any
 
 import grain.checkpoint
 import jax
-import jax._src.xla_bridge as xla_bridge
 import numpy as np
 import orbax.checkpoint as ocp
 import pytest
@@ -48,12 +47,6 @@ from conftest import ShardWriter
 # set before jax starts its backend, which nothing does while tests are being collected.
 jax.config.update("jax_num_cpu_devices", 2)
 
-# Once its backend is up, JAX warns at every os.fork(), and filterwarnings=error turns that into
-# a failure of whichever later test forks (DataLoader workers, Lightning), none of which uses JAX
-# in the child. This module and docs/jax.md start the backend in the pytest process, so JAX is
-# kept from installing that fork hook for the session. The lasting fix is a narrow
-# "ignore:os.fork\\(\\) was called:RuntimeWarning" in the shared pytest filterwarnings.
-xla_bridge._at_fork_handler_installed = True
 
 SCRIPT = Path(__file__).parent / "jax_train.py"
 PREFETCH_THREAD = "o41-jax-prefetch"

@@ -47,10 +47,6 @@ from torch.utils.data import DataLoader
 
 from conftest import write_shard
 
-pytestmark = [
-    # Lightning 2.6's CombinedLoader builds a torch pytree LeafSpec, which torch 2.15 deprecates.
-    pytest.mark.filterwarnings(r"ignore:`isinstance\(treespec, LeafSpec\)` is deprecated:FutureWarning"),
-]
 # Lightning warns whenever a run resumes into the directory its checkpoints are in: the point here.
 RESUMING = pytest.mark.filterwarnings("ignore:Checkpoint directory .* exists and is not empty:UserWarning")
 
