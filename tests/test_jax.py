@@ -139,6 +139,15 @@ def test_batches_are_global_arrays_split_over_the_devices(
     assert [np.asarray(batch["v"]).tolist()] == core_batches(config, 1)
 
 
+def test_cpu_devices_view_the_engines_memory(config: BatchStreamConfig, sharding: NamedSharding) -> None:
+    # docs/jax.md: on CPU devices a batch is not copied, because the engine's columns are aligned.
+    with open_batch_stream(config) as stream:
+        host = next(stream).arrays()["v"]
+        on_devices = jax.device_put(host, sharding)
+        first = min(on_devices.addressable_shards, key=lambda s: s.index[0].start or 0)
+        assert first.data.unsafe_buffer_pointer() == host.ctypes.data
+
+
 @pytest.mark.parametrize("prefetch", [0, 1, 2, 5])
 def test_prefetch_keeps_the_core_order(
     config: BatchStreamConfig, sharding: NamedSharding, prefetch: int

@@ -2,31 +2,104 @@
 //!
 //! A column is one contiguous buffer of `rows * width` elements, pre-filled with the field's pad
 //! so that short lists need no second pass. Batches become Arrow arrays without copying: the
-//! `Vec` turns into an Arrow buffer, wrapped in one `FixedSizeList` level per axis.
+//! buffer turns into an Arrow buffer, wrapped in one `FixedSizeList` level per axis.
 
+use std::marker::PhantomData;
+use std::ops::{Deref, DerefMut};
 use std::sync::Arc;
 
 use arrow_array::{ArrayRef, FixedSizeListArray, PrimitiveArray, RecordBatch};
-use arrow_buffer::ScalarBuffer;
+use arrow_buffer::{Buffer, MutableBuffer, ScalarBuffer, ToByteSlice};
 use arrow_schema::{DataType, Field, Schema, SchemaRef};
 
 use crate::dtype::{DType, Element, Scalar};
 use crate::error::Result;
 use crate::fields::{ProjectedColumn, Projection};
 
+/// A fixed-length run of elements in memory aligned as Arrow recommends (64 bytes or more).
+///
+/// A `Vec<T>` is only aligned to `T`. Consumers that can alias host memory, such as JAX's CPU
+/// client, copy a batch whose columns do not start on an aligned address and view one that
+/// does, so batches are built in Arrow's own allocations.
+pub struct Aligned<T: Element> {
+    buffer: MutableBuffer,
+    elements: PhantomData<T>,
+}
+
+impl<T: Element> Aligned<T> {
+    /// `len` copies of `value`.
+    pub fn filled(value: T, len: usize) -> Self {
+        let bytes = len
+            .checked_mul(std::mem::size_of::<T>())
+            .expect("column sizes are checked against the memory bound first");
+        // Zeroed memory comes from the allocator already cleared (as `vec![0; n]` does).
+        let mut buffer = MutableBuffer::from_len_zeroed(bytes);
+        if value.to_byte_slice().iter().any(|&b| b != 0) {
+            buffer.typed_data_mut::<T>().fill(value);
+        }
+        Aligned {
+            buffer,
+            elements: PhantomData,
+        }
+    }
+
+    /// Moves the elements into an Arrow buffer without copying them.
+    pub fn into_scalar_buffer(self) -> ScalarBuffer<T> {
+        let len = self.len();
+        ScalarBuffer::new(Buffer::from(self.buffer), 0, len)
+    }
+}
+
+impl<T: Element> From<&[T]> for Aligned<T> {
+    fn from(values: &[T]) -> Self {
+        let mut buffer = MutableBuffer::with_capacity(std::mem::size_of_val(values));
+        buffer.extend_from_slice(values);
+        Aligned {
+            buffer,
+            elements: PhantomData,
+        }
+    }
+}
+
+impl<T: Element> Deref for Aligned<T> {
+    type Target = [T];
+
+    fn deref(&self) -> &[T] {
+        self.buffer.typed_data()
+    }
+}
+
+impl<T: Element> DerefMut for Aligned<T> {
+    fn deref_mut(&mut self) -> &mut [T] {
+        self.buffer.typed_data_mut()
+    }
+}
+
+impl<T: Element> Clone for Aligned<T> {
+    fn clone(&self) -> Self {
+        Self::from(&self[..])
+    }
+}
+
+impl<T: Element + std::fmt::Debug> std::fmt::Debug for Aligned<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_list().entries(self.iter()).finish()
+    }
+}
+
 /// One column's elements, typed by the field's dtype.
 #[derive(Debug, Clone)]
 pub enum ColumnBuf {
     /// `i32` elements.
-    I32(Vec<i32>),
+    I32(Aligned<i32>),
     /// `i64` elements.
-    I64(Vec<i64>),
+    I64(Aligned<i64>),
     /// `f32` elements.
-    F32(Vec<f32>),
+    F32(Aligned<f32>),
     /// `f64` elements.
-    F64(Vec<f64>),
+    F64(Aligned<f64>),
     /// `bool` elements as 0/1.
-    Bool(Vec<u8>),
+    Bool(Aligned<u8>),
 }
 
 /// Runs `$body` with `$v` bound to the typed `Vec` inside a [`ColumnBuf`].
@@ -44,9 +117,9 @@ macro_rules! with_column {
     };
 }
 
-fn filled<T: Element>(pad: Scalar, len: usize) -> Vec<T> {
+fn filled<T: Element>(pad: Scalar, len: usize) -> Aligned<T> {
     // The pad was validated against the dtype when the config was checked.
-    vec![T::from_scalar(pad).unwrap_or_default(); len]
+    Aligned::filled(T::from_scalar(pad).unwrap_or_default(), len)
 }
 
 impl ColumnBuf {
@@ -118,10 +191,9 @@ impl ColumnBuf {
     }
 }
 
-fn primitive<T: Element>(values: Vec<T>) -> ArrayRef {
-    // `ScalarBuffer::from(Vec)` takes ownership of the allocation: no copy.
+fn primitive<T: Element>(values: Aligned<T>) -> ArrayRef {
     Arc::new(PrimitiveArray::<T::Arrow>::new(
-        ScalarBuffer::from(values),
+        values.into_scalar_buffer(),
         None,
     ))
 }
@@ -224,10 +296,37 @@ mod tests {
     #[test]
     fn into_arrow_keeps_the_allocation() {
         let c = column(vec![3]);
-        let buf = ColumnBuf::I32(vec![1, 2, 3, 4, 5, 6]);
+        let buf = ColumnBuf::I32(Aligned::from(&[1, 2, 3, 4, 5, 6][..]));
         let ptr = with_column!(&buf, v => v.as_ptr().cast::<u8>());
         let arr = buf.into_arrow(&c);
         let list = arr.as_any().downcast_ref::<FixedSizeListArray>().unwrap();
         assert_eq!(list.values().to_data().buffers()[0].as_ptr(), ptr);
+    }
+
+    #[test]
+    fn every_column_starts_on_an_arrow_aligned_address() {
+        for rows in [1, 3, 7, 100] {
+            for shape in [vec![1], vec![3], vec![5, 7]] {
+                let buf = ColumnBuf::padded(&column(shape), rows);
+                let address = with_column!(&buf, v => v.as_ptr() as usize);
+                assert_eq!(address % 64, 0);
+                let ColumnBuf::I32(values) = &buf else {
+                    panic!("an i32 column")
+                };
+                assert!(values.iter().all(|&x| x == -1));
+            }
+        }
+    }
+
+    #[test]
+    fn filled_buffers_hold_the_exact_pad_bits() {
+        assert!(Aligned::filled(0i64, 9).iter().all(|&x| x == 0));
+        assert!(Aligned::filled(7u8, 65).iter().all(|&x| x == 7));
+        // -0.0 == 0.0, but a pad of -0.0 must not come out as +0.0.
+        let negative_zero = Aligned::filled(-0.0f32, 5);
+        assert!(negative_zero
+            .iter()
+            .all(|x| x.to_bits() == (-0.0f32).to_bits()));
+        assert!(Aligned::filled(0.5f64, 0).is_empty());
     }
 }

@@ -328,11 +328,11 @@ mod tests {
             r#"{"junk": {"x": [1, "s"]}, "a": [5, 6, 7, 8], "b": 0.5}"#,
         );
         r.unwrap();
-        assert!(matches!(&cols[0], ColumnBuf::I32(v) if v == &[5, 6, 7]));
-        assert!(matches!(&cols[1], ColumnBuf::F64(v) if v == &[0.5]));
+        assert!(matches!(&cols[0], ColumnBuf::I32(v) if v[..] == [5, 6, 7]));
+        assert!(matches!(&cols[1], ColumnBuf::F64(v) if v[..] == [0.5]));
         let (cols, r) = run(&p, r#"{"a": [5], "b": 1}"#);
         r.unwrap();
-        assert!(matches!(&cols[0], ColumnBuf::I32(v) if v == &[5, 0, 0]));
+        assert!(matches!(&cols[0], ColumnBuf::I32(v) if v[..] == [5, 0, 0]));
     }
 
     #[test]

@@ -858,7 +858,7 @@ mod tests {
             .unwrap();
         let expected: Vec<i64> = (5..15).chain(390..410).map(|i| i * 3).collect();
         assert!(
-            matches!(&chunk.columns[0], ColumnBuf::I64(v) if *v == expected),
+            matches!(&chunk.columns[0], ColumnBuf::I64(v) if v[..] == expected[..]),
             "{codec:?}"
         );
         std::fs::remove_file(path).unwrap();
