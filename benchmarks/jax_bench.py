@@ -244,10 +244,12 @@ same devices with `grain.experimental.device_put`: **{grain_ratio:.2f}x** grain'
 CPU µs / batch counts every thread of the process (the engine's decoders, the prefetch thread,
 XLA's copy threads); waits / batch are voluntary context switches. On this machine the core
 stream is decode-bound on both cores, so whatever a contender adds per batch comes out of
-decoding. Putting a batch on the devices costs JAX's dispatch and a copy of its 320 KiB (the
-`core-stream + device_put` row); the iterator with `prefetch=0` does the same work, and the
-prefetch thread adds hand-offs between threads (the extra waits per batch) that cost CPU here
-and buy nothing when the "devices" are the same two cores. On an accelerator the copy and the
+decoding. The engine's columns start on 64-byte boundaries, so JAX's CPU client views them
+instead of copying them (it copies a misaligned buffer: 0.68x for the `core-stream +
+device_put` row before the alignment); what is left is JAX's dispatch of each array. The
+iterator with `prefetch=0` does the same work, and the prefetch thread adds hand-offs between
+threads (the extra waits per batch) that cost CPU here and buy nothing when the "devices" are
+the same two cores. On an accelerator the copy and the
 step leave the host's cores to the engine, and the thread keeps the next batches in flight
 while the step runs; on a CPU-only host with few cores `prefetch=0` is the faster setting
 (docs/jax.md says so).
