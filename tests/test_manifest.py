@@ -9,6 +9,7 @@ from pathlib import Path
 import jsonschema
 import pytest
 from o41_training_data import (
+    BatchStream,
     ConfigError,
     MalformedShardError,
     ManifestSource,
@@ -104,11 +105,24 @@ def test_resolved_config_pins_the_selected_shards(tmp_path: Path) -> None:
     assert [(Path(s["path"]).name, s["rows"]) for s in shards] == [("hard-3.parquet", 10)]
 
 
-def test_a_row_count_that_disagrees_with_the_manifest_is_refused(tmp_path: Path) -> None:
+def test_a_shard_that_differs_from_the_manifest_fails_at_its_first_read(tmp_path: Path) -> None:
     manifest = make_dataset(tmp_path)
     write_shard(tmp_path / "train/hard-3.parquet", "parquet", [{"v": 1}])
-    with pytest.raises(MalformedShardError, match="manifest lists 10 rows, the shard holds 1"):
-        open_batch_stream(config_for([ManifestSource(str(manifest), "train")], [V]))
+    # Open reads one shard per source (easy-0), so the rewritten shard is caught where the
+    # stream first reads it: after every batch of the shards before it.
+    delivered: list[int] = []
+
+    def drain(stream: BatchStream) -> None:
+        for batch in stream:
+            delivered.extend(int(v) for v in batch.arrays()["v"])
+
+    with (
+        open_batch_stream(config_for([ManifestSource(str(manifest), "train")], [V], batch_size=10)) as stream,
+        pytest.raises(MalformedShardError, match=r"hard-3\.parquet.*the manifest lists \d+ bytes") as info,
+    ):
+        drain(stream)
+    assert delivered == [*range(0, 10), *range(100, 110), *range(200, 210)]
+    assert info.value.path.endswith("hard-3.parquet")
 
 
 @pytest.mark.parametrize(

@@ -399,6 +399,10 @@ pub struct ResolvedShard {
     /// time (`mtime:<ns>`). A resumed stream refuses a shard whose version changed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub version: Option<String>,
+    /// Size in bytes, as the manifest listed it or as resolution saw it. A shard of another
+    /// size fails closed when it is first read.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bytes: Option<u64>,
 }
 
 /// The manifest selection a source was resolved from. Recorded so that a checkpoint can be

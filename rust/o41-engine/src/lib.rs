@@ -12,6 +12,7 @@ pub mod error;
 pub mod fields;
 pub mod formats;
 pub mod from_arrow;
+pub mod inspect_cache;
 pub mod manifest;
 pub mod memory;
 pub mod order;

@@ -183,7 +183,8 @@ fn decode(
         readers[..=pos].rotate_right(1);
     } else {
         let entry = &plan.shards[job.shard];
-        let reader = formats::open(storage, &entry.path, entry.encoding, &entry.meta)?;
+        let meta = plan.meta(storage, job.shard)?;
+        let reader = formats::open(storage, &entry.path, entry.encoding, meta)?;
         // A few open readers per worker, so consecutive jobs on a shard continue in place.
         if readers.len() as u64 == READERS_PER_WORKER {
             readers.pop();
@@ -261,22 +262,21 @@ impl Assembler {
                 && pending.len() < 2 * group_batches
                 && queued.len() < plan.max_jobs
             {
-                planning = self
-                    .planner
-                    .plan_group(&mut pending, &mut queued, &mut next_job);
+                planning = self.planner.plan_group(
+                    &self.storage,
+                    &mut pending,
+                    &mut queued,
+                    &mut next_job,
+                );
             }
             while in_flight.len() < plan.max_jobs {
                 let Some((mut job, dests)) = queued.pop_front() else {
                     break;
                 };
                 let entry = &plan.shards[job.shard];
-                job.prefetch = formats::prefetch(
-                    &self.storage,
-                    &entry.path,
-                    &entry.meta,
-                    &job.ranges,
-                    &plan.records,
-                );
+                job.prefetch = entry.inspected().and_then(|meta| {
+                    formats::prefetch(&self.storage, &entry.path, meta, &job.ranges, &plan.records)
+                });
                 in_flight.insert(
                     job.id,
                     InFlight {

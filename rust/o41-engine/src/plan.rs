@@ -8,32 +8,49 @@
 
 use std::collections::VecDeque;
 use std::ops::Range;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use arrow_schema::SchemaRef;
 
 use crate::columns::{batch_schema, Chunk};
 use crate::config::ResolvedConfig;
 use crate::encoding::Encoding;
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::fields::{Projection, Synthetic};
-use crate::formats::{Prefetch, ShardMeta};
+use crate::formats::{self, Prefetch, Promise, PromiseOrigin, ShardMeta};
 use crate::memory::{MemoryBound, PipelineShape, ShardScratch, MAX_JOB_ROWS};
 use crate::order::{LayoutCache, Order, Segment, Slot};
 use crate::resolve::Resolved;
 use crate::storage::{self, Storage};
 
-/// One shard of the stream, as inspection left it.
+/// One shard of the stream: where it is, what the stream was promised about it, and, once
+/// something read it, its inspection.
 pub struct ShardEntry {
     /// Location.
     pub path: String,
     /// Encoding.
     pub encoding: Encoding,
-    /// Row count, read index and version.
-    pub meta: ShardMeta,
+    /// Rows (and size or version, where known) the shard is held to when first inspected.
+    pub promise: Promise,
+    /// Row count, read index and version, from open or from the shard's first read.
+    meta: OnceLock<ShardMeta>,
 }
 
-/// Everything the threads of a stream share; immutable once built.
+impl ShardEntry {
+    /// The inspection, if the shard has been inspected.
+    pub fn inspected(&self) -> Option<&ShardMeta> {
+        self.meta.get()
+    }
+}
+
+/// How much more decode scratch than the largest known the stream reserves for shards it has
+/// not inspected yet: shards of one source come from one writer and differ little.
+const SCRATCH_MARGIN: u64 = 4;
+/// The least decode scratch reserved for shards not inspected yet.
+const MIN_SCRATCH_RESERVE: u64 = 64 << 20;
+
+/// Everything the threads of a stream share; immutable once built, except for the shards'
+/// inspections, each made once when the shard is first needed.
 pub struct Plan {
     /// The resolved document.
     pub resolved: ResolvedConfig,
@@ -55,6 +72,8 @@ pub struct Plan {
     pub schema: SchemaRef,
     /// The working-set bound, checked at open.
     pub bound: MemoryBound,
+    /// Decode scratch one job may use: a shard inspected later that needs more fails closed.
+    pub scratch_reserved: u64,
     /// Rows planned together.
     pub group_rows: u64,
     /// Read jobs in flight at most.
@@ -70,6 +89,8 @@ impl Plan {
             config,
             projection,
             metas,
+            scratch,
+            resumed,
             storage,
         } = resolved;
         let order = Order::new(&config)?;
@@ -79,13 +100,24 @@ impl Plan {
         for (stage, stage_metas) in config.stages.iter().zip(metas) {
             let mut ids = Vec::new();
             for (source, source_metas) in stage.sources.iter().zip(stage_metas) {
+                let origin = match (resumed, &source.manifest) {
+                    (true, _) => PromiseOrigin::Checkpoint,
+                    (false, Some(_)) => PromiseOrigin::Manifest,
+                    (false, None) => PromiseOrigin::Listing,
+                };
                 let mut source_ids = Vec::new();
                 for (shard, meta) in source.shards.iter().zip(source_metas) {
                     source_ids.push(shards.len());
                     shards.push(ShardEntry {
                         path: shard.path.clone(),
                         encoding: shard.encoding,
-                        meta,
+                        promise: Promise {
+                            origin,
+                            rows: shard.rows,
+                            bytes: shard.bytes,
+                            version: shard.version.clone(),
+                        },
+                        meta: meta.map(OnceLock::from).unwrap_or_default(),
                     });
                 }
                 ids.push(source_ids);
@@ -98,16 +130,37 @@ impl Plan {
             config.prefetch_batches,
             config.memory_limit_bytes,
         )?;
+        let prefetching = shards.iter().any(|s| storage::is_remote(&s.path));
+        let known = MemoryBound::compute(
+            &shape,
+            &projection,
+            ShardScratch {
+                largest: scratch.largest,
+                prefetching,
+            },
+        )?;
+        let scratch_reserved = if scratch.complete {
+            scratch.largest
+        } else {
+            // Room for shards not inspected yet, within what the limit leaves.
+            let holders = if prefetching {
+                shape.max_jobs
+            } else {
+                shape.threads
+            };
+            let room = scratch.largest + (known.limit - known.total()) / holders.max(1);
+            scratch
+                .largest
+                .saturating_mul(SCRATCH_MARGIN)
+                .max(MIN_SCRATCH_RESERVE)
+                .min(room)
+        };
         let bound = MemoryBound::compute(
             &shape,
             &projection,
             ShardScratch {
-                largest: shards
-                    .iter()
-                    .map(|s| s.meta.scratch_bytes)
-                    .max()
-                    .unwrap_or(0),
-                prefetching: shards.iter().any(|s| storage::is_remote(&s.path)),
+                largest: scratch_reserved,
+                prefetching,
             },
         )?;
         let fingerprint = config.fingerprint();
@@ -122,6 +175,7 @@ impl Plan {
             shards,
             shard_ids,
             bound,
+            scratch_reserved,
             group_rows: shape.group_rows,
             max_jobs: shape.max_jobs as usize,
             fingerprint,
@@ -136,6 +190,57 @@ impl Plan {
     /// This stream's rank.
     pub fn rank(&self) -> u64 {
         self.resolved.rank as u64
+    }
+
+    /// Shard `shard`'s inspection, made now if no read needed it before. The shard is held to
+    /// its promise and to the stream's scratch reservation; a failure is not remembered, so a
+    /// later read (after `advance`, say) tries again.
+    pub fn meta(&self, storage: &Storage, shard: usize) -> Result<&ShardMeta> {
+        let entry = &self.shards[shard];
+        if let Some(meta) = entry.meta.get() {
+            return Ok(meta);
+        }
+        let meta = formats::inspect(
+            storage,
+            &entry.path,
+            entry.encoding,
+            &self.records,
+            self.scratch_reserved.min(formats::MAX_RECORD_BYTES),
+            Some(&entry.promise),
+        )?;
+        if meta.scratch_bytes > self.scratch_reserved {
+            return Err(Error::config(
+                "memory_limit_bytes",
+                format!(
+                    "{} needs {} bytes of decode scratch per read, more than the {} the stream \
+                     reserved at open from the shards it inspected then (its row groups or \
+                     records are much larger than theirs); raise memory_limit_bytes, or rewrite \
+                     the shard with smaller row groups",
+                    entry.path, meta.scratch_bytes, self.scratch_reserved
+                ),
+            ));
+        }
+        Ok(entry.meta.get_or_init(|| meta))
+    }
+
+    /// Inspects, in parallel, those of `shards` not inspected yet, so a group's first reads
+    /// find their shards' indexes ready. Failures are left for the read that needs the shard,
+    /// which reports them at its batch.
+    pub fn inspect_all(&self, storage: &Storage, shards: &[usize]) {
+        let mut todo: Vec<usize> = shards
+            .iter()
+            .copied()
+            .filter(|&k| self.shards[k].meta.get().is_none())
+            .collect();
+        todo.sort_unstable();
+        todo.dedup();
+        if todo.len() == 1 {
+            let _ = self.meta(storage, todo[0]);
+        } else if !todo.is_empty() {
+            let _ = crate::resolve::parallel(&todo, self.resolved.threads, |&k| {
+                self.meta(storage, k).map(|_| ())
+            });
+        }
     }
 }
 
@@ -212,6 +317,7 @@ impl Planner {
     /// Returns false once the stream has no more batches.
     pub fn plan_group(
         &mut self,
+        storage: &Storage,
         pending: &mut VecDeque<Pending>,
         jobs: &mut VecDeque<(Job, Vec<Dest>)>,
         next_job: &mut u64,
@@ -254,8 +360,14 @@ impl Planner {
             return false;
         }
         if !plan.records.columns.is_empty() {
+            // Shards this group reads for the first time are inspected now, together: open
+            // inspected none but one per source.
+            let shards: Vec<usize> = wanted.iter().map(|w| w.0).collect();
+            plan.inspect_all(storage, &shards);
             split_jobs(wanted, jobs, next_job, |shard, row| {
-                plan.shards[shard].meta.block_of(row)
+                plan.shards[shard]
+                    .inspected()
+                    .map_or(0, |m| m.block_of(row))
             });
         }
         true

@@ -1,8 +1,16 @@
 //! Resolution: from the user's config to the pinned document a stream opens, with every shard's
-//! encoding and row count, after checking each shard's first record against the projection.
+//! encoding and row count, after checking one shard of every source against the projection.
+//!
+//! Open costs the sources, not the bytes: a manifest's shards take their row counts and sizes
+//! from the manifest and are read for the first time by the stream itself, which holds each to
+//! that promise ([`crate::formats::Promise`]); a plain file list's shards are counted once per
+//! host and remembered in the [`InspectCache`]. A resumed stream re-checks its pinned shards the
+//! same way.
 
 use std::collections::HashMap;
 use std::path::Path;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Mutex;
 
 use crate::config::{
     ManifestSelection, ResolvedConfig, ResolvedShard, ResolvedSource, ResolvedStage, ShuffleSpec,
@@ -11,26 +19,45 @@ use crate::config::{
 use crate::encoding::Encoding;
 use crate::error::{Error, Result};
 use crate::fields::Projection;
-use crate::formats::{self, ShardMeta};
+use crate::formats::{self, Promise, PromiseOrigin, ShardMeta};
+use crate::inspect_cache::{Cached, InspectCache};
 use crate::manifest::{shard_path, Manifest};
 use crate::memory::{MemoryBound, PipelineShape, ShardScratch};
-use crate::storage::{self, Storage};
+use crate::storage::{self, Pin, Storage};
 
-/// A resolved config with what inspection learnt about each shard.
+/// A resolved config with what open learnt about its shards.
 #[derive(Debug, Clone)]
 pub struct Resolved {
     /// The pinned document.
     pub config: ResolvedConfig,
     /// Validated projection (all columns, synthetic ones included).
     pub projection: Projection,
-    /// Per stage, per source, per shard: row count and read index.
-    pub metas: Vec<Vec<Vec<ShardMeta>>>,
+    /// Per stage, per source, per shard: the inspection open made, for the shards it read (one
+    /// per source at least, and a plain file list's shards the cache did not know).
+    pub metas: Vec<Vec<Vec<Option<ShardMeta>>>>,
+    /// The decode scratch open knows of: the largest, and whether every shard's is known.
+    pub scratch: KnownScratch,
+    /// Whether the document comes from a checkpoint: broken promises are then reported as a
+    /// resume that cannot be exact.
+    pub resumed: bool,
     /// Where the shards are read from.
     pub storage: Storage,
 }
 
-/// Re-inspects the shards a checkpoint's resolved config pinned, refusing any whose row count
-/// or encoding changed since: a resumed stream must read exactly what the original read.
+/// The decode scratch (working memory of one read job) known at open.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct KnownScratch {
+    /// The most any known shard needs.
+    pub largest: u64,
+    /// Whether it is known for every shard; otherwise shards read later may need more, and the
+    /// stream reserves room for them.
+    pub complete: bool,
+}
+
+/// Re-opens the shards a checkpoint's resolved config pinned, refusing any whose size, version or
+/// row count changed since: a resumed stream must read exactly what the original read. Costs what
+/// open costs: a file list's shards are looked at (size and version) and counted only where the
+/// cache does not know them; a manifest's are held to their pins when first read.
 pub fn reopen(config: ResolvedConfig, storage: &Storage) -> Result<Resolved> {
     config.validate()?;
     let projection = Projection::new(&config.fields)?;
@@ -43,76 +70,65 @@ pub fn reopen(config: ResolvedConfig, storage: &Storage) -> Result<Resolved> {
         ),
         &projection,
     )?;
-    let (records, _) = projection.record_columns();
     let mut jobs = Vec::new();
     for (s, stage) in config.stages.iter().enumerate() {
         for (j, source) in stage.sources.iter().enumerate() {
             for shard in &source.shards {
+                storage.check(&shard.path)?;
                 jobs.push(Job {
                     stage: s,
                     source: j,
                     path: shard.path.clone(),
                     encoding: shard.encoding,
-                    rows: None,
+                    promise: Some(Promise {
+                        origin: PromiseOrigin::Checkpoint,
+                        rows: shard.rows,
+                        bytes: shard.bytes,
+                        version: shard.version.clone(),
+                    }),
+                    listed: source.manifest.is_none(),
                 });
             }
         }
     }
-    for job in &jobs {
-        storage.check(&job.path)?;
-    }
-    let max_record = max_record(&bound, config.threads, jobs.len());
-    let metas = inspect_all(storage, &jobs, &records, config.threads, max_record)?;
-    let mut next = metas.into_iter();
-    let mut all = Vec::with_capacity(config.stages.len());
-    for stage in &config.stages {
-        let mut stage_metas = Vec::with_capacity(stage.sources.len());
-        for source in &stage.sources {
-            let mut source_metas = Vec::with_capacity(source.shards.len());
-            for shard in &source.shards {
-                let meta = next.next().expect("one inspection per shard");
-                if meta.rows != shard.rows {
-                    return Err(Error::Checkpoint {
-                        message: format!(
-                            "{} now holds {} rows, but the checkpoint's stream read it with {}; the file list changed",
-                            shard.path, meta.rows, shard.rows
-                        ),
-                    });
-                }
-                if let (Some(then), Some(now)) = (&shard.version, &meta.pin.version) {
-                    if then != now {
-                        return Err(Error::Checkpoint {
-                            message: format!(
-                                "{} changed since the checkpoint was taken (version {then}, now \
-                                 {now}); a resumed stream must read the bytes the original read. \
-                                 Copies of local shards must keep their modification times \
-                                 (cp -p, rsync -t)",
-                                shard.path
-                            ),
-                        });
-                    }
-                }
-                source_metas.push(meta);
-            }
-            stage_metas.push(source_metas);
-        }
-        all.push(stage_metas);
-    }
+    let settled = settle(
+        storage,
+        &jobs,
+        &projection,
+        &config.fields,
+        &bound,
+        config.threads,
+    )?;
+    let (metas, scratch) = nest(&config, settled);
     Ok(Resolved {
         config,
         projection,
-        metas: all,
+        metas,
+        scratch,
+        resumed: true,
         storage: storage.clone(),
     })
 }
 
+/// One shard open must account for.
 struct Job {
     stage: usize,
     source: usize,
     path: String,
     encoding: Encoding,
-    /// Row count a manifest promises for the shard.
-    rows: Option<u64>,
+    /// What a manifest or checkpoint says of the shard.
+    promise: Option<Promise>,
+    /// A plain file list's shard: counted through the inspection cache.
+    listed: bool,
+}
+
+/// What open learnt about one shard.
+struct Settled {
+    rows: u64,
+    version: Option<String>,
+    bytes: Option<u64>,
+    meta: Option<ShardMeta>,
+    scratch: Option<u64>,
 }
 
 /// Appends the shards `source` (stage `s`, index `j`) reads to `jobs`.
@@ -142,7 +158,8 @@ fn source_jobs(
                     source: j,
                     path: absolute(file),
                     encoding,
-                    rows: None,
+                    promise: None,
+                    listed: true,
                 });
             }
         }
@@ -166,7 +183,13 @@ fn source_jobs(
                     source: j,
                     path: shard_path(&uri, &shard.location),
                     encoding: manifest.data_format,
-                    rows: Some(shard.rows),
+                    promise: Some(Promise {
+                        origin: PromiseOrigin::Manifest,
+                        rows: shard.rows,
+                        bytes: Some(shard.bytes),
+                        version: None,
+                    }),
+                    listed: false,
                 });
             }
             if jobs
@@ -232,7 +255,7 @@ fn preflight(
 /// The longest record (JSON line, `MessagePack` frame) each inspection thread may hold, so that
 /// inspecting hostile shards stays within the memory limit too: the bound's headroom shared by
 /// the threads, and never more than `MAX_RECORD_BYTES`.
-fn max_record(bound: &MemoryBound, threads: usize, shards: usize) -> u64 {
+pub(crate) fn max_record(bound: &MemoryBound, threads: usize, shards: usize) -> u64 {
     let headroom = bound.limit - bound.total();
     (headroom / inspect_threads(threads, shards) as u64)
         .saturating_sub(formats::READER_BUFFER_BYTES)
@@ -246,7 +269,221 @@ fn inspect_threads(threads: usize, shards: usize) -> usize {
     threads.clamp(1, shards.clamp(1, MAX_INSPECT_THREADS))
 }
 
-/// Resolves `config`: infers encodings, counts rows, indexes and checks every shard.
+/// What the inspection cache keys a projection's scratch by: the fields, as the document
+/// stores them.
+pub(crate) fn projection_key(fields: &[crate::config::FieldSpec]) -> String {
+    let json = serde_json::to_vec(fields).expect("fields always serialise");
+    let digest = ring::digest::digest(&ring::digest::SHA256, &json);
+    storage::hex(&digest.as_ref()[..16])
+}
+
+/// Settles every job: looks at a plain file list's shards (size and version) and takes their
+/// counts from the cache where it knows them; inspects the rest of them, and one shard of every
+/// source that none of these covers, so each source's projection is checked at open. A
+/// manifest's or checkpoint's other shards are not touched.
+fn settle(
+    storage: &Storage,
+    jobs: &[Job],
+    projection: &Projection,
+    fields: &[crate::config::FieldSpec],
+    bound: &MemoryBound,
+    threads: usize,
+) -> Result<Vec<Settled>> {
+    let cache = InspectCache::from_env();
+    let key = projection_key(fields);
+    let listed: Vec<usize> = (0..jobs.len()).filter(|&i| jobs[i].listed).collect();
+    let probes = parallel(&listed, threads, |&i| {
+        let job = &jobs[i];
+        storage.cancel().check(&job.path)?;
+        let pin = storage.open(&job.path)?.pin();
+        if let Some(promise) = &job.promise {
+            promise.check_pin(&job.path, job.encoding, &pin)?;
+        }
+        let cached = cache
+            .as_ref()
+            .and_then(|c| c.lookup(&job.path, job.encoding, &pin, &key));
+        if let (Some(promise), Some(cached)) = (&job.promise, &cached) {
+            promise.check_rows(&job.path, job.encoding, cached.rows)?;
+        }
+        Ok((pin, cached))
+    });
+    let mut seen: Vec<Option<(Pin, Option<Cached>)>> = (0..jobs.len()).map(|_| None).collect();
+    for (&i, probe) in listed.iter().zip(probes) {
+        seen[i] = Some(probe?);
+    }
+    let known_rows = |i: usize| match (&seen[i], &jobs[i].promise) {
+        (Some((_, Some(cached))), _) => Some(cached.rows),
+        (_, Some(promise)) => Some(promise.rows),
+        _ => None,
+    };
+    let mut inspect: Vec<usize> = (0..jobs.len())
+        .filter(|&i| jobs[i].listed && known_rows(i).is_none())
+        .collect();
+    let mut covered: std::collections::HashSet<(usize, usize)> = inspect
+        .iter()
+        .map(|&i| (jobs[i].stage, jobs[i].source))
+        .collect();
+    for (i, job) in jobs.iter().enumerate() {
+        // The first shard with records checks the source's projection.
+        if !covered.contains(&(job.stage, job.source)) && known_rows(i).is_some_and(|r| r > 0) {
+            covered.insert((job.stage, job.source));
+            inspect.push(i);
+        }
+    }
+    inspect.sort_unstable();
+    let max_record = max_record(bound, threads, inspect.len());
+    let (records, _) = projection.record_columns();
+    let inspected = parallel(&inspect, threads, |&i| {
+        let job = &jobs[i];
+        storage.cancel().check(&job.path)?;
+        formats::inspect(
+            storage,
+            &job.path,
+            job.encoding,
+            &records,
+            max_record,
+            job.promise.as_ref(),
+        )
+    });
+    let mut metas: Vec<Option<ShardMeta>> = (0..jobs.len()).map(|_| None).collect();
+    for (&i, meta) in inspect.iter().zip(inspected) {
+        let meta = meta?;
+        let job = &jobs[i];
+        if let (true, Some(cache)) = (job.listed, &cache) {
+            let cached = Cached {
+                rows: meta.rows,
+                scratch_bytes: Some(meta.scratch_bytes),
+            };
+            cache.store(&job.path, job.encoding, &meta.pin, &key, cached);
+        }
+        metas[i] = Some(meta);
+    }
+    Ok(jobs
+        .iter()
+        .zip(seen)
+        .zip(metas)
+        .map(|((job, seen), meta)| {
+            let (pin, cached) = seen.unzip();
+            let cached = cached.flatten();
+            let pin = meta.as_ref().map(|m| &m.pin).or(pin.as_ref());
+            Settled {
+                rows: meta
+                    .as_ref()
+                    .map(|m| m.rows)
+                    .or(cached.map(|c| c.rows))
+                    .or(job.promise.as_ref().map(|p| p.rows))
+                    .expect("every shard is inspected, cached or promised"),
+                // A listed shard is pinned as open saw it; a promised one as promised.
+                version: match (&job.promise, job.listed) {
+                    (Some(promise), false) => promise.version.clone(),
+                    _ => pin.and_then(|p| p.version.clone()),
+                },
+                bytes: match (&job.promise, job.listed) {
+                    (Some(promise), false) => promise.bytes,
+                    _ => pin.map(|p| p.size),
+                },
+                scratch: meta
+                    .as_ref()
+                    .map(|m| m.scratch_bytes)
+                    .or(cached.and_then(|c| c.scratch_bytes)),
+                meta,
+            }
+        })
+        .collect())
+}
+
+/// Runs `f` on every item on up to `threads` threads (see [`inspect_threads`]); results keep
+/// the items' order, so the first failure reported does not depend on timing.
+pub(crate) fn parallel<T: Sync, R: Send>(
+    items: &[T],
+    threads: usize,
+    f: impl Fn(&T) -> Result<R> + Sync,
+) -> Vec<Result<R>> {
+    if items.is_empty() {
+        return Vec::new();
+    }
+    let next = AtomicUsize::new(0);
+    let done: Mutex<Vec<(usize, Result<R>)>> = Mutex::new(Vec::with_capacity(items.len()));
+    let work = || loop {
+        let i = next.fetch_add(1, Ordering::Relaxed);
+        let Some(item) = items.get(i) else { return };
+        let result = Error::catch(|| f(item));
+        done.lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .push((i, result));
+    };
+    let spawn_failed = std::thread::scope(|scope| {
+        let mut failed = None;
+        let work = &work;
+        for _ in 0..inspect_threads(threads, items.len()) {
+            if let Err(e) = std::thread::Builder::new()
+                .name("o41-inspect".to_owned())
+                .spawn_scoped(scope, work)
+            {
+                failed = Some(Error::io("inspection thread", e));
+                break;
+            }
+        }
+        failed
+    });
+    let mut done = done
+        .into_inner()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    done.sort_unstable_by_key(|(i, _)| *i);
+    let mut out: Vec<Result<R>> = done.into_iter().map(|(_, r)| r).collect();
+    // Items no thread reached (none could be started) fail with the reason.
+    while out.len() < items.len() {
+        out.push(Err(spawn_failed.as_ref().map_or_else(
+            || Error::Internal {
+                message: "an inspection was never run".to_owned(),
+            },
+            |e| Error::Internal {
+                message: e.to_string(),
+            },
+        )));
+    }
+    out
+}
+
+/// Regroups settled shards by stage and source, and sums up the scratch known.
+fn nest(
+    config: &ResolvedConfig,
+    settled: Vec<Settled>,
+) -> (Vec<Vec<Vec<Option<ShardMeta>>>>, KnownScratch) {
+    let mut scratch = KnownScratch {
+        largest: 0,
+        complete: true,
+    };
+    let mut next = settled.into_iter();
+    let metas = config
+        .stages
+        .iter()
+        .map(|stage| {
+            stage
+                .sources
+                .iter()
+                .map(|source| {
+                    source
+                        .shards
+                        .iter()
+                        .map(|_| {
+                            let shard = next.next().expect("one settled entry per shard");
+                            match shard.scratch {
+                                Some(bytes) => scratch.largest = scratch.largest.max(bytes),
+                                None => scratch.complete = false,
+                            }
+                            shard.meta
+                        })
+                        .collect()
+                })
+                .collect()
+        })
+        .collect();
+    (metas, scratch)
+}
+
+/// Resolves `config`: infers encodings, takes row counts from manifests, the inspection cache or
+/// inspection, and checks one shard of every source against the projection.
 pub fn resolve(config: &StreamConfig, storage: &Storage) -> Result<Resolved> {
     config.validate()?;
     let projection = Projection::new(&config.fields)?;
@@ -259,7 +496,6 @@ pub fn resolve(config: &StreamConfig, storage: &Storage) -> Result<Resolved> {
         ),
         &projection,
     )?;
-    let (records, _) = projection.record_columns();
     let mut jobs = Vec::new();
     let mut manifests = HashMap::new();
     let mut counts: Vec<Vec<usize>> = Vec::with_capacity(config.stages.len());
@@ -272,44 +508,33 @@ pub fn resolve(config: &StreamConfig, storage: &Storage) -> Result<Resolved> {
         }
         counts.push(stage_counts);
     }
-    let max_record = max_record(&bound, config.threads, jobs.len());
-    let metas = inspect_all(storage, &jobs, &records, config.threads, max_record)?;
-    for (job, meta) in jobs.iter().zip(&metas) {
-        if let Some(expected) = job.rows {
-            if expected != meta.rows {
-                return Err(Error::Format {
-                    path: job.path.clone(),
-                    encoding: job.encoding.name(),
-                    row: None,
-                    message: format!(
-                        "the manifest lists {expected} rows, the shard holds {}",
-                        meta.rows
-                    ),
-                });
-            }
-        }
-    }
-
+    let settled = settle(
+        storage,
+        &jobs,
+        &projection,
+        &config.fields,
+        &bound,
+        config.threads,
+    )?;
     let mut stages = Vec::with_capacity(config.stages.len());
-    let mut all_metas = Vec::with_capacity(config.stages.len());
-    let mut next = jobs.iter().zip(metas);
+    let mut next = jobs.iter().zip(settled);
+    let mut all = Vec::with_capacity(jobs.len());
     for (s, stage) in config.stages.iter().enumerate() {
         let mut sources = Vec::new();
-        let mut stage_metas = Vec::new();
         for (j, source) in stage.sources.iter().enumerate() {
             let count = counts[s][j];
             let mut shards = Vec::with_capacity(count);
-            let mut source_metas = Vec::with_capacity(count);
             for _ in 0..count {
-                let (job, meta) = next.next().expect("one inspection per file");
+                let (job, settled) = next.next().expect("one settled entry per file");
                 debug_assert_eq!((job.stage, job.source), (s, j));
                 shards.push(ResolvedShard {
                     path: job.path.clone(),
                     encoding: job.encoding,
-                    rows: meta.rows,
-                    version: meta.pin.version.clone(),
+                    rows: settled.rows,
+                    version: settled.version.clone(),
+                    bytes: settled.bytes,
                 });
-                source_metas.push(meta);
+                all.push(settled);
             }
             let resolved = ResolvedSource {
                 weight: source.weight(),
@@ -323,7 +548,6 @@ pub fn resolve(config: &StreamConfig, storage: &Storage) -> Result<Resolved> {
                 ));
             }
             sources.push(resolved);
-            stage_metas.push(source_metas);
         }
         stages.push(ResolvedStage {
             sources,
@@ -331,68 +555,27 @@ pub fn resolve(config: &StreamConfig, storage: &Storage) -> Result<Resolved> {
             shuffle: stage.shuffle,
             infinite: stage.infinite,
         });
-        all_metas.push(stage_metas);
     }
+    let config = ResolvedConfig {
+        version: RESOLVED_CONFIG_VERSION,
+        fields: config.fields.clone(),
+        stages,
+        seed: config.seed,
+        threads: config.threads,
+        prefetch_batches: config.prefetch_batches,
+        rank: config.rank,
+        world_size: config.world_size,
+        memory_limit_bytes: config.memory_limit_bytes,
+    };
+    let (metas, scratch) = nest(&config, all);
     Ok(Resolved {
-        config: ResolvedConfig {
-            version: RESOLVED_CONFIG_VERSION,
-            fields: config.fields.clone(),
-            stages,
-            seed: config.seed,
-            threads: config.threads,
-            prefetch_batches: config.prefetch_batches,
-            rank: config.rank,
-            world_size: config.world_size,
-            memory_limit_bytes: config.memory_limit_bytes,
-        },
+        config,
         projection,
-        metas: all_metas,
+        metas,
+        scratch,
+        resumed: false,
         storage: storage.clone(),
     })
-}
-
-/// Inspects shards on up to `threads` threads; results keep the jobs' order, and the first
-/// failure in that order is reported so errors do not depend on timing.
-fn inspect_all(
-    storage: &Storage,
-    jobs: &[Job],
-    projection: &Projection,
-    threads: usize,
-    max_record: u64,
-) -> Result<Vec<ShardMeta>> {
-    let threads = inspect_threads(threads, jobs.len());
-    let per = jobs.len().div_ceil(threads).max(1);
-    let inspect_part = |part: &[Job]| -> Vec<Result<ShardMeta>> {
-        part.iter()
-            .map(|job| {
-                Error::catch(|| {
-                    storage.cancel().check(&job.path)?;
-                    formats::inspect(storage, &job.path, job.encoding, projection, max_record)
-                })
-            })
-            .collect()
-    };
-    let results: Vec<Vec<Result<ShardMeta>>> = std::thread::scope(|scope| {
-        let handles: Vec<_> = jobs
-            .chunks(per)
-            .map(|part| {
-                std::thread::Builder::new()
-                    .name("o41-inspect".to_owned())
-                    .spawn_scoped(scope, move || inspect_part(part))
-                    .map_err(|e| Error::io("inspection thread", e))
-            })
-            .collect();
-        handles
-            .into_iter()
-            .map(|spawned| match spawned {
-                Ok(handle) => handle
-                    .join()
-                    .unwrap_or_else(|panic| vec![Err(Error::from_panic(panic.as_ref()))]),
-                Err(e) => vec![Err(e)],
-            })
-            .collect()
-    });
-    results.into_iter().flatten().collect()
 }
 
 /// Refuses `resolved` (a checkpoint's) when `config` would not resolve to the same stream,

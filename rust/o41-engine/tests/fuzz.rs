@@ -169,7 +169,7 @@ fn read_every_way(bytes: &[u8], encoding: Encoding, case: u64) {
     let uri = path.to_string_lossy().into_owned();
     let storage = Storage::local();
     let projection = projection();
-    if let Ok(meta) = formats::inspect(&storage, &uri, encoding, &projection, 1 << 20) {
+    if let Ok(meta) = formats::inspect(&storage, &uri, encoding, &projection, 1 << 20, None) {
         if let Ok(mut reader) = formats::open(&storage, &uri, encoding, &meta) {
             let rows = meta.rows.min(1 << 16);
             let mut chunk = Chunk::padded(&projection, rows as usize);

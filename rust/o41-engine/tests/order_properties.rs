@@ -30,6 +30,7 @@ fn stage(
                         encoding: Encoding::Parquet,
                         rows: *rows,
                         version: None,
+                        bytes: None,
                     })
                     .collect(),
                 manifest: None,

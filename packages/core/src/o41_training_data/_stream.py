@@ -264,10 +264,14 @@ def open_batch_stream(
 ) -> BatchStream:
     """Opens a stream, eagerly, over local shards or, with ``storage``, ``s3://`` ones too.
 
-    Every shard is opened, counted and checked against the projected fields before this
-    returns, so a missing file, an unknown encoding or a field that no record carries raises
-    here, not at the first ``next``. ``share=(offset, stride)`` yields only this rank's local
-    batches ``offset, offset + stride, ...``: a framework adapter's worker ``w`` of ``N`` uses
+    Open costs the sources, not the bytes: a manifest source's row counts come from the
+    manifest, a file list's from the host's inspection cache or by counting, and one shard of
+    every source is checked against the projected fields before this returns, so a missing
+    manifest or file list entry, an unknown encoding or a field that no record carries raises
+    here. Other shards are read first by the stream, which holds each to what it was promised
+    (``docs/storage.md``) and fails closed at the batch that first needs a shard that differs.
+    ``share=(offset, stride)`` yields only this rank's local batches ``offset, offset +
+    stride, ...``: a framework adapter's worker ``w`` of ``N`` uses
     ``(w, N)``, so the workers' batches taken in turn are the rank's sequence. An ``s3://``
     source without ``storage`` (see :class:`TrainingData`) raises :class:`ConfigError` here.
 
@@ -295,10 +299,11 @@ def resume_batch_stream(
     size on purpose). Pass ``config`` to have a checkpoint of a different stream refused: the
     engine compares the fields, seed, stages, weights, file lists and manifest selections
     without reading any shard, and the :class:`CheckpointError` names the first difference
-    (:meth:`Checkpoint.check` runs the same checks alone). The shards are re-opened; any whose
-    row count changed since is refused. ``share`` is as in :func:`open_batch_stream`, counted
-    from the checkpoint's position. The checkpoint holds no credentials: pass ``storage``
-    again to re-open ``s3://`` shards.
+    (:meth:`Checkpoint.check` runs the same checks alone). A file list's shards are looked at
+    again, and any whose size or version changed since is refused; a manifest's are held to
+    the checkpoint's sizes and row counts when the stream first reads them. ``share`` is as in
+    :func:`open_batch_stream`, counted from the checkpoint's position. The checkpoint holds no
+    credentials: pass ``storage`` again to re-open ``s3://`` shards.
 
     Example:
         >>> checkpoint = Checkpoint.from_json(path.read_text())  # doctest: +SKIP

@@ -81,17 +81,136 @@ enum ShardIndex {
     Sequential,
 }
 
+/// What a stream was told about a shard before reading it: by a manifest (rows, size) or by a
+/// checkpoint (rows, and the version or size it pinned). The shard is held to it when it is
+/// first inspected, and fails closed there, naming the shard and the promise it broke.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Promise {
+    /// Who promised: [`PromiseOrigin::Manifest`] or [`PromiseOrigin::Checkpoint`].
+    pub origin: PromiseOrigin,
+    /// Records in the shard.
+    pub rows: u64,
+    /// Size of the shard object in bytes, where known.
+    pub bytes: Option<u64>,
+    /// The object's version (`ETag`, a local file's `mtime:<ns>`), where known.
+    pub version: Option<String>,
+}
+
+/// Where a [`Promise`] comes from, which decides how a broken one is reported.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PromiseOrigin {
+    /// A data manifest's entry: a shard that differs is not the shard the manifest lists.
+    Manifest,
+    /// A checkpoint's resolved document: the file list changed since the checkpoint.
+    Checkpoint,
+    /// What open saw of a plain file list (size, version, and rows from the inspection cache):
+    /// the file changed while the stream ran.
+    Listing,
+}
+
+impl Promise {
+    /// Refuses an object whose size or version is not the promised one, before reading it.
+    pub fn check_pin(&self, path: &str, encoding: Encoding, pin: &Pin) -> Result<()> {
+        if let Some(bytes) = self.bytes.filter(|&b| b != pin.size) {
+            let now = pin.size;
+            let message = match self.origin {
+                PromiseOrigin::Manifest => {
+                    format!("the manifest lists {bytes} bytes, the shard is {now} bytes")
+                }
+                PromiseOrigin::Checkpoint => format!(
+                    "{path} is {now} bytes, but the checkpoint's stream read it at {bytes}; the \
+                     file list changed"
+                ),
+                PromiseOrigin::Listing => format!(
+                    "the object changed since the stream opened it ({bytes} bytes, now {now}); \
+                     the stream stops instead of mixing two versions"
+                ),
+            };
+            return Err(self.broken(path, encoding, message));
+        }
+        if let (Some(then), Some(now)) = (&self.version, &pin.version) {
+            if then != now {
+                let message = match self.origin {
+                    PromiseOrigin::Checkpoint => format!(
+                        "{path} changed since the checkpoint was taken (version {then}, now \
+                         {now}); a resumed stream must read the bytes the original read. Copies \
+                         of local shards must keep their modification times (cp -p, rsync -t)"
+                    ),
+                    PromiseOrigin::Manifest => format!(
+                        "{path} changed since the manifest was read (version {then}, now {now})"
+                    ),
+                    PromiseOrigin::Listing => format!(
+                        "the object changed since the stream opened it (version {then}, now \
+                         {now}); the stream stops instead of mixing two versions"
+                    ),
+                };
+                return Err(self.broken(path, encoding, message));
+            }
+        }
+        Ok(())
+    }
+
+    /// Refuses a shard that does not hold the promised number of records.
+    pub fn check_rows(&self, path: &str, encoding: Encoding, rows: u64) -> Result<()> {
+        if rows == self.rows {
+            return Ok(());
+        }
+        let message = match self.origin {
+            PromiseOrigin::Checkpoint => format!(
+                "{path} now holds {rows} rows, but the checkpoint's stream read it with {}; the \
+                 file list changed",
+                self.rows
+            ),
+            PromiseOrigin::Manifest => format!(
+                "the manifest lists {} rows, the shard holds {rows}",
+                self.rows
+            ),
+            PromiseOrigin::Listing => format!(
+                "the object changed since the stream opened it: it holds {rows} rows, {} when \
+                 it was counted (the inspection cache knows a file by its size, modification \
+                 time and inode, and all three were kept); the stream stops instead of mixing \
+                 two versions",
+                self.rows
+            ),
+        };
+        Err(self.broken(path, encoding, message))
+    }
+
+    /// A manifest's broken promise is a shard that is not what the dataset says (malformed);
+    /// a checkpoint's is a resume that cannot be exact; open's, a file changed under the stream.
+    fn broken(&self, path: &str, encoding: Encoding, message: String) -> Error {
+        match self.origin {
+            PromiseOrigin::Checkpoint => Error::Checkpoint { message },
+            PromiseOrigin::Listing => Error::Storage {
+                path: path.to_owned(),
+                message,
+            },
+            PromiseOrigin::Manifest => Error::Format {
+                path: path.to_owned(),
+                encoding: encoding.name(),
+                row: None,
+                message,
+            },
+        }
+    }
+}
+
 /// Counts a shard's rows, indexes it, and checks the projection against its first record. A line
-/// or frame longer than `max_record` bytes is an error, not an allocation.
+/// or frame longer than `max_record` bytes is an error, not an allocation. A shard that breaks
+/// `promise` fails closed: its size and version before any byte is read, its rows after.
 pub fn inspect(
     storage: &Storage,
     path: &str,
     encoding: Encoding,
     projection: &Projection,
     max_record: u64,
+    promise: Option<&Promise>,
 ) -> Result<ShardMeta> {
     let object = Arc::new(storage.open(path)?);
     let pin = object.pin();
+    if let Some(promise) = promise {
+        promise.check_pin(path, encoding, &pin)?;
+    }
     let mut meta = match encoding {
         Encoding::Parquet => parquet::inspect(object, projection),
         Encoding::Jsonl | Encoding::JsonlGz => {
@@ -99,6 +218,9 @@ pub fn inspect(
         }
         Encoding::Msgpack => msgpack::inspect(object, projection, max_record),
     }?;
+    if let Some(promise) = promise {
+        promise.check_rows(path, encoding, meta.rows)?;
+    }
     meta.pin = pin;
     Ok(meta)
 }

@@ -1,0 +1,291 @@
+//! The inspection cache: what counting a plain file list's shards learnt, kept on the host so a
+//! second open or resume reads no shard bytes to count rows.
+//!
+//! An entry is keyed by everything that identifies the object's content as storage reports it
+//! (location, encoding, size, version: an `ETag` or a local file's modification time, and a
+//! local file's inode), so a changed file misses the cache instead of hitting a stale entry. A
+//! file rewritten behind the cache's back with its size, time and inode kept is still caught:
+//! the rows an entry gives are a promise the shard is held to when it is first read.
+//!
+//! One small JSON file per entry, written atomically (temporary file, then rename); a corrupt or
+//! unreadable entry is ignored and rewritten. The directory is `$O41_INSPECT_CACHE`, or
+//! `o41/inspect` under `$XDG_CACHE_HOME` or `~/.cache`; `O41_INSPECT_CACHE=off` turns it off.
+//! Failing to write an entry never fails a stream: the cache only saves work.
+
+use std::io::Write;
+use std::path::PathBuf;
+
+use serde::{Deserialize, Serialize};
+
+use crate::encoding::Encoding;
+use crate::storage::Pin;
+
+/// The value of an entry's `format` field.
+const CACHE_FORMAT: &str = "o41-inspect-cache";
+/// The entry layout this release reads and writes; other versions are misses.
+const CACHE_VERSION: u32 = 1;
+/// Entries larger than this are not ours (an entry is a few hundred bytes).
+const MAX_ENTRY_BYTES: u64 = 64 << 10;
+
+/// What identifies one object's content.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+struct Key {
+    location: String,
+    encoding: Encoding,
+    size: u64,
+    version: String,
+    inode: Option<u64>,
+}
+
+/// What an inspection learnt that a later open needs before reading the shard.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Cached {
+    /// Records in the shard.
+    pub rows: u64,
+    /// Decode scratch for one job, when it was measured for the same projected columns.
+    pub scratch_bytes: Option<u64>,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+struct Entry {
+    format: String,
+    version: u32,
+    key: Key,
+    rows: u64,
+    /// The projection the scratch was measured for ([`projection_key`]) and the bytes.
+    scratch: Option<(String, u64)>,
+}
+
+/// The cache key of an object as `pin` describes it; None for objects without a version,
+/// whose content nothing identifies.
+fn key(location: &str, encoding: Encoding, pin: &Pin) -> Option<Key> {
+    Some(Key {
+        location: location.to_owned(),
+        encoding,
+        size: pin.size,
+        version: pin.version.clone()?,
+        inode: pin.inode,
+    })
+}
+
+fn entry_path(dir: &std::path::Path, key: &Key) -> PathBuf {
+    let json = serde_json::to_vec(key).expect("a key always serialises");
+    let digest = ring::digest::digest(&ring::digest::SHA256, &json);
+    dir.join(format!(
+        "{}.json",
+        crate::storage::hex(&digest.as_ref()[..16])
+    ))
+}
+
+/// A cache directory.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct InspectCache {
+    dir: PathBuf,
+}
+
+impl InspectCache {
+    /// The cache in `dir`.
+    pub fn new(dir: impl Into<PathBuf>) -> Self {
+        InspectCache { dir: dir.into() }
+    }
+
+    /// The cache the environment names, or None when it is off or no home directory is known.
+    pub fn from_env() -> Option<Self> {
+        let dir = match std::env::var_os("O41_INSPECT_CACHE") {
+            Some(value) if value == "off" || value.is_empty() => None,
+            Some(value) => Some(PathBuf::from(value)),
+            None => std::env::var_os("XDG_CACHE_HOME")
+                .filter(|v| !v.is_empty())
+                .map(PathBuf::from)
+                .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))
+                .map(|base| base.join("o41").join("inspect")),
+        };
+        dir.map(Self::new)
+    }
+
+    /// The cached inspection of the object `pin` describes, if any; `projection` names the
+    /// projected columns the scratch must have been measured for.
+    pub fn lookup(
+        &self,
+        location: &str,
+        encoding: Encoding,
+        pin: &Pin,
+        projection: &str,
+    ) -> Option<Cached> {
+        let key = key(location, encoding, pin)?;
+        let path = entry_path(&self.dir, &key);
+        let file = std::fs::File::open(&path).ok()?;
+        if file.metadata().ok()?.len() > MAX_ENTRY_BYTES {
+            return None;
+        }
+        let entry: Entry = serde_json::from_reader(std::io::BufReader::new(file)).ok()?;
+        if entry.format != CACHE_FORMAT || entry.version != CACHE_VERSION || entry.key != key {
+            return None;
+        }
+        Some(Cached {
+            rows: entry.rows,
+            scratch_bytes: entry
+                .scratch
+                .filter(|(measured_for, _)| measured_for == projection)
+                .map(|(_, bytes)| bytes),
+        })
+    }
+
+    /// Records an inspection of the object `pin` describes. Best effort: a read-only or full disk
+    /// leaves the cache as it was.
+    pub fn store(
+        &self,
+        location: &str,
+        encoding: Encoding,
+        pin: &Pin,
+        projection: &str,
+        cached: Cached,
+    ) {
+        let Some(key) = key(location, encoding, pin) else {
+            return;
+        };
+        let entry = Entry {
+            format: CACHE_FORMAT.to_owned(),
+            version: CACHE_VERSION,
+            rows: cached.rows,
+            scratch: cached.scratch_bytes.map(|b| (projection.to_owned(), b)),
+            key,
+        };
+        let path = entry_path(&self.dir, &entry.key);
+        let _ = write_atomically(&self.dir, &path, &entry);
+    }
+}
+
+fn write_atomically(
+    dir: &std::path::Path,
+    path: &std::path::Path,
+    entry: &Entry,
+) -> std::io::Result<()> {
+    std::fs::create_dir_all(dir)?;
+    // A name no other process or thread uses, so concurrent writers never share a file.
+    let unique = format!(
+        ".{}.{}.{:?}.tmp",
+        path.file_name()
+            .map(|n| n.to_string_lossy())
+            .unwrap_or_default(),
+        std::process::id(),
+        std::thread::current().id()
+    )
+    .replace(['(', ')'], "");
+    let tmp = dir.join(unique);
+    let result = (|| {
+        let mut file = std::fs::File::create(&tmp)?;
+        file.write_all(&serde_json::to_vec(entry).map_err(std::io::Error::other)?)?;
+        file.sync_all()?;
+        std::fs::rename(&tmp, path)
+    })();
+    if result.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    result
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pin(size: u64, version: &str) -> Pin {
+        Pin {
+            size,
+            version: Some(version.to_owned()),
+            inode: Some(7),
+        }
+    }
+
+    #[test]
+    fn an_entry_is_found_only_for_the_same_object_and_projection() {
+        let dir = std::env::temp_dir().join(format!("o41-cache-test-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let cache = InspectCache::new(&dir);
+        let cached = Cached {
+            rows: 42,
+            scratch_bytes: Some(1000),
+        };
+        cache.store(
+            "/d/a.parquet",
+            Encoding::Parquet,
+            &pin(10, "mtime:1"),
+            "p1",
+            cached,
+        );
+        assert_eq!(
+            cache.lookup("/d/a.parquet", Encoding::Parquet, &pin(10, "mtime:1"), "p1"),
+            Some(cached)
+        );
+        // Another projection: rows still hold, scratch does not.
+        assert_eq!(
+            cache.lookup("/d/a.parquet", Encoding::Parquet, &pin(10, "mtime:1"), "p2"),
+            Some(Cached {
+                rows: 42,
+                scratch_bytes: None
+            })
+        );
+        // Any change of size, version, inode, location or encoding misses.
+        assert_eq!(
+            cache.lookup("/d/a.parquet", Encoding::Parquet, &pin(11, "mtime:1"), "p1"),
+            None
+        );
+        assert_eq!(
+            cache.lookup("/d/a.parquet", Encoding::Parquet, &pin(10, "mtime:2"), "p1"),
+            None
+        );
+        let moved = Pin {
+            inode: Some(8),
+            ..pin(10, "mtime:1")
+        };
+        assert_eq!(
+            cache.lookup("/d/a.parquet", Encoding::Parquet, &moved, "p1"),
+            None
+        );
+        assert_eq!(
+            cache.lookup("/d/b.parquet", Encoding::Parquet, &pin(10, "mtime:1"), "p1"),
+            None
+        );
+        assert_eq!(
+            cache.lookup("/d/a.parquet", Encoding::Jsonl, &pin(10, "mtime:1"), "p1"),
+            None
+        );
+        // A corrupt entry is a miss, and is replaced by the next store.
+        for file in std::fs::read_dir(&dir).unwrap() {
+            std::fs::write(file.unwrap().path(), b"{not json").unwrap();
+        }
+        assert_eq!(
+            cache.lookup("/d/a.parquet", Encoding::Parquet, &pin(10, "mtime:1"), "p1"),
+            None
+        );
+        cache.store(
+            "/d/a.parquet",
+            Encoding::Parquet,
+            &pin(10, "mtime:1"),
+            "p1",
+            cached,
+        );
+        assert_eq!(
+            cache.lookup("/d/a.parquet", Encoding::Parquet, &pin(10, "mtime:1"), "p1"),
+            Some(cached)
+        );
+        // Objects without a version are never cached.
+        let unversioned = Pin {
+            size: 10,
+            version: None,
+            inode: None,
+        };
+        cache.store(
+            "/d/c.parquet",
+            Encoding::Parquet,
+            &unversioned,
+            "p1",
+            cached,
+        );
+        assert_eq!(
+            cache.lookup("/d/c.parquet", Encoding::Parquet, &unversioned, "p1"),
+            None
+        );
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}

@@ -1,0 +1,259 @@
+"""Open and resume cost the sources, not the bytes.
+
+A manifest's shards take their row counts and sizes from the manifest and are read first by the
+stream itself, which holds each to that promise; a plain file list's counts are remembered on the
+host by the inspection cache. These tests prove what open does not read by removing or corrupting
+the shards it must not touch, and count requests on a real S3 server through the fault proxy.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+from o41_training_data import (
+    CheckpointError,
+    FileSource,
+    MalformedShardError,
+    ManifestSource,
+    ObjectNotFoundError,
+    ProjectedField,
+    StorageError,
+    open_batch_stream,
+    resolve_batch_stream_config,
+    resume_batch_stream,
+)
+
+from conftest import write_shard
+from fault_proxy import FaultProxy
+from helpers import config_for, data_for, upload
+
+V = ProjectedField("v", "v", "i64")
+
+
+def write_dataset(root: Path, shards: int = 4, rows: int = 10, encoding: str = "jsonl") -> Path:
+    """Shards ``part-k`` of ``rows`` records each (values ``100 k + i``) and a manifest listing them."""
+    entries = []
+    root.mkdir(parents=True, exist_ok=True)
+    for k in range(shards):
+        location = f"part-{k}.{encoding}"
+        path = write_shard(root / location, encoding, [{"v": 100 * k + i} for i in range(rows)])
+        entries.append(
+            {"location": location, "rows": rows, "bytes": path.stat().st_size, "checksum": "none:0"}
+        )
+    manifest = root / "data-manifest-v1.json"
+    document = {"format": "o41-data-manifest", "version": 1, "data_format": encoding}
+    document["splits"] = {"train": {"shards": entries}}
+    manifest.write_text(json.dumps(document))
+    return manifest
+
+
+def drain(stream: Any, into: list[int]) -> None:
+    for batch in stream:
+        into.extend(int(v) for v in batch.arrays()["v"])
+
+
+def test_a_manifest_source_opens_reading_only_its_first_shard(tmp_path: Path) -> None:
+    manifest = write_dataset(tmp_path)
+    for k in (1, 2, 3):
+        (tmp_path / f"part-{k}.jsonl").unlink()
+    config = config_for([ManifestSource(str(manifest), "train")], [V], batch_size=5)
+    resolved = resolve_batch_stream_config(config)
+    shards = resolved["stages"][0]["sources"][0]["shards"]
+    assert [(Path(s["path"]).name, s["rows"]) for s in shards] == [(f"part-{k}.jsonl", 10) for k in range(4)]
+    delivered: list[int] = []
+    with (
+        open_batch_stream(config) as stream,
+        pytest.raises(ObjectNotFoundError, match=r"part-1\.jsonl") as info,
+    ):
+        drain(stream, delivered)
+    # Every batch of the shard that exists came first.
+    assert delivered == list(range(10))
+    assert info.value.path.endswith("part-1.jsonl")
+
+
+def test_each_source_checks_its_projection_on_one_shard(tmp_path: Path) -> None:
+    first = write_dataset(tmp_path / "a", shards=2)
+    second = write_dataset(tmp_path / "b", shards=2)
+    # The second source's first shard has no field "v": open reads it and refuses the source.
+    write_shard(tmp_path / "b" / "part-0.jsonl", "jsonl", [{"w": i} for i in range(10)])
+    size = (tmp_path / "b" / "part-0.jsonl").stat().st_size
+    document = json.loads(second.read_text())
+    document["splits"]["train"]["shards"][0]["bytes"] = size
+    second.write_text(json.dumps(document))
+    sources = [ManifestSource(str(first), "train"), ManifestSource(str(second), "train")]
+    with pytest.raises(Exception, match=r"b/part-0\.jsonl") as info:
+        open_batch_stream(config_for(sources, [V], batch_size=5))
+    assert "'v'" in str(info.value)
+
+
+def test_a_shard_holding_other_rows_than_listed_fails_at_its_first_read(tmp_path: Path) -> None:
+    manifest = write_dataset(tmp_path, shards=2)
+    path = tmp_path / "part-1.jsonl"
+    size = path.stat().st_size
+    # Same size, other row count: only counting its rows can tell.
+    lines = [json.dumps({"v": 7}) for _ in range(8)]
+    text = "\n".join(lines) + "\n"
+    path.write_text(text + " " * (size - len(text) - 1) + "\n")
+    assert path.stat().st_size == size
+    delivered: list[int] = []
+    config = config_for([ManifestSource(str(manifest), "train")], [V], batch_size=5)
+    expected = r"part-1\.jsonl.*the manifest lists 10 rows, the shard holds 8"
+    with open_batch_stream(config) as stream, pytest.raises(MalformedShardError, match=expected):
+        drain(stream, delivered)
+    assert delivered == list(range(10))
+
+
+def test_resuming_a_manifest_source_reads_no_shard_it_does_not_need(tmp_path: Path) -> None:
+    manifest = write_dataset(tmp_path)
+    config = config_for([ManifestSource(str(manifest), "train")], [V], batch_size=5)
+    with open_batch_stream(config) as stream:
+        first = [int(v) for v in next(stream).arrays()["v"]]
+        checkpoint = stream.checkpoint()
+    assert first == [0, 1, 2, 3, 4]
+    (tmp_path / "part-3.jsonl").unlink()
+    delivered: list[int] = []
+    with (
+        resume_batch_stream(checkpoint) as resumed,
+        pytest.raises(ObjectNotFoundError, match=r"part-3\.jsonl"),
+    ):
+        drain(resumed, delivered)
+    assert delivered == [*range(5, 10), *range(100, 110), *range(200, 210)]
+
+
+def test_a_resumed_shard_of_another_size_fails_closed_at_its_first_read(tmp_path: Path) -> None:
+    manifest = write_dataset(tmp_path)
+    config = config_for([ManifestSource(str(manifest), "train")], [V], batch_size=5)
+    with open_batch_stream(config) as stream:
+        next(stream)
+        checkpoint = stream.checkpoint()
+    write_shard(tmp_path / "part-2.jsonl", "jsonl", [{"v": 1000 + i} for i in range(12)])
+    delivered: list[int] = []
+    with (
+        resume_batch_stream(checkpoint) as resumed,
+        pytest.raises(
+            CheckpointError, match=r"part-2\.jsonl is \d+ bytes, but the checkpoint's stream read it"
+        ),
+    ):
+        drain(resumed, delivered)
+    assert delivered == [*range(5, 10), *range(100, 110)]
+
+
+# -- The inspection cache of plain file lists.
+
+
+@pytest.fixture
+def cache_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    directory = tmp_path / "inspect-cache"
+    monkeypatch.setenv("O41_INSPECT_CACHE", str(directory))
+    return directory
+
+
+def corrupt_keeping_identity(path: Path) -> None:
+    """Overwrites ``path`` in place with bytes that are no JSON, keeping its size, times and inode."""
+    before = path.stat()
+    with path.open("r+b") as file:
+        file.write(b"\x00" * before.st_size)
+    os.utime(path, ns=(before.st_atime_ns, before.st_mtime_ns))
+    after = path.stat()
+    assert (after.st_size, after.st_mtime_ns, after.st_ino) == (
+        before.st_size,
+        before.st_mtime_ns,
+        before.st_ino,
+    )
+
+
+def file_list(tmp_path: Path) -> list[str]:
+    return [
+        str(write_shard(tmp_path / f"f-{k}.jsonl", "jsonl", [{"v": 100 * k + i} for i in range(10)]))
+        for k in range(3)
+    ]
+
+
+def test_a_second_open_of_a_file_list_counts_no_rows(tmp_path: Path, cache_dir: Path) -> None:
+    files = file_list(tmp_path)
+    config = config_for([FileSource(files=files)], [V], batch_size=5)
+    open_batch_stream(config).close()
+    assert len(list(cache_dir.glob("*.json"))) == 3
+    corrupt_keeping_identity(Path(files[2]))
+    # Open takes the counts from the cache and reads only the first file: it succeeds, and the
+    # stream fails closed where it first reads the corrupted file, after the earlier batches.
+    delivered: list[int] = []
+    with open_batch_stream(config) as stream, pytest.raises(MalformedShardError, match=r"f-2\.jsonl"):
+        drain(stream, delivered)
+    assert delivered == [*range(10), *range(100, 110)]
+
+
+def test_without_the_cache_open_counts_every_file(
+    tmp_path: Path, cache_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    files = file_list(tmp_path)
+    config = config_for([FileSource(files=files)], [V], batch_size=5)
+    open_batch_stream(config).close()
+    corrupt_keeping_identity(Path(files[2]))
+    monkeypatch.setenv("O41_INSPECT_CACHE", "off")
+    with pytest.raises(MalformedShardError, match=r"f-2\.jsonl"):
+        open_batch_stream(config)
+
+
+def test_a_changed_file_misses_the_cache(tmp_path: Path, cache_dir: Path) -> None:
+    files = file_list(tmp_path)
+    config = config_for([FileSource(files=files)], [V], batch_size=5)
+    open_batch_stream(config).close()
+    write_shard(Path(files[1]), "jsonl", [{"v": 500 + i} for i in range(25)])
+    resolved = resolve_batch_stream_config(config)
+    assert [s["rows"] for s in resolved["stages"][0]["sources"][0]["shards"]] == [10, 25, 10]
+    values: list[int] = []
+    with open_batch_stream(config) as stream:
+        drain(stream, values)
+    assert values == [*range(10), *range(500, 525), *range(200, 210)]
+
+
+def test_a_cached_count_the_file_no_longer_matches_fails_closed(tmp_path: Path, cache_dir: Path) -> None:
+    files = file_list(tmp_path)
+    config = config_for([FileSource(files=files)], [V], batch_size=5)
+    open_batch_stream(config).close()
+    # Rewritten with another row count but the same size, time and inode: the cache hits, and
+    # the count it gives is checked when the stream first reads the file.
+    path = Path(files[1])
+    before = path.stat()
+    text = "".join(json.dumps({"v": 9}) + "\n" for _ in range(8))
+    with path.open("r+b") as file:
+        file.write((text + " " * (before.st_size - len(text) - 1) + "\n").encode())
+    os.utime(path, ns=(before.st_atime_ns, before.st_mtime_ns))
+    delivered: list[int] = []
+    with (
+        open_batch_stream(config) as stream,
+        pytest.raises(StorageError, match=r"f-1\.jsonl.*holds 8 rows, 10 when it was counted"),
+    ):
+        drain(stream, delivered)
+    assert delivered == list(range(10))
+
+
+# -- Requests at open on a real S3 server.
+
+
+def test_an_s3_manifest_source_opens_with_one_shard_request(
+    tmp_path: Path, s3_server: Any, boto3_client: Any, s3_prefix: str, fault_proxy: FaultProxy
+) -> None:
+    local = tmp_path / "dataset"
+    # Shards larger than the two groups of rows a stream plans ahead, so that the snapshot taken
+    # after open holds only what open read, not the planner's first inspections.
+    manifest = write_dataset(local, shards=6, rows=10_000, encoding="parquet")
+    for path in sorted(local.iterdir()):
+        upload(boto3_client, path, s3_prefix + path.name)
+    data = data_for(s3_server, fault_proxy.endpoint_url)
+    config = config_for([ManifestSource(s3_prefix + manifest.name, "train")], [V], batch_size=500)
+    fault_proxy.clear()
+    stream = open_batch_stream(config, storage=data.storage_config)
+    try:
+        touched = {r.path.split("?")[0].rsplit("/", 1)[-1] for r in fault_proxy.requests}
+        assert touched == {"data-manifest-v1.json", "part-0.parquet"}
+        values: list[int] = []
+        drain(stream, values)
+    finally:
+        stream.close()
+    assert sorted(values) == sorted(100 * k + i for k in range(6) for i in range(10_000))
