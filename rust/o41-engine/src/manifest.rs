@@ -251,3 +251,34 @@ pub fn shard_path(uri: &str, location: &str) -> String {
     let base: PathBuf = std::path::absolute(Path::new(uri)).unwrap_or_else(|_| PathBuf::from(uri));
     storage::sibling(&base.to_string_lossy(), location)
 }
+
+/// What a manifest lists for a shard another tool wrote: its record count, its size and the
+/// SHA-256 of its bytes (`o41 manifest build`). The shard is read whole, once; one that changes
+/// while it is being described fails closed rather than being listed with mixed facts.
+pub fn describe_shard(
+    storage: &Storage,
+    path: &str,
+    encoding: Encoding,
+) -> Result<(u64, u64, String)> {
+    let counted = crate::formats::inspect(
+        storage,
+        path,
+        encoding,
+        &crate::fields::Projection {
+            columns: Vec::new(),
+        },
+        crate::formats::MAX_RECORD_BYTES,
+        None,
+    )?;
+    let sha256 = storage.content_sha256(path)?;
+    let after = storage.open(path)?.pin();
+    if after != counted.pin {
+        return Err(Error::Storage {
+            path: path.to_owned(),
+            message: "the object changed while it was being described; describe it again once \
+                      it is no longer being written"
+                .to_owned(),
+        });
+    }
+    Ok((counted.rows, counted.pin.size, sha256))
+}

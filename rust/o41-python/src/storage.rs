@@ -3,6 +3,8 @@
 
 use std::time::Duration;
 
+use o41_engine::encoding::Encoding;
+use o41_engine::manifest::describe_shard;
 use o41_engine::storage::{
     sha256_hex, RetryPolicy, S3Settings, Storage as EngineStorage, WriteMode, Written,
 };
@@ -144,6 +146,20 @@ impl Storage {
     fn content_sha256(&self, py: Python<'_>, uri: &str) -> PyResult<String> {
         blocking(py, |cancel| {
             self.inner.with_cancel(cancel.clone()).content_sha256(uri)
+        })
+    }
+
+    /// The record count, size and content SHA-256 of the shard at `uri`, read as `encoding`
+    /// (`parquet`, `jsonl`, `jsonl.gz`, `msgpack`): what a data manifest lists for it.
+    fn describe_shard(
+        &self,
+        py: Python<'_>,
+        uri: &str,
+        encoding: &str,
+    ) -> PyResult<(u64, u64, String)> {
+        blocking(py, |cancel| {
+            let encoding = Encoding::parse(encoding, "data_format")?;
+            describe_shard(&self.inner.with_cancel(cancel.clone()), uri, encoding)
         })
     }
 

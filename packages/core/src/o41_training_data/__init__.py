@@ -46,6 +46,7 @@ from ._errors import (
 )
 from ._iter_shard import iter_shard
 from ._manifest import Curriculum, DataManifest, ManifestShard, ManifestSplit, load_manifest, save_manifest
+from ._manifest_build import manifest_from_files
 from ._saver import DatasetSaver, SavedShard
 from ._storage import RetryPolicy, StorageConfig
 from ._stream import (
@@ -106,6 +107,7 @@ __all__ = [
     "__version__",
     "iter_shard",
     "load_manifest",
+    "manifest_from_files",
     "open_batch_stream",
     "resolve_batch_stream_config",
     "resume_batch_stream",

