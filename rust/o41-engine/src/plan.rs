@@ -237,9 +237,12 @@ impl Plan {
         if todo.len() == 1 {
             let _ = self.meta(storage, todo[0]);
         } else if !todo.is_empty() {
-            let _ = crate::resolve::parallel(&todo, self.resolved.threads, |&k| {
-                self.meta(storage, k).map(|_| ())
-            });
+            let remote = todo
+                .iter()
+                .any(|&k| storage::is_remote(&self.shards[k].path));
+            let threads = crate::resolve::inspection_concurrency(self.resolved.threads, remote);
+            let _ =
+                crate::resolve::parallel(&todo, threads, |&k| self.meta(storage, k).map(|_| ()));
         }
     }
 }

@@ -262,6 +262,17 @@ pub(crate) fn max_record(bound: &MemoryBound, threads: usize, shards: usize) -> 
         .min(formats::MAX_RECORD_BYTES)
 }
 
+/// Threads that inspect a stream's shards: its decode threads, and for remote shards at least
+/// 32, since inspecting them waits on round trips, not on the CPU.
+pub(crate) fn inspection_concurrency(threads: usize, remote: bool) -> usize {
+    const REMOTE_INSPECT_THREADS: usize = 32;
+    if remote {
+        threads.max(REMOTE_INSPECT_THREADS)
+    } else {
+        threads
+    }
+}
+
 /// Threads that inspect `shards` shards: at most `threads`, and never more than this many, which
 /// keep a storage service busy already.
 fn inspect_threads(threads: usize, shards: usize) -> usize {
@@ -291,6 +302,7 @@ fn settle(
 ) -> Result<Vec<Settled>> {
     let cache = InspectCache::from_env();
     let key = projection_key(fields);
+    let threads = inspection_concurrency(threads, jobs.iter().any(|j| storage::is_remote(&j.path)));
     let listed: Vec<usize> = (0..jobs.len()).filter(|&i| jobs[i].listed).collect();
     let probes = parallel(&listed, threads, |&i| {
         let job = &jobs[i];
@@ -731,4 +743,44 @@ fn source_difference(
 /// A value as compact JSON, for messages.
 fn show<T: serde::Serialize>(value: &T) -> String {
     serde_json::to_string(value).unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parallel_keeps_the_items_order_and_turns_panics_into_errors() {
+        let items: Vec<u64> = (0..200).collect();
+        let results = parallel(&items, 4, |&i| {
+            if i == 77 {
+                panic!("item 77");
+            }
+            if i % 50 == 49 {
+                return Err(Error::config("x", format!("item {i}")));
+            }
+            Ok(i * 2)
+        });
+        assert_eq!(results.len(), 200);
+        for (i, result) in results.iter().enumerate() {
+            match (i, result) {
+                (77, Err(Error::Internal { message })) => assert!(message.contains("item 77")),
+                (i, Err(Error::Config { message, .. })) if i % 50 == 49 => {
+                    assert_eq!(message, &format!("item {i}"));
+                }
+                (i, Ok(v)) => assert_eq!(*v, i as u64 * 2),
+                (i, other) => panic!("item {i}: {other:?}"),
+            }
+        }
+        assert!(parallel(&[] as &[u8], 4, |_| Ok(())).is_empty());
+    }
+
+    #[test]
+    fn remote_shards_are_inspected_with_more_threads_than_local_ones() {
+        assert_eq!(inspection_concurrency(2, false), 2);
+        assert_eq!(inspection_concurrency(2, true), 32);
+        assert_eq!(inspection_concurrency(48, true), 48);
+        assert_eq!(inspect_threads(48, 3), 3);
+        assert_eq!(inspect_threads(200, 1000), 64);
+    }
 }
