@@ -32,14 +32,15 @@ pub struct ShardEntry {
     pub encoding: Encoding,
     /// Rows (and size or version, where known) the shard is held to when first inspected.
     pub promise: Promise,
-    /// Row count, read index and version, from open or from the shard's first read.
-    meta: OnceLock<ShardMeta>,
+    /// Row count, read index and version, from open or from the shard's first read (boxed:
+    /// most of a million-shard corpus is never inspected by one rank).
+    meta: OnceLock<Box<ShardMeta>>,
 }
 
 impl ShardEntry {
     /// The inspection, if the shard has been inspected.
     pub fn inspected(&self) -> Option<&ShardMeta> {
-        self.meta.get()
+        self.meta.get().map(AsRef::as_ref)
     }
 }
 
@@ -117,7 +118,9 @@ impl Plan {
                             bytes: shard.bytes,
                             version: shard.version.clone(),
                         },
-                        meta: meta.map(OnceLock::from).unwrap_or_default(),
+                        meta: meta
+                            .map(|m| OnceLock::from(Box::new(m)))
+                            .unwrap_or_default(),
                     });
                 }
                 ids.push(source_ids);
@@ -198,7 +201,7 @@ impl Plan {
     pub fn meta(&self, storage: &Storage, shard: usize) -> Result<&ShardMeta> {
         let entry = &self.shards[shard];
         if let Some(meta) = entry.meta.get() {
-            return Ok(meta);
+            return Ok(meta.as_ref());
         }
         let meta = formats::inspect(
             storage,
@@ -220,7 +223,7 @@ impl Plan {
                 ),
             ));
         }
-        Ok(entry.meta.get_or_init(|| meta))
+        Ok(entry.meta.get_or_init(|| Box::new(meta)).as_ref())
     }
 
     /// Inspects, in parallel, those of `shards` not inspected yet, so a group's first reads
