@@ -26,6 +26,19 @@ HERE = Path(__file__).parent
 SEQ = 2048
 
 
+# Why peak RSS growth exceeds the bound, as measured when the reader change was made.
+RSS_OVER = """**It is over the bound**,
+for two reasons. The pipeline plans a further group of batches whenever fewer than two are
+pending, so up to three groups' buffers (here 3 x 4,096 rows x 10 KiB, 40 MiB each) are held while
+the bound counts two; planning only while `pending + group <= 2 groups` (a one-line change in
+`pipeline.rs`, measured with this reader but not part of this build) brought peak RSS growth to
+178 MiB. And glibc keeps freed decode buffers (`MALLOC_TRIM_THRESHOLD_=0` row). mimalloc as the
+binding's allocator was measured and not adopted: its peak RSS growth was higher than glibc's
+(v3 defaults 340-395 MiB, v2 250-285 MiB; with the planning change 212 MiB against glibc's 178);
+it came under the bound only with purging forced (`purge_delay=0`, no eager arena commit), which
+doubled the CPU per row."""
+
+
 def config(shards, *, shuffle, mix, infinite=False, rank=0, world=1, unit=None, fields=None):
     from o41_training_data import BatchStreamConfig, FileSource, ProjectedField, Shuffle, Stage
 
@@ -177,7 +190,7 @@ def main() -> None:
         return
 
     shards = [str(p) for p in generate(HERE / "data" / "corpus", args.rows)]
-    plain, mixed, at0, deep, w1, w64, w1u8, w64u8 = [], [], [], [], [], [], [], []
+    plain, mixed, at0, deep, w1, w64, w1u8, w8u8, w64u8 = [], [], [], [], [], [], [], [], []
     for rep in range(args.reps):
         pairs = [
             (plain, ("throughput", shards, False, False)),
@@ -187,6 +200,7 @@ def main() -> None:
             (w1, ("rank_cpu", shards, 1, 300, 32)),
             (w64, ("rank_cpu", shards, 64, 300, 32)),
             (w1u8, ("rank_cpu", shards, 1, 300, 8)),
+            (w8u8, ("rank_cpu", shards, 8, 300, 8)),
             (w64u8, ("rank_cpu", shards, 64, 300, 8)),
         ]
         for sink, (job, *job_args) in pairs if rep % 2 == 0 else reversed(pairs):
@@ -213,11 +227,14 @@ def main() -> None:
         )
 
     cpu_w1u8 = spread(w1u8, "cpu_per_1000_rows", "{:.3f}")
+    cpu_w8u8 = spread(w8u8, "cpu_per_1000_rows", "{:.3f}")
     cpu_w64u8 = spread(w64u8, "cpu_per_1000_rows", "{:.3f}")
     quality_rows = "\n".join(
         f"| {'none (no shuffle)' if unit == 0 else unit} | {q['adjacent']:.3f} | {q['span']:,.0f} |"
         for unit, q in quality.items()
     )
+    rank_note = "The goal is met." if rank_ratio_u8 <= 1.25 else "**The goal is still missed.**"
+    rss_note = "It is under the bound." if rss <= bound else RSS_OVER
     body = f"""## Order function (`benchmarks/order_bench.py`)
 
 {preamble(f"uv run python benchmarks/order_bench.py --rows {args.rows} --reps {args.reps}")}
@@ -236,11 +253,12 @@ def main() -> None:
 | rank 0 CPU s per 1,000 rows, world 1, `unit_rows=32` | {spread(w1, "cpu_per_1000_rows", "{:.3f}")} | | |
 | rank 0 CPU s per 1,000 rows, world 64, `unit_rows=32` | {spread(w64, "cpu_per_1000_rows", "{:.3f}")} | | |
 | rank 0 CPU s per 1,000 rows, world 1, default `unit_rows=8` | {cpu_w1u8} | | |
+| rank 0 CPU s per 1,000 rows, world 8, default `unit_rows=8` | {cpu_w8u8} | | |
 | rank 0 CPU s per 1,000 rows, world 64, default `unit_rows=8` | {cpu_w64u8} | | |
-| world 64 / world 1 ratio, default `unit_rows=8` | **{rank_ratio_u8:.2f}x** | <= 1.5x | \
-{mark(rank_ratio_u8 <= 1.5)} |
+| world 64 / world 1 ratio, default `unit_rows=8` | **{rank_ratio_u8:.2f}x** | <= 1.25x | \
+{mark(rank_ratio_u8 <= 1.25)} |
 | world 64 / world 1 ratio, `unit_rows=32` (a unit per batch: no shuffle within a batch) | \
-{rank_ratio:.2f}x | <= 1.5x | {mark(rank_ratio <= 1.5)} |
+{rank_ratio:.2f}x | <= 1.25x | {mark(rank_ratio <= 1.25)} |
 | computed memory bound, MiB | {bound / 2**20:,.0f} | | |
 | peak RSS growth while streaming, default glibc malloc, MiB | {rss / 2**20:,.0f} | under the bound | \
 {mark(rss <= bound)} |
@@ -249,20 +267,29 @@ def main() -> None:
 
 The rank figures are CPU seconds of the whole process (decode threads included) per 1,000 rows
 rank 0 received, after its first batch, with `OPENBLAS_NUM_THREADS=1` so NumPy's idle BLAS
-threads do not count. **Missed for the default unit.** With 8-row units, each source's run
-within a unit is a few rows (6 and 2 in a 3:1 mix) and a world-64 rank's reads are hundreds of
-short runs spread over every row group. `perf record` of rank 0 at world 64 shows the time in
-arrow-rs's list decoding (`ListArrayReader::consume_batch`, `RleDecoder::get_batch_with_dict`,
-`BooleanBuffer::from`, about 30% together) and in page faults of fresh decode buffers (about 12%):
-each short run pays for setting up column readers on its row group and decoding the pages around
-it, and re-writing the corpus with 4 KiB pages or without dictionaries did not change the ratio,
-so the cost is per run, not per byte. Units as large as a batch keep the cost flat but give up
-shuffling inside a batch (see the quality table); closing the gap for small units (merging a
-rank's runs per row group into one decode pass, a per-worker page cache) is open work.
+threads do not count. The 2 cores are shared with other work, and one figure's repetitions
+spread by up to 20%, so a ratio of two medians moves by about as much. With 8-row units each source's run within a unit is a few rows (6 and 2 in
+a 3:1 mix), so a world-64 rank's reads are hundreds of short runs spread over every row group.
+Until this change that cost 2.87x the CPU per row of world 1: arrow-rs's default row-selection
+policy turns a selection of many short runs into a mask over every row from the first run to the
+last, so each job decoded whole row groups to keep a few rows of each. The Parquet reader now
+asks for the selector policy: pages without a selected row are skipped through the page index,
+never fetched or decompressed (a Rust test checks this), and jobs decode in batches of about
+1 MiB of encoded rows. {rank_note}
+What remains of the world-64 cost is skipping inside the pages that hold a run: a Parquet v1
+page has no record offsets, so arrow-rs reaches a run mid-page, and leaves a page after its last
+run, by decoding the repetition levels of every row in between. A 32 KiB `loss_mask` page of
+this corpus holds about 170 rows of ~1,500 levels each, and at world 64 nearly every such page
+holds one of rank 0's runs, so its whole mask column is level-scanned once per planning group
+(`perf`: `RepetitionLevelDecoderImpl::count_records` and `RleDecoder::get_batch` are two thirds
+of the extra samples at world 64, decompressing partly used pages most of the rest). A per-worker
+page cache would not remove it: a rank next needs a page in a later epoch, so a cache pays only
+when the whole projected corpus fits in it. What would: arrow-rs dropping the rest of a page when
+a skip runs past its end (the offset index gives the page's row count), or pages of fewer rows.
 
 RSS is measured as the growth of the process's peak RSS over its value before opening the
-stream; it includes memory the allocator keeps after the engine freed it (glibc keeps freed heap
-pages unless `MALLOC_TRIM_THRESHOLD_` is lowered), which the bound does not count.
+stream; it includes memory the allocator keeps after the engine freed it, which the bound does
+not count. {rss_note}
 
 ### Shuffle quality of unit-sized moves
 

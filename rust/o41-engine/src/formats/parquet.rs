@@ -13,7 +13,7 @@ use arrow_array::RecordBatch;
 use arrow_schema::SchemaRef;
 use parquet::arrow::arrow_reader::{
     ArrowReaderMetadata, ArrowReaderOptions, ParquetRecordBatchReader,
-    ParquetRecordBatchReaderBuilder, RowSelection, RowSelector,
+    ParquetRecordBatchReaderBuilder, RowSelection, RowSelectionPolicy, RowSelector,
 };
 use parquet::arrow::{ArrowWriter, ProjectionMask};
 use parquet::basic::{Compression, ZstdLevel};
@@ -36,6 +36,15 @@ const REMOTE_TAIL_BYTES: u64 = 256 << 10;
 
 const ENCODING: &str = "parquet";
 
+/// Encoded bytes of the projected columns one decode batch holds at most. A job is decoded in
+/// batches of about this size rather than all at once, so a decode thread's transient Arrow
+/// arrays and level buffers stay a few MiB whatever the job's length (rows with a 1,500-token
+/// list and its mask: about 300 rows a batch).
+const DECODE_BATCH_BYTES: u64 = 1 << 20;
+
+/// Rows of one decode batch at most, however narrow the rows.
+const MAX_DECODE_BATCH_ROWS: u64 = 8192;
+
 /// Footer metadata kept from inspection so units do not re-read it.
 #[derive(Debug)]
 pub struct ParquetIndex {
@@ -44,6 +53,8 @@ pub struct ParquetIndex {
     roots: Vec<usize>,
     /// First row of each row group, plus the total at the end.
     group_starts: Vec<u64>,
+    /// Rows decoded together: [`DECODE_BATCH_BYTES`] of the widest row group's projected rows.
+    batch_rows: u64,
 }
 
 impl ParquetIndex {
@@ -355,6 +366,7 @@ fn inspect_unguarded(object: Arc<Object>, projection: &Projection) -> Result<Sha
                 metadata,
                 roots: Vec::new(),
                 group_starts: vec![0],
+                batch_rows: 1,
             })),
         });
     }
@@ -403,6 +415,7 @@ fn inspect_unguarded(object: Arc<Object>, projection: &Projection) -> Result<Sha
         })
         .max()
         .unwrap_or(0);
+    let batch_rows = decode_batch_rows(metadata.metadata(), &sources);
     // Merged remote requests also fetch the gaps between the ranges they join: at most one gap
     // per projected column chunk (and its dictionary) in each of a job's two row groups.
     let gap_bytes = if object.local_file().is_some() {
@@ -420,6 +433,7 @@ fn inspect_unguarded(object: Arc<Object>, projection: &Projection) -> Result<Sha
         metadata,
         roots,
         group_starts,
+        batch_rows,
     });
     let meta = ShardMeta {
         rows,
@@ -438,6 +452,27 @@ fn inspect_unguarded(object: Arc<Object>, projection: &Projection) -> Result<Sha
             .map_err(|failure| failure.error)?;
     }
     Ok(meta)
+}
+
+/// Rows per decode batch: as many of the widest row group's rows (encoded bytes of the columns
+/// named in `sources`, per row) as fit [`DECODE_BATCH_BYTES`], at least one.
+fn decode_batch_rows(metadata: &ParquetMetaData, sources: &[&str]) -> u64 {
+    let widest = metadata
+        .row_groups()
+        .iter()
+        .filter(|group| group.num_rows() > 0)
+        .map(|group| {
+            let bytes: u64 = group
+                .columns()
+                .iter()
+                .filter(|c| sources.contains(&c.column_path().parts()[0].as_str()))
+                .map(|c| c.uncompressed_size().max(0) as u64)
+                .sum();
+            bytes.div_ceil(group.num_rows() as u64)
+        })
+        .max()
+        .unwrap_or(0);
+    (DECODE_BATCH_BYTES / widest.max(1)).clamp(1, MAX_DECODE_BATCH_ROWS)
 }
 
 /// Reads row ranges of one Parquet file.
@@ -630,8 +665,12 @@ fn read_ranges<R: ChunkReader + 'static>(
     let reader = ParquetRecordBatchReaderBuilder::new_with_metadata(file, index.metadata.clone())
         .with_row_groups(groups)
         .with_row_selection(selection)
+        // Skip and read run by run. The default policy turns a selection of many short runs (a
+        // rank's share of shuffled units at a large world size) into a mask over every row from
+        // the first run to the last, decoding whole row groups to keep a few rows of each.
+        .with_row_selection_policy(RowSelectionPolicy::Selectors)
         .with_projection(mask)
-        .with_batch_size(wanted.min(8192) as usize)
+        .with_batch_size(wanted.min(index.batch_rows) as usize)
         .build()
         .map_err(|e| decode_error(path, Some(first_row), &e))?;
     // Rows arrive in file order; errors name the shard row, found through this table.
@@ -862,6 +901,222 @@ mod tests {
             "{codec:?}"
         );
         std::fs::remove_file(path).unwrap();
+    }
+
+    /// Elements of row `i`'s list: its length varies so record boundaries fall mid-page.
+    fn list_row(i: u64) -> Vec<i64> {
+        (0..20 + i % 7).map(|k| (i * 1000 + k) as i64).collect()
+    }
+
+    const LIST_WIDTH: usize = 32;
+
+    fn list_projection() -> Projection {
+        Projection::new(&[FieldSpec {
+            name: "tokens".into(),
+            source: "tokens".into(),
+            dtype: DType::I64,
+            shape: vec![LIST_WIDTH],
+            pad: serde_json::Value::from(-1),
+        }])
+        .unwrap()
+    }
+
+    /// Writes `rows` list rows in row groups of 200 and pages of 10 rows, with a page index, as
+    /// the benchmark corpus is laid out (many pages per row group); returns the open object.
+    fn write_lists(name: &str, rows: u64) -> (std::path::PathBuf, Arc<Object>) {
+        use arrow_array::builder::{Int64Builder, ListBuilder};
+        let path = std::env::temp_dir().join(format!("o41-{name}-{}.parquet", std::process::id()));
+        let mut lists = ListBuilder::new(Int64Builder::new());
+        for i in 0..rows {
+            lists.values().append_slice(&list_row(i));
+            lists.append(true);
+        }
+        let column: ArrayRef = Arc::new(lists.finish());
+        let batch = RecordBatch::try_from_iter([("tokens", column)]).unwrap();
+        let properties = WriterProperties::builder()
+            .set_dictionary_enabled(false)
+            .set_write_batch_size(10)
+            .set_data_page_row_count_limit(10)
+            .set_max_row_group_row_count(Some(200))
+            .build();
+        let file = std::fs::File::create(&path).unwrap();
+        let mut writer = ArrowWriter::try_new(file, batch.schema(), Some(properties)).unwrap();
+        writer.write(&batch).unwrap();
+        writer.close().unwrap();
+        let uri = path.to_string_lossy().into_owned();
+        (path, Arc::new(Storage::local().open(&uri).unwrap()))
+    }
+
+    fn expected_rows(ranges: &[Range<u64>]) -> Vec<i64> {
+        let mut out = Vec::new();
+        for row in ranges.iter().flat_map(Clone::clone) {
+            let mut values = list_row(row);
+            values.resize(LIST_WIDTH, -1);
+            out.extend(values);
+        }
+        out
+    }
+
+    fn read_i64(reader: &mut Reader, ranges: &[Range<u64>], projection: &Projection) -> Vec<i64> {
+        let rows: u64 = ranges.iter().map(|r| r.end - r.start).sum();
+        let mut chunk = Chunk::padded(projection, rows as usize);
+        reader
+            .read_ranges(ranges, projection, &mut chunk, None)
+            .map_err(|failure| failure.error)
+            .unwrap();
+        let ColumnBuf::I64(values) = &chunk.columns[0] else {
+            panic!("an i64 column")
+        };
+        values.to_vec()
+    }
+
+    /// A file reader that records the byte ranges the decoder asks for.
+    struct Recording {
+        file: std::fs::File,
+        asked: Arc<Mutex<Vec<Range<u64>>>>,
+    }
+
+    impl Length for Recording {
+        fn len(&self) -> u64 {
+            self.file.len()
+        }
+    }
+
+    impl ChunkReader for Recording {
+        type T = <std::fs::File as ChunkReader>::T;
+
+        fn get_read(&self, start: u64) -> parquet::errors::Result<Self::T> {
+            self.asked.lock().unwrap().push(start..self.file.len());
+            self.file.get_read(start)
+        }
+
+        fn get_bytes(&self, start: u64, length: usize) -> parquet::errors::Result<Bytes> {
+            self.asked
+                .lock()
+                .unwrap()
+                .push(start..start + length as u64);
+            self.file.get_bytes(start, length)
+        }
+    }
+
+    #[test]
+    fn short_runs_spread_over_row_groups_read_only_their_own_pages() {
+        let (path, object) = write_lists("short-runs", 1000);
+        let projection = list_projection();
+        let meta = inspect(object.clone(), &projection).unwrap();
+        let ShardIndex::Parquet(index) = meta.index else {
+            panic!("a Parquet index")
+        };
+        // A rank's share at a large world size: runs of 2 to 6 rows, one every 32 rows, in
+        // every row group (short enough for the default policy to choose a mask).
+        let ranges: Vec<Range<u64>> = (0..31u64)
+            .map(|k| k * 32 + k % 9..k * 32 + k % 9 + 2 + k % 5)
+            .collect();
+        let asked = Arc::new(Mutex::new(Vec::new()));
+        let file = std::fs::File::open(&path).unwrap();
+        let rows: u64 = ranges.iter().map(|r| r.end - r.start).sum();
+        let mut chunk = Chunk::padded(&projection, rows as usize);
+        let recording = Recording {
+            file,
+            asked: asked.clone(),
+        };
+        read_ranges(recording, &index, &ranges, &projection, &mut chunk, "t")
+            .map_err(|failure| failure.error)
+            .unwrap();
+        assert!(
+            matches!(&chunk.columns[0], ColumnBuf::I64(v) if v[..] == expected_rows(&ranges)[..])
+        );
+
+        // Every page the decoder fetched holds a selected row: pages between runs are skipped
+        // by their offset index, not decoded and filtered.
+        let metadata = index.metadata.metadata();
+        let offsets = metadata
+            .page_index()
+            .expect("the writer wrote a page index");
+        let mut unwanted = Vec::new();
+        for g in 0..metadata.num_row_groups() {
+            let (first, end) = (index.group_starts[g], index.group_starts[g + 1]);
+            let pages = offsets.offset_index(g, 0).unwrap().page_locations();
+            for (k, page) in pages.iter().enumerate() {
+                let from = first + page.first_row_index as u64;
+                let to = pages
+                    .get(k + 1)
+                    .map_or(end, |next| first + next.first_row_index as u64);
+                if !ranges.iter().any(|r| r.start < to && r.end > from) {
+                    let at = page.offset as u64;
+                    unwanted.push(at..at + page.compressed_page_size as u64);
+                }
+            }
+        }
+        let asked = asked.lock().unwrap();
+        assert!(!asked.is_empty());
+        for range in asked.iter() {
+            assert!(
+                !unwanted
+                    .iter()
+                    .any(|page| range.start < page.end && range.end > page.start),
+                "fetched {range:?}, which overlaps a page with no selected row"
+            );
+        }
+        std::fs::remove_file(path).unwrap();
+    }
+
+    #[test]
+    fn decode_batches_hold_about_a_mebibyte_of_rows() {
+        let (path, object) = write_lists("batch-rows", 400);
+        let meta = inspect(object, &list_projection()).unwrap();
+        let ShardIndex::Parquet(index) = meta.index else {
+            panic!("a Parquet index")
+        };
+        let metadata = index.metadata.metadata();
+        let widest = metadata
+            .row_groups()
+            .iter()
+            .map(|g| (g.column(0).uncompressed_size() as u64).div_ceil(g.num_rows() as u64))
+            .max()
+            .unwrap();
+        assert_eq!(index.batch_rows, (DECODE_BATCH_BYTES / widest).min(8192));
+        assert_eq!(decode_batch_rows(metadata, &[]), MAX_DECODE_BATCH_ROWS);
+        std::fs::remove_file(path).unwrap();
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(24))]
+
+        /// One pass over many short runs, spanning row groups, pages and decode batches,
+        /// yields exactly the rows that reading each run on its own yields.
+        #[test]
+        fn one_pass_over_short_runs_equals_a_read_per_run(
+            picks in proptest::collection::btree_set(0u64..1200, 1..160),
+            lens in proptest::collection::vec(1u64..7, 160),
+        ) {
+            static CASE: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+            let case = CASE.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            let (path, object) = write_lists(&format!("one-pass-{case}"), 1200);
+            let mut ranges: Vec<Range<u64>> = Vec::new();
+            for (start, len) in picks.into_iter().zip(lens) {
+                let start = start.max(ranges.last().map_or(0, |r| r.end + 1));
+                let end = (start + len).min(1200);
+                if start < end {
+                    ranges.push(start..end);
+                }
+            }
+            proptest::prop_assume!(!ranges.is_empty());
+            let projection = list_projection();
+            let meta = inspect(object.clone(), &projection).unwrap();
+            let ShardIndex::Parquet(index) = meta.index else {
+                panic!("a Parquet index")
+            };
+            let mut reader = Reader::open(object, index);
+            let together = read_i64(&mut reader, &ranges, &projection);
+            let mut apart = Vec::new();
+            for range in &ranges {
+                apart.extend(read_i64(&mut reader, std::slice::from_ref(range), &projection));
+            }
+            std::fs::remove_file(path).unwrap();
+            proptest::prop_assert_eq!(&together, &apart);
+            proptest::prop_assert_eq!(together, expected_rows(&ranges));
+        }
     }
 
     #[test]
