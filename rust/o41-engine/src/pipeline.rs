@@ -256,10 +256,11 @@ impl Assembler {
             (plan.group_rows / plan.order.batch_size(&self.planner.segment)).max(1) as usize;
         loop {
             // Plan ahead up to two groups so reads of the next group overlap delivery; nothing
-            // past a batch that cannot be completed.
+            // past a batch that cannot be completed. A new group is planned only when it fits
+            // beside those pending: the memory bound counts two groups, not three.
             while planning
                 && poison.is_none()
-                && pending.len() < 2 * group_batches
+                && pending.len() + group_batches <= 2 * group_batches
                 && queued.len() < plan.max_jobs
             {
                 planning = self.planner.plan_group(
