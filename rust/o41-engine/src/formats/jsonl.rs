@@ -1,16 +1,18 @@
 //! JSON Lines shards, plain or gzip-compressed, read and written. One object per line; blank
 //! lines are not records. Plain files keep a sparse byte-offset index so a read can seek near
-//! its first row; gzip streams are read forward, skipping lines before the range without
-//! parsing them.
+//! its first row. Gzip shards this engine wrote carry a member index (`gz_members`), so a read
+//! decompresses only the members holding its rows; gzip streams from other writers are read
+//! forward, skipping lines before the range without parsing them.
 
 use std::io::{BufRead, BufReader, Write};
 use std::ops::Range;
 use std::sync::Arc;
 
 use flate2::read::MultiGzDecoder;
-use flate2::write::GzEncoder;
+use flate2::Decompress;
 
 use super::cursor::ObjectCursor;
+use super::gz_members::{self, MemberIndex};
 use super::value::{read_record, Record, RecordRef};
 use super::{
     read_record_ranges, Encoding, Prefetch, ReadFailure, RecordCursor, ShardIndex, ShardMeta,
@@ -250,6 +252,11 @@ pub fn inspect(
     max_record: u64,
 ) -> Result<ShardMeta> {
     let path = &object.uri().to_owned();
+    if encoding == Encoding::JsonlGz {
+        if let Some(index) = gz_members::read_index(&object)? {
+            return inspect_members(object, index, projection, max_record);
+        }
+    }
     let mut reader = Reader::open(object, encoding, None, max_record)?;
     let plain = encoding == Encoding::Jsonl;
     let mut offsets = Vec::new();
@@ -288,25 +295,222 @@ pub fn inspect(
     })
 }
 
-/// Writes `records` as JSON Lines to `out`, gzip-compressed for `jsonl.gz`. A value JSON cannot
-/// represent (NaN, infinity, binary data) is refused naming the record and field, never written
-/// as something else.
-pub fn write(out: impl Write, encoding: Encoding, records: &[Record], path: &str) -> Result<()> {
-    let io = |e: std::io::Error| Error::io(path, e);
-    if encoding == Encoding::JsonlGz {
-        // No name and a zero mtime in the header: the same records give the same bytes.
-        let mut gz = GzEncoder::new(out, flate2::Compression::default());
-        write_lines(&mut gz, records, path)?;
-        gz.finish().map_err(io)?.flush().map_err(io)
-    } else {
-        let mut out = out;
-        write_lines(&mut out, records, path)?;
-        out.flush().map_err(io)
+/// Inspects a seekable `jsonl.gz` shard from its member index: rows are counted by the index,
+/// and only the first member is decompressed, to check the projection against the first record.
+fn inspect_members(
+    object: Arc<Object>,
+    index: MemberIndex,
+    projection: &Projection,
+    max_record: u64,
+) -> Result<ShardMeta> {
+    let path = object.uri().to_owned();
+    if index.longest_line > max_record {
+        return Err(Error::Format {
+            path,
+            encoding: Encoding::JsonlGz.name(),
+            row: None,
+            message: format!(
+                "the member index gives a line of {} bytes, longer than the {max_record} bytes \
+                 this stream holds for one record (the memory limit's share); raise \
+                 memory_limit_bytes",
+                index.longest_line
+            ),
+        });
+    }
+    let index = Arc::new(index);
+    let (rows, longest, largest) = (index.rows(), index.longest_line, index.largest_member());
+    if rows > 0 {
+        let mut reader = MemberReader::open(object, index.clone(), longest);
+        let mut chunk = Chunk::padded(projection, 1);
+        reader.project_next(projection, &mut chunk, 0)?;
+    }
+    Ok(ShardMeta {
+        rows,
+        pin: Pin::default(),
+        // A reader holds one member, compressed and decompressed, and the line bounds of its
+        // records (at most one per two bytes: a record's line holds at least `{}`).
+        scratch_bytes: largest + largest / 2 * 16,
+        longest_record: longest,
+        index: ShardIndex::Members(index),
+    })
+}
+
+/// Reads a seekable `jsonl.gz` shard one gzip member at a time: a read starting at row k
+/// decompresses only the member holding it, and each member's records are counted against the
+/// index before any is used.
+pub struct MemberReader {
+    path: String,
+    object: Arc<Object>,
+    index: Arc<MemberIndex>,
+    inflater: Decompress,
+    /// The decompressed lines of member `loaded`.
+    text: Vec<u8>,
+    /// Byte range in `text` of each record of member `loaded`, blank lines left out.
+    lines: Vec<(usize, usize)>,
+    loaded: Option<usize>,
+    next_row: u64,
+    /// Longest line, newline included: a longer one means the shard changed since it was
+    /// inspected.
+    max_line: u64,
+}
+
+impl MemberReader {
+    pub fn open(object: Arc<Object>, index: Arc<MemberIndex>, max_line: u64) -> Self {
+        MemberReader {
+            path: object.uri().to_owned(),
+            object,
+            index,
+            inflater: Decompress::new(false),
+            text: Vec::new(),
+            lines: Vec::new(),
+            loaded: None,
+            next_row: 0,
+            max_line,
+        }
+    }
+
+    fn error(&self, row: u64, message: String) -> Error {
+        Error::Format {
+            path: self.path.clone(),
+            encoding: Encoding::JsonlGz.name(),
+            row: Some(row),
+            message,
+        }
+    }
+
+    /// Decompresses member `m` and finds its records, which must be as many as the index says.
+    fn load(&mut self, m: usize) -> Result<()> {
+        self.loaded = None;
+        let rows = self.index.rows_of(m);
+        let bytes = self.object.read_range(self.index.bytes_of(m))?;
+        gz_members::inflate_member(
+            &bytes,
+            self.index.size_of(m),
+            &mut self.inflater,
+            &mut self.text,
+            &self.path,
+            rows.start,
+        )?;
+        if self.text.last() != Some(&b'\n') {
+            return Err(self.error(
+                rows.start,
+                format!("member {m} does not end at the end of a line"),
+            ));
+        }
+        self.lines.clear();
+        let mut start = 0;
+        for (at, _) in self.text.iter().enumerate().filter(|(_, &b)| b == b'\n') {
+            let line = &self.text[start..=at];
+            if !is_blank(line) {
+                let row = rows.start + self.lines.len() as u64;
+                if line.len() as u64 > self.max_line {
+                    return Err(self.error(
+                        row,
+                        format!(
+                            "a line is longer than the {} bytes the member index gives as the \
+                             longest",
+                            self.max_line
+                        ),
+                    ));
+                }
+                self.lines.push((start, at + 1));
+            }
+            start = at + 1;
+        }
+        if self.lines.len() as u64 != rows.end - rows.start {
+            return Err(self.error(
+                rows.start,
+                format!(
+                    "member {m} holds {} records where the member index gives {}",
+                    self.lines.len(),
+                    rows.end - rows.start
+                ),
+            ));
+        }
+        self.loaded = Some(m);
+        Ok(())
     }
 }
 
-fn write_lines(out: &mut impl Write, records: &[Record], path: &str) -> Result<()> {
+impl RecordCursor for MemberReader {
+    fn seek_row(&mut self, row: u64) -> Result<()> {
+        self.next_row = row;
+        Ok(())
+    }
+
+    fn project_next(
+        &mut self,
+        projection: &Projection,
+        chunk: &mut Chunk,
+        out_row: usize,
+    ) -> Result<()> {
+        let row = self.next_row;
+        if row >= self.index.rows() {
+            return Err(truncated(&self.path, Encoding::JsonlGz, row));
+        }
+        let m = match self.loaded {
+            Some(m) if self.index.rows_of(m).contains(&row) => m,
+            _ => {
+                let m = self.index.member_of(row);
+                self.load(m)?;
+                m
+            }
+        };
+        let (start, end) = self.lines[(row - self.index.rows_of(m).start) as usize];
+        project_line(
+            &self.text[start..end],
+            projection,
+            chunk,
+            out_row,
+            &self.path,
+            Encoding::JsonlGz,
+            row,
+        )?;
+        self.next_row += 1;
+        Ok(())
+    }
+}
+
+impl ShardReader for MemberReader {
+    fn read_ranges(
+        &mut self,
+        ranges: &[Range<u64>],
+        projection: &Projection,
+        chunk: &mut Chunk,
+        _prefetched: Option<Prefetch>,
+    ) -> std::result::Result<(), ReadFailure> {
+        read_record_ranges(self, ranges, projection, chunk)
+    }
+}
+
+/// Writes `records` as JSON Lines to `out`; `jsonl.gz` is written in the seekable member layout
+/// (`gz_members`). A value JSON cannot represent (NaN, infinity, binary data) is refused naming
+/// the record and field, never written as something else.
+pub fn write(out: impl Write, encoding: Encoding, records: &[Record], path: &str) -> Result<()> {
+    let io = |e: std::io::Error| Error::io(path, e);
+    let mut out = out;
+    if encoding == Encoding::JsonlGz {
+        // Members are cut by line sizes, so the lines are serialised first (which also refuses
+        // a bad record before a byte is written).
+        let mut text = Vec::new();
+        let mut ends = Vec::with_capacity(records.len());
+        write_lines(&mut text, records, path, |at| ends.push(at))?;
+        gz_members::write(&mut out, &text, &ends, path)?;
+    } else {
+        write_lines(&mut out, records, path, |_| {})?;
+    }
+    out.flush().map_err(io)
+}
+
+/// Writes one line per record; `line_end` hears the total bytes written after each line.
+fn write_lines(
+    out: &mut impl Write,
+    records: &[Record],
+    path: &str,
+    mut line_end: impl FnMut(usize),
+) -> Result<()> {
     let mut line = Vec::new();
+    let mut written = 0;
     for (row, record) in records.iter().enumerate() {
         if let Some((field, what)) = record.iter().find_map(|(key, value)| value.not_json(key)) {
             return Err(Error::Data {
@@ -327,6 +531,8 @@ fn write_lines(out: &mut impl Write, records: &[Record], path: &str) -> Result<(
         })?;
         line.push(b'\n');
         out.write_all(&line).map_err(|e| Error::io(path, e))?;
+        written += line.len();
+        line_end(written);
     }
     Ok(())
 }
