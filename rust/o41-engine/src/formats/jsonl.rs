@@ -13,6 +13,7 @@ use flate2::Decompress;
 
 use super::cursor::ObjectCursor;
 use super::gz_members::{self, MemberIndex};
+use super::json_fast;
 use super::value::{read_record, Record, RecordRef};
 use super::{
     read_record_ranges, Encoding, Prefetch, ReadFailure, RecordCursor, ShardIndex, ShardMeta,
@@ -196,6 +197,9 @@ fn project_line(
     encoding: Encoding,
     row: u64,
 ) -> Result<()> {
+    if json_fast::project(line, projection, &mut chunk.columns, out_row) {
+        return Ok(());
+    }
     let mut de = serde_json::Deserializer::from_slice(line);
     project_record(&mut de, projection, &mut chunk.columns, out_row)
         .and_then(|()| {

@@ -8,6 +8,7 @@
 
 mod cursor;
 mod gz_members;
+mod json_fast;
 mod jsonl;
 mod msgpack;
 mod parquet;
