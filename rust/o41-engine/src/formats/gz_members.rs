@@ -359,9 +359,14 @@ fn decode_index(data: &[u8], index_at: u64, path: &str) -> Result<MemberIndex> {
                 "{compressed} bytes is smaller than any gzip member"
             )));
         }
-        if rows == 0 || size < rows || size > largest || size > rows.saturating_mul(longest_line) {
+        // A record's line holds at least `{}` and its newline.
+        if rows == 0
+            || size < rows.saturating_mul(3)
+            || size > largest
+            || size > rows.saturating_mul(longest_line)
+        {
             return Err(at(format!(
-                "{rows} lines in {size} decompressed bytes is impossible (longest line \
+                "{rows} lines in {size} decompressed bytes is impossible (lines of 3 to \
                  {longest_line} bytes, members at most {largest} bytes)"
             )));
         }
