@@ -304,6 +304,52 @@ fn seekable_jsonl_gz_indexes() {
         .unwrap();
 }
 
+fn put_varint(out: &mut Vec<u8>, mut v: u64) {
+    while v >= 0x80 {
+        out.push((v as u8) | 0x80);
+        v >>= 7;
+    }
+    out.push(v as u8);
+}
+
+/// An index that claims every member inflates to far more than its few compressed bytes can
+/// (deflate expands at most 1,032 times), with a longest line the reader accepts: the reader
+/// must refuse the claim, not allocate for it.
+#[test]
+fn seekable_jsonl_gz_sizes_beyond_deflate() {
+    let seed = seekable_gz_seed();
+    let total = u32::from_le_bytes(seed[seed.len() - 14..seed.len() - 10].try_into().unwrap());
+    let members_end = seed.len() - total as usize;
+    // Member boundaries: each data member starts with the same fixed header.
+    let header = [0x1f, 0x8b, 8, 0, 0, 0, 0, 0, 0, 0xff];
+    let mut starts: Vec<usize> = (0..members_end)
+        .filter(|&at| seed[at..].starts_with(&header))
+        .collect();
+    starts.push(members_end);
+    let longest = 1u64 << 20;
+    let mut data = vec![1u8];
+    put_varint(&mut data, longest);
+    put_varint(&mut data, (starts.len() - 1) as u64);
+    for pair in starts.windows(2) {
+        put_varint(&mut data, (pair[1] - pair[0]) as u64);
+        put_varint(&mut data, (65 << 20) - 1);
+        put_varint(&mut data, 1000);
+    }
+    let xlen = 4 + data.len() + 8;
+    let member_len = 12 + xlen + 10;
+    let mut bytes = seed[..members_end].to_vec();
+    bytes.extend_from_slice(&[0x1f, 0x8b, 8, 4, 0, 0, 0, 0, 0, 0xff]);
+    bytes.extend_from_slice(&(xlen as u16).to_le_bytes());
+    bytes.extend_from_slice(b"oI");
+    bytes.extend_from_slice(&(data.len() as u16).to_le_bytes());
+    bytes.extend_from_slice(&data);
+    bytes.extend_from_slice(b"oL\x04\x00");
+    bytes.extend_from_slice(&(member_len as u32).to_le_bytes());
+    bytes.extend_from_slice(&[3, 0, 0, 0, 0, 0, 0, 0, 0, 0]);
+    read_every_way(&bytes, Encoding::JsonlGz, 0);
+    check_allocations();
+}
+
 #[test]
 fn msgpack_shards() {
     fuzz_shards(Encoding::Msgpack, msgpack_seed());

@@ -25,6 +25,8 @@ pub const MEMBER_BYTES: u64 = 1 << 20;
 /// The byte target never grows past this: readers refuse a member larger than it plus the
 /// longest line, so a hostile index cannot size a buffer.
 pub const MAX_MEMBER_BYTES: u64 = 64 << 20;
+/// Deflate's largest expansion: no member inflates to more than this times its length.
+const MAX_DEFLATE_RATIO: u64 = 1032;
 
 /// The header of every data member: no flags, no mtime, no name, OS "unknown" (255), so the same
 /// lines always give the same bytes.
@@ -359,15 +361,19 @@ fn decode_index(data: &[u8], index_at: u64, path: &str) -> Result<MemberIndex> {
                 "{compressed} bytes is smaller than any gzip member"
             )));
         }
-        // A record's line holds at least `{}` and its newline.
+        // A record's line holds at least `{}` and its newline; deflate expands at most 1,032
+        // times (258-byte matches of one bit each), so a few compressed bytes cannot claim
+        // megabytes and make a reader reserve them.
         if rows == 0
             || size < rows.saturating_mul(3)
             || size > largest
             || size > rows.saturating_mul(longest_line)
+            || size > compressed.saturating_mul(MAX_DEFLATE_RATIO)
         {
             return Err(at(format!(
-                "{rows} lines in {size} decompressed bytes is impossible (lines of 3 to \
-                 {longest_line} bytes, members at most {largest} bytes)"
+                "{rows} lines in {size} decompressed bytes from {compressed} compressed is \
+                 impossible (lines of 3 to {longest_line} bytes, members at most {largest} \
+                 bytes, deflate expanding at most {MAX_DEFLATE_RATIO} times)"
             )));
         }
         index.offsets.push(offset);
