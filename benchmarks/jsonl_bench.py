@@ -51,6 +51,15 @@ def python_parse(shards: list[str]) -> Iterator[int]:
                 yield len(record["input_ids"])
 
 
+def gunzip_only(shards: list[str]) -> Iterator[int]:
+    """The decompressor alone (zlib through Python's ``gzip``), lines split, nothing parsed: the
+    ceiling of any single-threaded reader of these files."""
+    for path in shards:
+        with gzip.open(path, "rb") as lines:
+            for line in lines:
+                yield len(line)
+
+
 def python_batches(shards: list[str]) -> Batches:
     """The plain loop a user writes: ``gzip`` + ``json.loads``, then fixed-size NumPy batches."""
     tokens = np.zeros((BATCH, SEQ), dtype=np.int32)
@@ -110,9 +119,9 @@ def measure(name: str, shards: list[str], resume_row: int) -> dict[str, float]:
     """Runs one contender to the end (or, for a resume, to its first batch); returns figures."""
     rows = checksum = 0
     first = None
-    if name == "python-parse":
+    if name in ("python-parse", "gunzip-only"):
         start = time.perf_counter()
-        for n in python_parse(shards):
+        for n in (python_parse if name == "python-parse" else gunzip_only)(shards):
             rows += 1
             checksum += n
         seconds = time.perf_counter() - start
@@ -172,11 +181,14 @@ def seekable_copy(shards: list[Path], out: Path) -> list[Path]:
 
 
 def run(name: str, shards: list[Path], resume_row: int = 0) -> dict[str, float]:
+    # NumPy's OpenBLAS threads spin after use and take cores from whoever runs: none here.
+    env = {**os.environ, "OPENBLAS_NUM_THREADS": "1"}
     out = subprocess.run(
         [sys.executable, __file__, "--child", name, "--resume-row", str(resume_row), *map(str, shards)],
         check=True,
         capture_output=True,
         text=True,
+        env=env,
     )
     result: dict[str, float] = json.loads(out.stdout.strip().splitlines()[-1])
     return result
@@ -226,6 +238,7 @@ def main() -> None:
     resume_row = (args.shards - 1) * rows + rows * 9 // 10
 
     streams = {
+        "gunzip-only": sequential,
         "python-parse": sequential,
         "python-batches": sequential,
         "o41 sequential (Python gzip)": sequential,
@@ -243,7 +256,7 @@ def main() -> None:
             runs[name].append(run(name, resumes[name], resume_row))
             print(f"rep {rep + 1} {name}: {runs[name][-1]['first_batch_s']:.3f} s", file=sys.stderr)
 
-    batch_sums = {runs[n][0]["checksum"] for n in streams if n != "python-parse"}
+    batch_sums = {runs[n][0]["checksum"] for n in streams if n not in ("python-parse", "gunzip-only")}
     if len(batch_sums) != 1 or len({runs[n][0]["checksum"] for n in resumes}) != 1:
         raise SystemExit("contenders delivered different data")
 
@@ -293,7 +306,9 @@ def main() -> None:
 - Job: batches of 32 x 2,048 int32 tokens + 0/1 mask (truncate/pad), single finite unshuffled
   stage, a NumPy sum per batch; o41 on {THREADS} decode threads; rows/s from the open call
   (inspection included) to the last batch. `python-parse` is `gzip.open` + `json.loads` per
-  line and nothing else; `python-batches` also builds the batches. Each contender in its own
+  line and nothing else; `python-batches` also builds the batches; `gunzip-only` splits the
+  decompressed lines without parsing them (the single-threaded decompressor's ceiling). Child
+  processes run with `OPENBLAS_NUM_THREADS=1`. Each contender in its own
   process, alternating, {args.reps} repetitions; medians.
 - Resume: a checkpoint whose next batch starts at row {resume_row:,} (90% into the last shard),
   timed from `resume_batch_stream` to the first batch.
@@ -310,5 +325,4 @@ Measured: **{ratio:.2f}x** on the seekable shards ({"met" if ratio >= GOAL else 
 
 
 if __name__ == "__main__":
-    os.environ.setdefault("PYTHONHASHSEED", "0")
     main()
