@@ -190,26 +190,26 @@ impl<'a> Scan<'a> {
     /// exponent (a float, or a malformed number: serde's to decide).
     #[inline]
     fn integer(&mut self) -> Option<(bool, u64)> {
-        let negative = self.peek()? == b'-';
-        if negative {
-            self.at += 1;
-        }
-        let start = self.at;
+        let b = self.b;
+        let negative = b.get(self.at) == Some(&b'-');
+        let start = self.at + usize::from(negative);
+        let mut i = start;
         let mut v = 0u64;
-        while let Some(c @ b'0'..=b'9') = self.peek() {
-            v = v * 10 + u64::from(c - b'0');
-            self.at += 1;
-            if self.at - start > MAX_DIGITS {
-                return None;
-            }
+        // Wrapping: a literal long enough to wrap is refused below by its digit count.
+        while let Some(d) = b.get(i).map(|c| c.wrapping_sub(b'0')).filter(|&d| d <= 9) {
+            v = v.wrapping_mul(10).wrapping_add(u64::from(d));
+            i += 1;
         }
-        let digits = self.at - start;
-        if digits == 0 || (digits > 1 && self.b[start] == b'0') {
+        let digits = i - start;
+        if digits == 0 || digits > MAX_DIGITS || (digits > 1 && b[start] == b'0') {
             return None;
         }
-        match self.peek() {
+        match b.get(i) {
             Some(b'.' | b'e' | b'E') => None,
-            _ => Some((negative, v)),
+            _ => {
+                self.at = i;
+                Some((negative, v))
+            }
         }
     }
 

@@ -475,6 +475,9 @@ impl MemberReader {
     /// Decompresses member `m` and finds its records, which must be as many as the index says.
     fn load(&mut self, m: usize) -> Result<()> {
         self.loaded = None;
+        // Checked per member as the stream cursor checks per buffer refill, so `close()` stops a
+        // long read promptly.
+        self.object.cancel().check(self.object.uri())?;
         let rows = self.index.rows_of(m);
         let bytes = self.object.read_range(self.index.bytes_of(m))?;
         gz_members::inflate_member(
