@@ -204,13 +204,11 @@ impl<'a> Scan<'a> {
         if digits == 0 || digits > MAX_DIGITS || (digits > 1 && b[start] == b'0') {
             return None;
         }
-        match b.get(i) {
-            Some(b'.' | b'e' | b'E') => None,
-            _ => {
-                self.at = i;
-                Some((negative, v))
-            }
+        if let Some(b'.' | b'e' | b'E') = b.get(i) {
+            return None;
         }
+        self.at = i;
+        Some((negative, v))
     }
 
     /// Skips one value serde would accept (and `IgnoredAny` would skip without error).
