@@ -449,6 +449,8 @@ pub struct MemberReader {
 }
 
 impl MemberReader {
+    /// A reader of the shard `object` whose member index is `index`; lines longer than
+    /// `max_line` (the index's longest) are refused. Nothing is read until the first row.
     pub fn open(object: Arc<Object>, index: Arc<MemberIndex>, max_line: u64) -> Self {
         MemberReader {
             path: object.uri().to_owned(),
