@@ -52,5 +52,6 @@ bench: bootstrap ## install the peers and run the benchmarks; rewrites benchmark
 	$(UV) run --group bench python benchmarks/torch_bench.py --mix
 	$(UV) run --group bench python benchmarks/jax_bench.py
 	$(UV) run --group bench python benchmarks/peers.py
+	$(UV) run --group bench python benchmarks/jsonl_bench.py
 	$(UV) run --group bench python benchmarks/saver_bench.py
 	$(UV) run --group bench python benchmarks/s3_bench.py

@@ -148,6 +148,45 @@ fn gzip_seed() -> Vec<u8> {
     gz.finish().unwrap()
 }
 
+/// What the engine's writer (the dataset saver's) makes of small records: the seekable layout,
+/// with enough records (2,100) for three members (at most 1,024 lines each).
+fn seekable_gz_seed() -> Vec<u8> {
+    // Tests run in parallel threads: each seed gets a file of its own.
+    static SEEDS: AtomicUsize = AtomicUsize::new(0);
+    let path = std::env::temp_dir().join(format!(
+        "o41-fuzz-seed-{}-{}.jsonl.gz",
+        std::process::id(),
+        SEEDS.fetch_add(1, Ordering::Relaxed)
+    ));
+    let records: Vec<formats::Record> = (0..2100i64)
+        .map(|i| (i * 7, (0..i % 5).map(|k| k as i32).collect::<Vec<_>>()))
+        .map(|(v, t)| {
+            vec![
+                ("v".to_owned(), formats::Value::Int(v)),
+                (
+                    "t".to_owned(),
+                    formats::Value::List(
+                        t.into_iter()
+                            .map(|k| formats::Value::Int(k.into()))
+                            .collect(),
+                    ),
+                ),
+            ]
+        })
+        .collect();
+    let uri = path.to_string_lossy().into_owned();
+    formats::write_shard(
+        &uri,
+        &uri,
+        Encoding::JsonlGz,
+        formats::ShardData::Records(&records),
+    )
+    .unwrap();
+    let bytes = std::fs::read(&path).unwrap();
+    std::fs::remove_file(&path).unwrap();
+    bytes
+}
+
 fn msgpack_seed() -> Vec<u8> {
     let mut out = Vec::new();
     for (v, t) in records() {
@@ -160,9 +199,12 @@ fn msgpack_seed() -> Vec<u8> {
 
 /// Writes `bytes` as a shard and reads it every way the engine does; errors are fine.
 fn read_every_way(bytes: &[u8], encoding: Encoding, case: u64) {
+    // Targets of one encoding run in parallel threads, each counting its cases from 0.
+    static FILES: AtomicUsize = AtomicUsize::new(0);
     let path = std::env::temp_dir().join(format!(
-        "o41-fuzz-{}-{case}.{}",
+        "o41-fuzz-{}-{case}-{}.{}",
         std::process::id(),
+        FILES.fetch_add(1, Ordering::Relaxed),
         encoding.name()
     ));
     std::fs::write(&path, bytes).unwrap();
@@ -230,6 +272,82 @@ fn jsonl_shards() {
 #[test]
 fn jsonl_gz_shards() {
     fuzz_shards(Encoding::JsonlGz, gzip_seed());
+}
+
+#[test]
+fn seekable_jsonl_gz_shards() {
+    fuzz_shards(Encoding::JsonlGz, seekable_gz_seed());
+}
+
+/// Mutations aimed at the member index: only the file's last bytes (the index member) change.
+#[test]
+fn seekable_jsonl_gz_indexes() {
+    let seed = seekable_gz_seed();
+    let total = u32::from_le_bytes(seed[seed.len() - 14..seed.len() - 10].try_into().unwrap());
+    let (members, index) = seed.split_at(seed.len() - total as usize);
+    let members = members.to_vec();
+    let mut runner = proptest::test_runner::TestRunner::new(ProptestConfig {
+        cases: cases(),
+        failure_persistence: None,
+        ..ProptestConfig::default()
+    });
+    let case = AtomicUsize::new(0);
+    runner
+        .run(&mutations(index.to_vec()), |tail| {
+            let n = case.fetch_add(1, Ordering::Relaxed) as u64;
+            let mut bytes = members.clone();
+            bytes.extend_from_slice(&tail);
+            read_every_way(&bytes, Encoding::JsonlGz, n);
+            check_allocations();
+            Ok(())
+        })
+        .unwrap();
+}
+
+fn put_varint(out: &mut Vec<u8>, mut v: u64) {
+    while v >= 0x80 {
+        out.push((v as u8) | 0x80);
+        v >>= 7;
+    }
+    out.push(v as u8);
+}
+
+/// An index that claims every member inflates to far more than its few compressed bytes can
+/// (deflate expands at most 1,032 times), with a longest line the reader accepts: the reader
+/// must refuse the claim, not allocate for it.
+#[test]
+fn seekable_jsonl_gz_sizes_beyond_deflate() {
+    let seed = seekable_gz_seed();
+    let total = u32::from_le_bytes(seed[seed.len() - 14..seed.len() - 10].try_into().unwrap());
+    let members_end = seed.len() - total as usize;
+    // Member boundaries: each data member starts with the same fixed header.
+    let header = [0x1f, 0x8b, 8, 0, 0, 0, 0, 0, 0, 0xff];
+    let mut starts: Vec<usize> = (0..members_end)
+        .filter(|&at| seed[at..].starts_with(&header))
+        .collect();
+    starts.push(members_end);
+    let longest = 1u64 << 20;
+    let mut data = vec![1u8];
+    put_varint(&mut data, longest);
+    put_varint(&mut data, (starts.len() - 1) as u64);
+    for pair in starts.windows(2) {
+        put_varint(&mut data, (pair[1] - pair[0]) as u64);
+        put_varint(&mut data, (65 << 20) - 1);
+        put_varint(&mut data, 1000);
+    }
+    let xlen = 4 + data.len() + 8;
+    let member_len = 12 + xlen + 10;
+    let mut bytes = seed[..members_end].to_vec();
+    bytes.extend_from_slice(&[0x1f, 0x8b, 8, 4, 0, 0, 0, 0, 0, 0xff]);
+    bytes.extend_from_slice(&(xlen as u16).to_le_bytes());
+    bytes.extend_from_slice(b"oI");
+    bytes.extend_from_slice(&(data.len() as u16).to_le_bytes());
+    bytes.extend_from_slice(&data);
+    bytes.extend_from_slice(b"oL\x04\x00");
+    bytes.extend_from_slice(&(member_len as u32).to_le_bytes());
+    bytes.extend_from_slice(&[3, 0, 0, 0, 0, 0, 0, 0, 0, 0]);
+    read_every_way(&bytes, Encoding::JsonlGz, 0);
+    check_allocations();
 }
 
 #[test]

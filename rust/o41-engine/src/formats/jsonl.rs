@@ -1,16 +1,19 @@
 //! JSON Lines shards, plain or gzip-compressed, read and written. One object per line; blank
 //! lines are not records. Plain files keep a sparse byte-offset index so a read can seek near
-//! its first row; gzip streams are read forward, skipping lines before the range without
-//! parsing them.
+//! its first row. Gzip shards this engine wrote carry a member index (`gz_members`), so a read
+//! decompresses only the members holding its rows; gzip streams from other writers are read
+//! forward, skipping lines before the range without parsing them.
 
 use std::io::{BufRead, BufReader, Write};
 use std::ops::Range;
 use std::sync::Arc;
 
 use flate2::read::MultiGzDecoder;
-use flate2::write::GzEncoder;
+use flate2::Decompress;
 
 use super::cursor::ObjectCursor;
+use super::gz_members::{self, MemberIndex};
+use super::json_fast;
 use super::value::{read_record, Record, RecordRef};
 use super::{
     read_record_ranges, Encoding, Prefetch, ReadFailure, RecordCursor, ShardIndex, ShardMeta,
@@ -101,19 +104,39 @@ impl Reader {
             .read_until(b'\n', &mut self.line)
             .map_err(|e| read_error(&self.path, self.encoding, row, e))?;
         if n as u64 > self.max_line {
-            return Err(Error::Format {
-                path: self.path.clone(),
-                encoding: self.encoding.name(),
-                row: Some(row),
-                message: format!(
-                    "a line is longer than {} bytes, the most this stream holds for one record \
-                     (the longest line at open, or the memory limit's share); a shard that \
-                     changed since open, or raise memory_limit_bytes",
-                    self.max_line
-                ),
-            });
+            return Err(too_long(&self.path, self.encoding, row, self.max_line));
         }
         Ok(n)
+    }
+
+    /// Moves past the next line, blank or not, without copying it: its length in bytes (0 at
+    /// the end) and whether it is blank. Skipping and counting lines costs no more than finding
+    /// their ends in the read buffer.
+    fn skip_line(&mut self, row: u64) -> Result<(usize, bool)> {
+        let lines: &mut (dyn BufRead + Send) = self.lines.as_mut().expect("opened");
+        let (mut n, mut blank) = (0usize, true);
+        loop {
+            let buf = lines
+                .fill_buf()
+                .map_err(|e| read_error(&self.path, self.encoding, row, e))?;
+            if buf.is_empty() {
+                break;
+            }
+            let (take, done) = match first_newline(buf) {
+                Some(at) => (at + 1, true),
+                None => (buf.len(), false),
+            };
+            blank = blank && is_blank(&buf[..take]);
+            n += take;
+            lines.consume(take);
+            if n as u64 > self.max_line {
+                return Err(too_long(&self.path, self.encoding, row, self.max_line));
+            }
+            if done {
+                break;
+            }
+        }
+        Ok((n, blank))
     }
 
     /// Reads the next non-blank line into `self.line`; false at end of file.
@@ -156,12 +179,74 @@ impl Reader {
             self.rewind(row)?;
         }
         while self.next_row < row {
-            if !self.next_line()? {
-                return Err(truncated(&self.path, self.encoding, self.next_row));
+            match self.skip_line(self.next_row)? {
+                (0, _) => return Err(truncated(&self.path, self.encoding, self.next_row)),
+                (_, true) => {}
+                (_, false) => self.next_row += 1,
             }
-            self.next_row += 1;
         }
         Ok(())
+    }
+}
+
+fn too_long(path: &str, encoding: Encoding, row: u64, max_line: u64) -> Error {
+    Error::Format {
+        path: path.to_owned(),
+        encoding: encoding.name(),
+        row: Some(row),
+        message: format!(
+            "a line is longer than {max_line} bytes, the most this stream holds for one record \
+             (the longest line at open, or the memory limit's share); a shard that changed \
+             since open, or raise memory_limit_bytes"
+        ),
+    }
+}
+
+/// Bytes per block `first_newline` and `for_each_newline` test at once: lines of a tokenised
+/// corpus are kilobytes long, so most blocks hold none and are passed over in a few
+/// vectorised instructions.
+const NEWLINE_BLOCK: usize = 32;
+
+fn has_newline(block: &[u8]) -> bool {
+    // No short-circuit on purpose: the whole block is compared at once.
+    block.iter().fold(0u8, |any, &b| any | u8::from(b == b'\n')) != 0
+}
+
+/// The offset of the first `\n` in `buf`.
+fn first_newline(buf: &[u8]) -> Option<usize> {
+    let mut blocks = buf.chunks_exact(NEWLINE_BLOCK);
+    let mut base = 0;
+    for block in &mut blocks {
+        if has_newline(block) {
+            return block.iter().position(|&b| b == b'\n').map(|i| base + i);
+        }
+        base += NEWLINE_BLOCK;
+    }
+    blocks
+        .remainder()
+        .iter()
+        .position(|&b| b == b'\n')
+        .map(|i| base + i)
+}
+
+/// Calls `f` with the offset of every `\n` in `text`, in order.
+fn for_each_newline(text: &[u8], mut f: impl FnMut(usize)) {
+    let mut blocks = text.chunks_exact(NEWLINE_BLOCK);
+    let mut base = 0;
+    for block in &mut blocks {
+        if has_newline(block) {
+            for (i, &b) in block.iter().enumerate() {
+                if b == b'\n' {
+                    f(base + i);
+                }
+            }
+        }
+        base += NEWLINE_BLOCK;
+    }
+    for (i, &b) in blocks.remainder().iter().enumerate() {
+        if b == b'\n' {
+            f(base + i);
+        }
     }
 }
 
@@ -194,6 +279,9 @@ fn project_line(
     encoding: Encoding,
     row: u64,
 ) -> Result<()> {
+    if json_fast::project(line, projection, &mut chunk.columns, out_row) {
+        return Ok(());
+    }
     let mut de = serde_json::Deserializer::from_slice(line);
     project_record(&mut de, projection, &mut chunk.columns, out_row)
         .and_then(|()| {
@@ -250,6 +338,11 @@ pub fn inspect(
     max_record: u64,
 ) -> Result<ShardMeta> {
     let path = &object.uri().to_owned();
+    if encoding == Encoding::JsonlGz {
+        if let Some(index) = gz_members::read_index(&object)? {
+            return inspect_members(object, index, projection, max_record);
+        }
+    }
     let mut reader = Reader::open(object, encoding, None, max_record)?;
     let plain = encoding == Encoding::Jsonl;
     let mut offsets = Vec::new();
@@ -257,12 +350,19 @@ pub fn inspect(
     let mut rows = 0u64;
     let mut longest = 0usize;
     loop {
-        let n = reader.read_line(rows)?;
+        // Only the first record is looked at; every other line is counted where it lies in
+        // the read buffer.
+        let (n, blank) = if rows == 0 {
+            let n = reader.read_line(rows)?;
+            (n, is_blank(&reader.line))
+        } else {
+            reader.skip_line(rows)?
+        };
         if n == 0 {
             break;
         }
         longest = longest.max(n);
-        if !is_blank(&reader.line) {
+        if !blank {
             if plain && rows.is_multiple_of(INDEX_STRIDE) {
                 offsets.push(offset);
             }
@@ -288,25 +388,232 @@ pub fn inspect(
     })
 }
 
-/// Writes `records` as JSON Lines to `out`, gzip-compressed for `jsonl.gz`. A value JSON cannot
-/// represent (NaN, infinity, binary data) is refused naming the record and field, never written
-/// as something else.
-pub fn write(out: impl Write, encoding: Encoding, records: &[Record], path: &str) -> Result<()> {
-    let io = |e: std::io::Error| Error::io(path, e);
-    if encoding == Encoding::JsonlGz {
-        // No name and a zero mtime in the header: the same records give the same bytes.
-        let mut gz = GzEncoder::new(out, flate2::Compression::default());
-        write_lines(&mut gz, records, path)?;
-        gz.finish().map_err(io)?.flush().map_err(io)
-    } else {
-        let mut out = out;
-        write_lines(&mut out, records, path)?;
-        out.flush().map_err(io)
+/// Inspects a seekable `jsonl.gz` shard from its member index: rows are counted by the index,
+/// and only the first member is decompressed, to check the projection against the first record.
+fn inspect_members(
+    object: Arc<Object>,
+    index: MemberIndex,
+    projection: &Projection,
+    max_record: u64,
+) -> Result<ShardMeta> {
+    let path = object.uri().to_owned();
+    if index.longest_line > max_record {
+        return Err(Error::Format {
+            path,
+            encoding: Encoding::JsonlGz.name(),
+            row: None,
+            message: format!(
+                "the member index gives a line of {} bytes, longer than the {max_record} bytes \
+                 this stream holds for one record (the memory limit's share); raise \
+                 memory_limit_bytes",
+                index.longest_line
+            ),
+        });
+    }
+    let index = Arc::new(index);
+    let (rows, longest, largest) = (index.rows(), index.longest_line, index.largest_member());
+    if rows > 0 {
+        let mut reader = MemberReader::open(object, index.clone(), longest);
+        let mut chunk = Chunk::padded(projection, 1);
+        reader.project_next(projection, &mut chunk, 0)?;
+    }
+    Ok(ShardMeta {
+        rows,
+        pin: Pin::default(),
+        // A reader holds one member, compressed and decompressed, and where each of its
+        // records ends (four bytes per record, and a record takes at least three: `{}\n`).
+        scratch_bytes: largest + largest / 3 * 4,
+        longest_record: longest,
+        index: ShardIndex::Members(index),
+    })
+}
+
+/// Reads a seekable `jsonl.gz` shard one gzip member at a time: a read starting at row k
+/// decompresses only the member holding it, and each member's records are counted against the
+/// index before any is used.
+pub struct MemberReader {
+    path: String,
+    object: Arc<Object>,
+    index: Arc<MemberIndex>,
+    inflater: Decompress,
+    /// The decompressed lines of member `loaded`.
+    text: Vec<u8>,
+    /// Where each record's line of member `loaded` ends in `text`; a record starts where the
+    /// one before it ends (blank lines between them are whitespace before the object).
+    ends: Vec<u32>,
+    loaded: Option<usize>,
+    next_row: u64,
+    /// Longest line, newline included: a longer one means the shard changed since it was
+    /// inspected.
+    max_line: u64,
+}
+
+impl MemberReader {
+    /// A reader of the shard `object` whose member index is `index`; lines longer than
+    /// `max_line` (the index's longest) are refused. Nothing is read until the first row.
+    pub fn open(object: Arc<Object>, index: Arc<MemberIndex>, max_line: u64) -> Self {
+        MemberReader {
+            path: object.uri().to_owned(),
+            object,
+            index,
+            inflater: Decompress::new(false),
+            text: Vec::new(),
+            ends: Vec::new(),
+            loaded: None,
+            next_row: 0,
+            max_line,
+        }
+    }
+
+    fn error(&self, row: u64, message: String) -> Error {
+        Error::Format {
+            path: self.path.clone(),
+            encoding: Encoding::JsonlGz.name(),
+            row: Some(row),
+            message,
+        }
+    }
+
+    /// Decompresses member `m` and finds its records, which must be as many as the index says.
+    fn load(&mut self, m: usize) -> Result<()> {
+        self.loaded = None;
+        // Checked per member as the stream cursor checks per buffer refill, so `close()` stops a
+        // long read promptly.
+        self.object.cancel().check(self.object.uri())?;
+        let rows = self.index.rows_of(m);
+        let bytes = self.object.read_range(self.index.bytes_of(m))?;
+        gz_members::inflate_member(
+            &bytes,
+            self.index.size_of(m),
+            &mut self.inflater,
+            &mut self.text,
+            &self.path,
+            rows.start,
+        )?;
+        if self.text.last() != Some(&b'\n') {
+            return Err(self.error(
+                rows.start,
+                format!("member {m} does not end at the end of a line"),
+            ));
+        }
+        self.ends.clear();
+        let want = rows.end - rows.start;
+        let (mut start, mut longest, mut count) = (0, 0, 0u64);
+        let (text, ends) = (&self.text, &mut self.ends);
+        for_each_newline(text, |at| {
+            if !is_blank(&text[start..=at]) {
+                longest = longest.max(at + 1 - start);
+                count += 1;
+                // A member holding more records than its index gives fails below; none of the
+                // extra ones is kept meanwhile. Members are under 4 GiB (`gz_members`).
+                if count <= want {
+                    ends.push((at + 1) as u32);
+                }
+            }
+            start = at + 1;
+        });
+        if longest as u64 > self.max_line {
+            return Err(self.error(
+                rows.start,
+                format!(
+                    "member {m} holds a line longer than the {} bytes the member index gives as \
+                     the longest",
+                    self.max_line
+                ),
+            ));
+        }
+        if count != want {
+            return Err(self.error(
+                rows.start,
+                format!("member {m} holds {count} records where the member index gives {want}"),
+            ));
+        }
+        self.loaded = Some(m);
+        Ok(())
     }
 }
 
-fn write_lines(out: &mut impl Write, records: &[Record], path: &str) -> Result<()> {
+impl RecordCursor for MemberReader {
+    fn seek_row(&mut self, row: u64) -> Result<()> {
+        self.next_row = row;
+        Ok(())
+    }
+
+    fn project_next(
+        &mut self,
+        projection: &Projection,
+        chunk: &mut Chunk,
+        out_row: usize,
+    ) -> Result<()> {
+        let row = self.next_row;
+        if row >= self.index.rows() {
+            return Err(truncated(&self.path, Encoding::JsonlGz, row));
+        }
+        let m = match self.loaded {
+            Some(m) if self.index.rows_of(m).contains(&row) => m,
+            _ => {
+                let m = self.index.member_of(row);
+                self.load(m)?;
+                m
+            }
+        };
+        let k = (row - self.index.rows_of(m).start) as usize;
+        let start = if k == 0 { 0 } else { self.ends[k - 1] as usize };
+        let end = self.ends[k] as usize;
+        project_line(
+            &self.text[start..end],
+            projection,
+            chunk,
+            out_row,
+            &self.path,
+            Encoding::JsonlGz,
+            row,
+        )?;
+        self.next_row += 1;
+        Ok(())
+    }
+}
+
+impl ShardReader for MemberReader {
+    fn read_ranges(
+        &mut self,
+        ranges: &[Range<u64>],
+        projection: &Projection,
+        chunk: &mut Chunk,
+        _prefetched: Option<Prefetch>,
+    ) -> std::result::Result<(), ReadFailure> {
+        read_record_ranges(self, ranges, projection, chunk)
+    }
+}
+
+/// Writes `records` as JSON Lines to `out`; `jsonl.gz` is written in the seekable member layout
+/// (`gz_members`). A value JSON cannot represent (NaN, infinity, binary data) is refused naming
+/// the record and field, never written as something else.
+pub fn write(out: impl Write, encoding: Encoding, records: &[Record], path: &str) -> Result<()> {
+    let io = |e: std::io::Error| Error::io(path, e);
+    let mut out = out;
+    if encoding == Encoding::JsonlGz {
+        // Members are cut by line sizes, so the lines are serialised first (which also refuses
+        // a bad record before a byte is written).
+        let mut text = Vec::new();
+        let mut ends = Vec::with_capacity(records.len());
+        write_lines(&mut text, records, path, |at| ends.push(at))?;
+        gz_members::write(&mut out, &text, &ends, path)?;
+    } else {
+        write_lines(&mut out, records, path, |_| {})?;
+    }
+    out.flush().map_err(io)
+}
+
+/// Writes one line per record; `line_end` hears the total bytes written after each line.
+fn write_lines(
+    out: &mut impl Write,
+    records: &[Record],
+    path: &str,
+    mut line_end: impl FnMut(usize),
+) -> Result<()> {
     let mut line = Vec::new();
+    let mut written = 0;
     for (row, record) in records.iter().enumerate() {
         if let Some((field, what)) = record.iter().find_map(|(key, value)| value.not_json(key)) {
             return Err(Error::Data {
@@ -327,6 +634,194 @@ fn write_lines(out: &mut impl Write, records: &[Record], path: &str) -> Result<(
         })?;
         line.push(b'\n');
         out.write_all(&line).map_err(|e| Error::io(path, e))?;
+        written += line.len();
+        line_end(written);
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io::Write as _;
+
+    use super::*;
+    use crate::columns::ColumnBuf;
+    use crate::config::FieldSpec;
+    use crate::dtype::DType;
+    use crate::formats::{inspect, open};
+    use crate::storage::Storage;
+
+    fn projection() -> Projection {
+        let field = FieldSpec {
+            name: "v".to_owned(),
+            source: "v".to_owned(),
+            dtype: DType::I64,
+            shape: vec![],
+            pad: serde_json::Value::from(-1),
+        };
+        Projection::new(&[field]).unwrap()
+    }
+
+    fn records(n: i64) -> Vec<Record> {
+        (0..n)
+            .map(|i| vec![("v".to_owned(), super::super::Value::Int(i))])
+            .collect()
+    }
+
+    /// A shard file in a directory of its own (tests run in parallel).
+    fn shard(name: &str, bytes: &[u8]) -> String {
+        let dir = std::env::temp_dir().join(format!("o41-jsonl-{}-{name}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("s.jsonl.gz");
+        std::fs::write(&path, bytes).unwrap();
+        path.to_string_lossy().into_owned()
+    }
+
+    fn seekable(n: i64) -> Vec<u8> {
+        let mut out = Vec::new();
+        write(&mut out, Encoding::JsonlGz, &records(n), "s").unwrap();
+        out
+    }
+
+    fn read(uri: &str, range: Range<u64>) -> std::result::Result<Vec<i64>, ReadFailure> {
+        let storage = Storage::local();
+        let p = projection();
+        let meta = inspect(&storage, uri, Encoding::JsonlGz, &p, 1 << 20, None)?;
+        let mut reader = open(&storage, uri, Encoding::JsonlGz, &meta)?;
+        let mut chunk = Chunk::padded(&p, (range.end - range.start) as usize);
+        reader.read_ranges(std::slice::from_ref(&range), &p, &mut chunk, None)?;
+        let ColumnBuf::I64(values) = &chunk.columns[0] else {
+            unreachable!("an i64 column")
+        };
+        Ok(values.to_vec())
+    }
+
+    #[test]
+    fn the_writer_emits_the_index_and_inspect_uses_it() {
+        let uri = shard("index", &seekable(3000));
+        let object = Arc::new(Storage::local().open(&uri).unwrap());
+        let index = gz_members::read_index(&object).unwrap().expect("an index");
+        assert_eq!((index.members(), index.rows()), (3, 3000));
+        let meta = inspect(
+            &Storage::local(),
+            &uri,
+            Encoding::JsonlGz,
+            &projection(),
+            1 << 20,
+            None,
+        )
+        .unwrap();
+        assert_eq!(meta.rows, 3000);
+        assert!(matches!(meta.index, ShardIndex::Members(_)));
+        assert_eq!(meta.block_of(2047), 1);
+        assert_eq!(
+            read(&uri, 1020..1030).unwrap(),
+            (1020..1030).collect::<Vec<_>>()
+        );
+    }
+
+    #[test]
+    fn a_read_decompresses_only_the_members_holding_its_rows() {
+        let mut bytes = seekable(3000);
+        let uri = shard("corrupt", &bytes);
+        let object = Arc::new(Storage::local().open(&uri).unwrap());
+        let index = gz_members::read_index(&object).unwrap().unwrap();
+        // Break the deflate data of members 0 and 2; member 1 (rows 1024..2048) stays whole.
+        for m in [0, 2] {
+            let at = index.bytes_of(m).start as usize + 20;
+            bytes[at] ^= 0xff;
+            bytes[at + 1] ^= 0xff;
+        }
+        // Inspection checks member 0, so the intact file is inspected and the corrupted bytes
+        // then written in its place (re-pinned: a reader refuses a file changed since open).
+        let broken = shard("corrupt-broken", &bytes);
+        let storage = Storage::local();
+        let p = projection();
+        let meta = inspect(&storage, &uri, Encoding::JsonlGz, &p, 1 << 20, None).unwrap();
+        std::fs::write(&uri, &bytes).unwrap();
+        let meta = ShardMeta {
+            pin: Storage::local().open(&uri).unwrap().pin(),
+            ..meta
+        };
+        let mut reader = open(&storage, &uri, Encoding::JsonlGz, &meta).unwrap();
+        let mut chunk = Chunk::padded(&p, 24);
+        reader
+            .read_ranges(&[1024..1036, 2036..2048], &p, &mut chunk, None)
+            .unwrap();
+        let ColumnBuf::I64(values) = &chunk.columns[0] else {
+            unreachable!()
+        };
+        let want: Vec<i64> = (1024..1036).chain(2036..2048).collect();
+        assert_eq!(values.to_vec(), want);
+        // Reading into a corrupted member fails closed, naming the shard and its first row.
+        let mut chunk = Chunk::padded(&p, 2);
+        let failure = reader
+            .read_ranges(std::slice::from_ref(&(2047..2049)), &p, &mut chunk, None)
+            .unwrap_err();
+        assert_eq!(failure.rows_done, 1);
+        let message = failure.error.to_string();
+        assert!(
+            message.contains("s.jsonl.gz") && message.contains("row 2048"),
+            "{message}"
+        );
+        // A fresh open of the broken file fails at inspection (member 0 is checked there).
+        assert!(read(&broken, 1024..1025).is_err());
+    }
+
+    #[test]
+    fn a_member_whose_line_count_disagrees_with_the_index_fails_closed() {
+        let text = b"{\"v\":0}\n{\"v\":1}\n{\"v\":2}\n";
+        let ends = [8, 16, 24];
+        let mut good = Vec::new();
+        gz_members::write(&mut good, text, &ends, "s").unwrap();
+        // The same index over a member holding one line fewer (the last line made blank).
+        let mut fewer = Vec::new();
+        gz_members::write(&mut fewer, b"{\"v\":0}\n{\"v\":1}\n       \n", &ends, "s").unwrap();
+        let uri = shard("count", &fewer);
+        let err = read(&uri, 0..1).unwrap_err().error.to_string();
+        assert!(
+            err.contains("s.jsonl.gz") && err.contains("member 0 holds 2 records"),
+            "{err}"
+        );
+        let uri = shard("count-good", &good);
+        assert_eq!(read(&uri, 2..3).unwrap(), vec![2]);
+    }
+
+    #[test]
+    fn gzip_files_without_the_index_are_read_forward() {
+        let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+        for i in 0..300 {
+            writeln!(gz, "{{\"v\":{i}}}").unwrap();
+            if i % 7 == 0 {
+                writeln!(gz, "  ").unwrap();
+            }
+        }
+        let uri = shard("plain", &gz.finish().unwrap());
+        let meta = inspect(
+            &Storage::local(),
+            &uri,
+            Encoding::JsonlGz,
+            &projection(),
+            1 << 20,
+            None,
+        )
+        .unwrap();
+        assert!(matches!(meta.index, ShardIndex::Sequential));
+        assert_eq!(meta.rows, 300);
+        assert_eq!(read(&uri, 250..253).unwrap(), vec![250, 251, 252]);
+    }
+
+    #[test]
+    fn newline_search_finds_every_newline() {
+        let mut text = vec![b'x'; 200];
+        for at in [0, 31, 32, 33, 95, 150, 199] {
+            text[at] = b'\n';
+        }
+        let mut found = Vec::new();
+        for_each_newline(&text, |at| found.push(at));
+        assert_eq!(found, vec![0, 31, 32, 33, 95, 150, 199]);
+        assert_eq!(first_newline(&text[1..]), Some(30));
+        assert_eq!(first_newline(&text[34..95]), None);
+        assert_eq!(first_newline(&text[96..]), Some(54));
+    }
 }

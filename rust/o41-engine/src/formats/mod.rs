@@ -7,6 +7,8 @@
 //! shard (the dataset saver), each through the same encoding modules.
 
 mod cursor;
+mod gz_members;
+mod json_fast;
 mod jsonl;
 mod msgpack;
 mod parquet;
@@ -67,6 +69,7 @@ impl ShardMeta {
     pub fn block_of(&self, row: u64) -> u64 {
         match &self.index {
             ShardIndex::Parquet(index) => index.group_of(row),
+            ShardIndex::Members(index) => index.member_of(row) as u64,
             _ => 0,
         }
     }
@@ -77,7 +80,9 @@ enum ShardIndex {
     Parquet(Arc<parquet::ParquetIndex>),
     /// Byte offset of record `k * INDEX_STRIDE`, for seekable line- or frame-based shards.
     Offsets(Arc<Vec<u64>>),
-    /// Compressed streams can only be read forward.
+    /// Where each gzip member of a seekable `jsonl.gz` shard lies and which rows it holds.
+    Members(Arc<gz_members::MemberIndex>),
+    /// Compressed streams without a member index can only be read forward.
     Sequential,
 }
 
@@ -341,6 +346,11 @@ pub fn open(
             Some(offsets.clone()),
             meta.longest_record,
         )?),
+        (ShardIndex::Members(index), _) => Box::new(jsonl::MemberReader::open(
+            object.clone(),
+            index.clone(),
+            meta.longest_record,
+        )),
         (ShardIndex::Sequential, _) => Box::new(jsonl::Reader::open(
             object.clone(),
             encoding,
