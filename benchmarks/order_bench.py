@@ -26,17 +26,17 @@ HERE = Path(__file__).parent
 SEQ = 2048
 
 
-# Why peak RSS growth exceeds the bound, as measured when the reader change was made.
-RSS_OVER = """**It is over the bound**,
-for two reasons. The pipeline plans a further group of batches whenever fewer than two are
-pending, so up to three groups' buffers (here 3 x 4,096 rows x 10 KiB, 40 MiB each) are held while
-the bound counts two; planning only while `pending + group <= 2 groups` (a one-line change in
-`pipeline.rs`, measured with this reader but not part of this build) brought peak RSS growth to
-178 MiB. And glibc keeps freed decode buffers (`MALLOC_TRIM_THRESHOLD_=0` row). mimalloc as the
-binding's allocator was measured and not adopted: its peak RSS growth was higher than glibc's
-(v3 defaults 340-395 MiB, v2 250-285 MiB; with the planning change 212 MiB against glibc's 178);
-it came under the bound only with purging forced (`purge_delay=0`, no eager arena commit), which
-doubled the CPU per row."""
+# Why peak RSS growth exceeds the bound with glibc defaults, as measured.
+RSS_OVER = """**It is over the bound** with glibc's defaults: glibc keeps
+freed decode buffers in its per-thread arenas rather than returning them (the
+`MALLOC_TRIM_THRESHOLD_=0` row, same build, is under it). The pipeline used to plan a further
+group whenever fewer than two were pending, holding up to three groups' buffers (here 4,096 rows
+x 10 KiB, 40 MiB each) while the bound counts two; it now plans only while `pending + group <= 2
+groups`, which removed that excess. mimalloc as the binding's allocator was measured and not
+adopted: its peak RSS growth was higher than glibc's (v3 defaults 340-395 MiB, v2 250-285 MiB;
+with the planning change 212 MiB against glibc's 178 in the same run); it came under the bound
+only with purging forced (`purge_delay=0`, no eager arena commit), which doubled the CPU per
+row."""
 
 
 def config(shards, *, shuffle, mix, infinite=False, rank=0, world=1, unit=None, fields=None):
