@@ -257,3 +257,43 @@ def test_an_s3_manifest_source_opens_with_one_shard_request(
     finally:
         stream.close()
     assert sorted(values) == sorted(100 * k + i for k in range(6) for i in range(10_000))
+
+
+def test_an_s3_shard_stored_with_another_checksum_than_listed_fails_at_its_first_read(
+    tmp_path: Path, s3_server: Any, boto3_client: Any, s3_prefix: str
+) -> None:
+    import hashlib
+
+    # Shards uploaded as the saver stores them: with their SHA-256 in the object's metadata.
+    manifest = write_dataset(tmp_path, shards=3)
+    document = json.loads(manifest.read_text())
+    for entry in document["splits"]["train"]["shards"]:
+        data = (tmp_path / entry["location"]).read_bytes()
+        entry["checksum"] = "sha256:" + hashlib.sha256(data).hexdigest()
+        put(boto3_client, s3_prefix + entry["location"], data)
+    put(boto3_client, s3_prefix + manifest.name, json.dumps(document).encode())
+    # Shard 1 replaced by another of the same size and row count, stored with its own checksum:
+    # only the checksum tells it from the listed one.
+    other = (tmp_path / "part-1.jsonl").read_bytes().replace(b'"v": 1', b'"v": 9')
+    assert len(other) == (tmp_path / "part-1.jsonl").stat().st_size
+    put(boto3_client, s3_prefix + "part-1.jsonl", other)
+    config = config_for([ManifestSource(s3_prefix + manifest.name, "train")], [V], batch_size=5)
+    delivered: list[int] = []
+    with (
+        open_batch_stream(config, storage=data_for(s3_server).storage_config) as stream,
+        pytest.raises(
+            MalformedShardError, match=r"part-1\.jsonl.*the manifest lists checksum sha256:"
+        ) as info,
+    ):
+        drain(stream, delivered)
+    assert delivered == list(range(10))
+    assert info.value.path == s3_prefix + "part-1.jsonl"
+
+
+def put(client: Any, uri: str, data: bytes) -> None:
+    import hashlib
+
+    bucket, _, key = uri.removeprefix("s3://").partition("/")
+    client.put_object(
+        Bucket=bucket, Key=key, Body=data, Metadata={"o41-sha256": hashlib.sha256(data).hexdigest()}
+    )

@@ -403,6 +403,10 @@ pub struct ResolvedShard {
     /// size fails closed when it is first read.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub bytes: Option<u64>,
+    /// Hex SHA-256 of the shard's bytes, as its manifest lists it (`sha256:` checksums only).
+    /// An object stored with another checksum fails closed when it is first read.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sha256: Option<String>,
 }
 
 /// The manifest selection a source was resolved from. Recorded so that a checkpoint can be

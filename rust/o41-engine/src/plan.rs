@@ -117,6 +117,7 @@ impl Plan {
                             rows: shard.rows,
                             bytes: shard.bytes,
                             version: shard.version.clone(),
+                            sha256: shard.sha256.clone(),
                         },
                         meta: meta
                             .map(|m| OnceLock::from(Box::new(m)))

@@ -85,6 +85,7 @@ pub fn reopen(config: ResolvedConfig, storage: &Storage) -> Result<Resolved> {
                         rows: shard.rows,
                         bytes: shard.bytes,
                         version: shard.version.clone(),
+                        sha256: shard.sha256.clone(),
                     }),
                     listed: source.manifest.is_none(),
                 });
@@ -127,6 +128,7 @@ struct Settled {
     rows: u64,
     version: Option<String>,
     bytes: Option<u64>,
+    sha256: Option<String>,
     meta: Option<ShardMeta>,
     scratch: Option<u64>,
 }
@@ -188,6 +190,10 @@ fn source_jobs(
                         rows: shard.rows,
                         bytes: Some(shard.bytes),
                         version: None,
+                        sha256: shard
+                            .checksum
+                            .strip_prefix("sha256:")
+                            .map(str::to_ascii_lowercase),
                     }),
                     listed: false,
                 });
@@ -394,6 +400,7 @@ fn settle(
                     (Some(promise), false) => promise.bytes,
                     _ => pin.map(|p| p.size),
                 },
+                sha256: job.promise.as_ref().and_then(|p| p.sha256.clone()),
                 scratch: meta
                     .as_ref()
                     .map(|m| m.scratch_bytes)
@@ -545,6 +552,7 @@ pub fn resolve(config: &StreamConfig, storage: &Storage) -> Result<Resolved> {
                     rows: settled.rows,
                     version: settled.version.clone(),
                     bytes: settled.bytes,
+                    sha256: settled.sha256.clone(),
                 });
                 all.push(settled);
             }

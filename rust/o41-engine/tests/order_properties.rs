@@ -31,6 +31,7 @@ fn stage(
                         rows: *rows,
                         version: None,
                         bytes: None,
+                        sha256: None,
                     })
                     .collect(),
                 manifest: None,

@@ -99,6 +99,9 @@ pub struct Promise {
     pub bytes: Option<u64>,
     /// The object's version (`ETag`, a local file's `mtime:<ns>`), where known.
     pub version: Option<String>,
+    /// The hex SHA-256 of the shard's bytes, where known (a manifest's `sha256:` checksum).
+    /// Held against the checksum the writer stored with an object, where storage keeps one.
+    pub sha256: Option<String>,
 }
 
 /// Where a [`Promise`] comes from, which decides how a broken one is reported.
@@ -153,6 +156,37 @@ impl Promise {
             }
         }
         Ok(())
+    }
+
+    /// Refuses an object whose writer stored another checksum than the promised one: the same
+    /// size and row count, other bytes. Objects without a stored checksum are not refused.
+    pub fn check_stored_sha256(
+        &self,
+        path: &str,
+        encoding: Encoding,
+        stored: Option<&str>,
+    ) -> Result<()> {
+        match (&self.sha256, stored) {
+            (Some(promised), Some(stored)) if !promised.eq_ignore_ascii_case(stored) => {
+                let message = match self.origin {
+                    PromiseOrigin::Manifest => format!(
+                        "the manifest lists checksum sha256:{promised}, the object was stored with \
+                         sha256:{stored}; it is not the shard the manifest lists"
+                    ),
+                    PromiseOrigin::Checkpoint => format!(
+                        "{path} was stored with checksum sha256:{stored}, but the checkpoint's \
+                         stream read sha256:{promised}; the file list changed"
+                    ),
+                    PromiseOrigin::Listing => format!(
+                        "the object changed since the stream opened it (checksum \
+                         sha256:{promised}, now sha256:{stored}); the stream stops instead of \
+                         mixing two versions"
+                    ),
+                };
+                Err(self.broken(path, encoding, message))
+            }
+            _ => Ok(()),
+        }
     }
 
     /// Refuses a shard that does not hold the promised number of records.
@@ -215,6 +249,7 @@ pub fn inspect(
     let pin = object.pin();
     if let Some(promise) = promise {
         promise.check_pin(path, encoding, &pin)?;
+        promise.check_stored_sha256(path, encoding, object.stored_sha256())?;
     }
     let mut meta = match encoding {
         Encoding::Parquet => parquet::inspect(object, projection),

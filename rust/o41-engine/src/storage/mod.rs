@@ -414,6 +414,15 @@ impl Object {
         }
     }
 
+    /// The hex SHA-256 its writer stored with a remote object (`x-amz-meta-o41-sha256`, as the
+    /// dataset saver writes), read with the object's size and version; None for local files.
+    pub fn stored_sha256(&self) -> Option<&str> {
+        match &self.source {
+            Source::Remote(remote) => remote.stored_sha256(),
+            Source::Local(_) => None,
+        }
+    }
+
     /// The open local file, when the object is local (the Parquet reader's fast path).
     pub fn local_file(&self) -> Option<&Arc<std::fs::File>> {
         match &self.source {

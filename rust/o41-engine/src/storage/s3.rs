@@ -17,8 +17,8 @@ use futures::{FutureExt, StreamExt};
 use object_store::aws::{AmazonS3, AmazonS3Builder, S3ConditionalPut};
 use object_store::path::Path;
 use object_store::{
-    Attribute, Attributes, ClientOptions, GetOptions, GetRange, ObjectStore, ObjectStoreExt,
-    PutMode, PutOptions, PutPayload, RetryConfig,
+    Attribute, Attributes, ClientOptions, GetOptions, GetRange, ObjectStore, PutMode, PutOptions,
+    PutPayload, RetryConfig,
 };
 use tokio::runtime::Runtime;
 use tokio::sync::mpsc;
@@ -325,13 +325,34 @@ impl S3 {
     pub fn open(&self, uri: &str, bucket: &str, key: &str, cancel: &Cancel) -> Result<Object> {
         let store = self.client(bucket)?;
         let path = Path::from(key);
-        let meta = block_on(
+        // A HEAD that also returns the object's metadata: the checksum the saver stored lets a
+        // reader hold the object to the checksum its manifest lists.
+        let head = block_on(
             cancel,
             uri,
-            self.context.retrying(uri, || store.head(&path)),
+            self.context.retrying(uri, || {
+                store.get_opts(
+                    &path,
+                    GetOptions {
+                        head: true,
+                        ..GetOptions::default()
+                    },
+                )
+            }),
         )?
         .expect("reads never report an existing object");
-        Ok(self.object(uri, store, path, meta.size, meta.e_tag, cancel))
+        let sha256 = head
+            .attributes
+            .get(&Attribute::Metadata(CHECKSUM_METADATA_KEY.into()))
+            .map(|stored| stored.as_ref().to_owned());
+        let meta = head.meta;
+        let mut object = self.object(uri, store, path, meta.size, meta.e_tag, cancel);
+        if let Source::Remote(remote) = &mut object.source {
+            if let Some(inner) = Arc::get_mut(&mut remote.0) {
+                inner.sha256 = sha256;
+            }
+        }
+        Ok(object)
     }
 
     pub fn known(
@@ -372,6 +393,7 @@ impl S3 {
                 store,
                 path,
                 etag,
+                sha256: None,
                 context: self.context.clone(),
             }))),
         }
@@ -491,6 +513,8 @@ struct RemoteObject {
     path: Path,
     /// The version every read of this object is pinned to.
     etag: Option<String>,
+    /// The hex SHA-256 its writer stored in its metadata, as the HEAD that opened it reported.
+    sha256: Option<String>,
     context: Context,
 }
 
@@ -634,6 +658,11 @@ pub struct Remote(Arc<RemoteObject>);
 impl Remote {
     pub fn version(&self) -> Option<&str> {
         self.0.etag.as_deref()
+    }
+
+    /// The hex SHA-256 stored in the object's metadata when it was written, if any.
+    pub fn stored_sha256(&self) -> Option<&str> {
+        self.0.sha256.as_deref()
     }
 
     pub fn read_range(&self, range: Range<u64>, cancel: &Cancel) -> Result<Bytes> {
