@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 from o41_training_data import (
     CheckpointError,
+    ConfigError,
     FileSource,
     MalformedShardError,
     ManifestSource,
@@ -297,3 +298,39 @@ def put(client: Any, uri: str, data: bytes) -> None:
     client.put_object(
         Bucket=bucket, Key=key, Body=data, Metadata={"o41-sha256": hashlib.sha256(data).hexdigest()}
     )
+
+
+def test_a_shard_needing_more_decode_memory_than_reserved_fails_at_its_first_read(tmp_path: Path) -> None:
+    # Shards a manifest lists are inspected when first read, so open reserves decode scratch for
+    # them from the shard it inspected, within memory_limit_bytes. One far larger than that
+    # reservation is refused at its first read, never decoded past the declared bound.
+    small = write_shard(tmp_path / "part-0.parquet", "parquet", [{"v": i, "t": [i] * 4} for i in range(10)])
+    large = tmp_path / "part-1.parquet"
+    rows = [{"v": i, "t": [(i * 7919 + j * 104729) % 1_000_003 for j in range(64)]} for i in range(20_000)]
+    write_shard(large, "parquet", rows, row_group_rows=20_000)  # one row group of ~5 MB
+    shards = [
+        {"location": p.name, "rows": n, "bytes": p.stat().st_size, "checksum": "none:0"}
+        for p, n in ((small, 10), (large, 20_000))
+    ]
+    manifest = tmp_path / "data-manifest-v1.json"
+    document = {"format": "o41-data-manifest", "version": 1, "data_format": "parquet"}
+    document["splits"] = {"train": {"shards": shards}}
+    manifest.write_text(json.dumps(document))
+    fields = [V, ProjectedField("t", "t", "i32", length=64)]
+    probe = config_for([FileSource(files=[str(small)])], fields, batch_size=5, threads=1)
+    with open_batch_stream(probe) as stream:
+        bound = stream.memory_bound
+    # Room for the small shard's scratch and 64 KiB more, no more.
+    limit = bound.batches + bound.decode_units + bound.readers + bound.decode_scratch + (64 << 10)
+    source = ManifestSource(str(manifest), "train")
+    config = config_for([source], fields, batch_size=5, threads=1, memory_limit_bytes=limit)
+    delivered: list[int] = []
+    stream = open_batch_stream(config)
+    assert stream.memory_bound.total <= limit
+    with (
+        stream,
+        pytest.raises(ConfigError, match=r"part-1\.parquet needs \d+ bytes of decode scratch") as info,
+    ):
+        drain(stream, delivered)
+    assert info.value.option == "memory_limit_bytes"
+    assert delivered == list(range(10))
