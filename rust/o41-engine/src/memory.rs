@@ -78,6 +78,32 @@ impl PipelineShape {
     }
 }
 
+impl crate::config::StreamConfig {
+    /// The pipeline this config runs.
+    pub fn pipeline_shape(&self) -> Result<PipelineShape> {
+        let stages = self.stages.iter().map(|s| (s.batch_size, s.shuffle));
+        PipelineShape::new(
+            stages,
+            self.threads,
+            self.prefetch_batches,
+            self.memory_limit_bytes,
+        )
+    }
+}
+
+impl crate::config::ResolvedConfig {
+    /// The pipeline this document runs.
+    pub fn pipeline_shape(&self) -> Result<PipelineShape> {
+        let stages = self.stages.iter().map(|s| (s.batch_size, s.shuffle));
+        PipelineShape::new(
+            stages,
+            self.threads,
+            self.prefetch_batches,
+            self.memory_limit_bytes,
+        )
+    }
+}
+
 /// What inspection learnt about the shards that the bound depends on.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct ShardScratch {

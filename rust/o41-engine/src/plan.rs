@@ -18,7 +18,7 @@ use crate::encoding::Encoding;
 use crate::error::{Error, Result};
 use crate::fields::{Projection, Synthetic};
 use crate::formats::{self, Prefetch, Promise, PromiseOrigin, ShardMeta};
-use crate::memory::{MemoryBound, PipelineShape, ShardScratch, MAX_JOB_ROWS};
+use crate::memory::{MemoryBound, ShardScratch, MAX_JOB_ROWS};
 use crate::order::{LayoutCache, Order, Segment, Slot};
 use crate::resolve::Resolved;
 use crate::storage::{self, Storage};
@@ -128,12 +128,7 @@ impl Plan {
             }
             shard_ids.push(ids);
         }
-        let shape = PipelineShape::new(
-            config.stages.iter().map(|s| (s.batch_size, s.shuffle)),
-            config.threads,
-            config.prefetch_batches,
-            config.memory_limit_bytes,
-        )?;
+        let shape = config.pipeline_shape()?;
         let prefetching = shards.iter().any(|s| storage::is_remote(&s.path));
         let known = MemoryBound::compute(
             &shape,

@@ -13,7 +13,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
 
 use crate::config::{
-    ManifestSelection, ResolvedConfig, ResolvedShard, ResolvedSource, ResolvedStage, ShuffleSpec,
+    FieldSpec, ManifestSelection, ResolvedConfig, ResolvedShard, ResolvedSource, ResolvedStage,
     SourceSpec, StreamConfig, RESOLVED_CONFIG_VERSION,
 };
 use crate::encoding::Encoding;
@@ -60,16 +60,7 @@ pub struct KnownScratch {
 /// cache does not know them; a manifest's are held to their pins when first read.
 pub fn reopen(config: ResolvedConfig, storage: &Storage) -> Result<Resolved> {
     config.validate()?;
-    let projection = Projection::new(&config.fields)?;
-    let bound = preflight(
-        config.stages.iter().map(|s| (s.batch_size, s.shuffle)),
-        (
-            config.threads,
-            config.prefetch_batches,
-            config.memory_limit_bytes,
-        ),
-        &projection,
-    )?;
+    let setup = Setup::new(&config.fields, config.pipeline_shape())?;
     let mut jobs = Vec::new();
     for (s, stage) in config.stages.iter().enumerate() {
         for (j, source) in stage.sources.iter().enumerate() {
@@ -92,15 +83,9 @@ pub fn reopen(config: ResolvedConfig, storage: &Storage) -> Result<Resolved> {
             }
         }
     }
-    let settled = settle(
-        storage,
-        &jobs,
-        &projection,
-        &config.fields,
-        &bound,
-        config.threads,
-    )?;
+    let settled = settle(storage, &jobs, &setup)?;
     let (metas, scratch) = nest(&config, settled);
+    let projection = setup.projection;
     Ok(Resolved {
         config,
         projection,
@@ -246,16 +231,32 @@ fn absolute(path: &str) -> String {
         .map_or_else(|_| path.to_owned(), |p| p.to_string_lossy().into_owned())
 }
 
-/// Refuses, before any shard is touched, a config whose buffers alone exceed its memory limit
-/// or 64 bits: inspection must not allocate a row that the bound would refuse.
-fn preflight(
-    stages: impl IntoIterator<Item = (usize, Option<ShuffleSpec>)>,
-    resources: (usize, usize, Option<u64>),
-    projection: &Projection,
-) -> Result<MemoryBound> {
-    let (threads, prefetch_batches, memory_limit_bytes) = resources;
-    let shape = PipelineShape::new(stages, threads, prefetch_batches, memory_limit_bytes)?;
-    MemoryBound::compute(&shape, projection, ShardScratch::default())
+/// What open knows from the config alone, before it touches any object.
+struct Setup<'a> {
+    /// The fields, as the document stores them (the inspection cache's projection key).
+    fields: &'a [FieldSpec],
+    /// Validated projection (all columns, synthetic ones included).
+    projection: Projection,
+    /// The working-set bound without decoders' scratch: a config whose buffers alone exceed
+    /// its memory limit or 64 bits is refused here, so inspection never allocates a row that
+    /// the bound would refuse.
+    bound: MemoryBound,
+    /// Decode threads.
+    threads: usize,
+}
+
+impl<'a> Setup<'a> {
+    fn new(fields: &'a [FieldSpec], shape: Result<PipelineShape>) -> Result<Self> {
+        let projection = Projection::new(fields)?;
+        let shape = shape?;
+        let bound = MemoryBound::compute(&shape, &projection, ShardScratch::default())?;
+        Ok(Setup {
+            fields,
+            projection,
+            bound,
+            threads: shape.threads as usize,
+        })
+    }
 }
 
 /// The longest record (JSON line, `MessagePack` frame) each inspection thread may hold, so that
@@ -288,7 +289,7 @@ fn inspect_threads(threads: usize, shards: usize) -> usize {
 
 /// What the inspection cache keys a projection's scratch by: the fields, as the document
 /// stores them.
-pub(crate) fn projection_key(fields: &[crate::config::FieldSpec]) -> String {
+pub(crate) fn projection_key(fields: &[FieldSpec]) -> String {
     let json = serde_json::to_vec(fields).expect("fields always serialise");
     let digest = ring::digest::digest(&ring::digest::SHA256, &json);
     storage::hex(&digest.as_ref()[..16])
@@ -298,17 +299,11 @@ pub(crate) fn projection_key(fields: &[crate::config::FieldSpec]) -> String {
 /// counts from the cache where it knows them; inspects the rest of them, and one shard of every
 /// source that none of these covers, so each source's projection is checked at open. A
 /// manifest's or checkpoint's other shards are not touched.
-fn settle(
-    storage: &Storage,
-    jobs: &[Job],
-    projection: &Projection,
-    fields: &[crate::config::FieldSpec],
-    bound: &MemoryBound,
-    threads: usize,
-) -> Result<Vec<Settled>> {
+fn settle(storage: &Storage, jobs: &[Job], setup: &Setup<'_>) -> Result<Vec<Settled>> {
     let cache = InspectCache::from_env();
-    let key = projection_key(fields);
-    let threads = inspection_concurrency(threads, jobs.iter().any(|j| storage::is_remote(&j.path)));
+    let key = projection_key(setup.fields);
+    let remote = jobs.iter().any(|j| storage::is_remote(&j.path));
+    let threads = inspection_concurrency(setup.threads, remote);
     let listed: Vec<usize> = (0..jobs.len()).filter(|&i| jobs[i].listed).collect();
     let probes = parallel(&listed, threads, |&i| {
         let job = &jobs[i];
@@ -349,8 +344,8 @@ fn settle(
         }
     }
     inspect.sort_unstable();
-    let max_record = max_record(bound, threads, inspect.len());
-    let (records, _) = projection.record_columns();
+    let max_record = max_record(&setup.bound, threads, inspect.len());
+    let (records, _) = setup.projection.record_columns();
     let inspected = parallel(&inspect, threads, |&i| {
         let job = &jobs[i];
         storage.cancel().check(&job.path)?;
@@ -505,16 +500,7 @@ fn nest(
 /// inspection, and checks one shard of every source against the projection.
 pub fn resolve(config: &StreamConfig, storage: &Storage) -> Result<Resolved> {
     config.validate()?;
-    let projection = Projection::new(&config.fields)?;
-    let bound = preflight(
-        config.stages.iter().map(|s| (s.batch_size, s.shuffle)),
-        (
-            config.threads,
-            config.prefetch_batches,
-            config.memory_limit_bytes,
-        ),
-        &projection,
-    )?;
+    let setup = Setup::new(&config.fields, config.pipeline_shape())?;
     let mut jobs = Vec::new();
     let mut manifests = HashMap::new();
     let mut counts: Vec<Vec<usize>> = Vec::with_capacity(config.stages.len());
@@ -527,14 +513,7 @@ pub fn resolve(config: &StreamConfig, storage: &Storage) -> Result<Resolved> {
         }
         counts.push(stage_counts);
     }
-    let settled = settle(
-        storage,
-        &jobs,
-        &projection,
-        &config.fields,
-        &bound,
-        config.threads,
-    )?;
+    let settled = settle(storage, &jobs, &setup)?;
     let mut stages = Vec::with_capacity(config.stages.len());
     let mut next = jobs.iter().zip(settled);
     let mut all = Vec::with_capacity(jobs.len());
@@ -590,7 +569,7 @@ pub fn resolve(config: &StreamConfig, storage: &Storage) -> Result<Resolved> {
     let (metas, scratch) = nest(&config, all);
     Ok(Resolved {
         config,
-        projection,
+        projection: setup.projection,
         metas,
         scratch,
         resumed: false,

@@ -243,6 +243,11 @@ fn check_allocations() {
 }
 
 fn fuzz_shards(encoding: Encoding, seed: Vec<u8>) {
+    fuzz_mutations(encoding, seed, <[u8]>::to_vec);
+}
+
+/// Reads every mutation of `seed`, made into a shard by `shard`, every way there is.
+fn fuzz_mutations(encoding: Encoding, seed: Vec<u8>, shard: impl Fn(&[u8]) -> Vec<u8>) {
     let mut runner = proptest::test_runner::TestRunner::new(ProptestConfig {
         cases: cases(),
         failure_persistence: None,
@@ -250,9 +255,9 @@ fn fuzz_shards(encoding: Encoding, seed: Vec<u8>) {
     });
     let case = AtomicUsize::new(0);
     runner
-        .run(&mutations(seed), |bytes| {
+        .run(&mutations(seed), |mutated| {
             let n = case.fetch_add(1, Ordering::Relaxed) as u64;
-            read_every_way(&bytes, encoding, n);
+            read_every_way(&shard(&mutated), encoding, n);
             check_allocations();
             Ok(())
         })
@@ -285,23 +290,9 @@ fn seekable_jsonl_gz_indexes() {
     let seed = seekable_gz_seed();
     let total = u32::from_le_bytes(seed[seed.len() - 14..seed.len() - 10].try_into().unwrap());
     let (members, index) = seed.split_at(seed.len() - total as usize);
-    let members = members.to_vec();
-    let mut runner = proptest::test_runner::TestRunner::new(ProptestConfig {
-        cases: cases(),
-        failure_persistence: None,
-        ..ProptestConfig::default()
+    fuzz_mutations(Encoding::JsonlGz, index.to_vec(), |tail| {
+        [members, tail].concat()
     });
-    let case = AtomicUsize::new(0);
-    runner
-        .run(&mutations(index.to_vec()), |tail| {
-            let n = case.fetch_add(1, Ordering::Relaxed) as u64;
-            let mut bytes = members.clone();
-            bytes.extend_from_slice(&tail);
-            read_every_way(&bytes, Encoding::JsonlGz, n);
-            check_allocations();
-            Ok(())
-        })
-        .unwrap();
 }
 
 fn put_varint(out: &mut Vec<u8>, mut v: u64) {

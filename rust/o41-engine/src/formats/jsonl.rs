@@ -5,7 +5,6 @@
 //! forward, skipping lines before the range without parsing them.
 
 use std::io::{BufRead, BufReader, Write};
-use std::ops::Range;
 use std::sync::Arc;
 
 use flate2::read::MultiGzDecoder;
@@ -15,10 +14,7 @@ use super::cursor::ObjectCursor;
 use super::gz_members::{self, MemberIndex};
 use super::json_fast;
 use super::value::{read_record, Record, RecordRef};
-use super::{
-    read_record_ranges, Encoding, Prefetch, ReadFailure, RecordCursor, ShardIndex, ShardMeta,
-    ShardReader, INDEX_STRIDE,
-};
+use super::{Encoding, RecordCursor, ShardIndex, ShardMeta, INDEX_STRIDE};
 use crate::columns::Chunk;
 use crate::error::{Error, Result};
 use crate::fields::Projection;
@@ -319,18 +315,6 @@ impl RecordCursor for Reader {
     }
 }
 
-impl ShardReader for Reader {
-    fn read_ranges(
-        &mut self,
-        ranges: &[Range<u64>],
-        projection: &Projection,
-        chunk: &mut Chunk,
-        _prefetched: Option<Prefetch>,
-    ) -> std::result::Result<(), ReadFailure> {
-        read_record_ranges(self, ranges, projection, chunk)
-    }
-}
-
 pub fn inspect(
     object: Arc<Object>,
     encoding: Encoding,
@@ -574,18 +558,6 @@ impl RecordCursor for MemberReader {
     }
 }
 
-impl ShardReader for MemberReader {
-    fn read_ranges(
-        &mut self,
-        ranges: &[Range<u64>],
-        projection: &Projection,
-        chunk: &mut Chunk,
-        _prefetched: Option<Prefetch>,
-    ) -> std::result::Result<(), ReadFailure> {
-        read_record_ranges(self, ranges, projection, chunk)
-    }
-}
-
 /// Writes `records` as JSON Lines to `out`; `jsonl.gz` is written in the seekable member layout
 /// (`gz_members`). A value JSON cannot represent (NaN, infinity, binary data) is refused naming
 /// the record and field, never written as something else.
@@ -643,12 +615,13 @@ fn write_lines(
 #[cfg(test)]
 mod tests {
     use std::io::Write as _;
+    use std::ops::Range;
 
     use super::*;
     use crate::columns::ColumnBuf;
     use crate::config::FieldSpec;
     use crate::dtype::DType;
-    use crate::formats::{inspect, open};
+    use crate::formats::{inspect, open, ReadFailure};
     use crate::storage::Storage;
 
     fn projection() -> Projection {

@@ -336,7 +336,20 @@ trait RecordCursor {
     ) -> Result<()>;
 }
 
-/// Reads `ranges` record by record: the shared body of the line- and frame-based readers.
+/// Line- and frame-based readers read their ranges record by record.
+impl<T: RecordCursor + Send> ShardReader for T {
+    fn read_ranges(
+        &mut self,
+        ranges: &[Range<u64>],
+        projection: &Projection,
+        chunk: &mut Chunk,
+        _prefetched: Option<Prefetch>,
+    ) -> std::result::Result<(), ReadFailure> {
+        read_record_ranges(self, ranges, projection, chunk)
+    }
+}
+
+/// Reads `ranges` record by record.
 fn read_record_ranges(
     cursor: &mut impl RecordCursor,
     ranges: &[Range<u64>],

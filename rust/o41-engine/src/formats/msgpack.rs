@@ -3,15 +3,11 @@
 //! skipped by their length alone, never decoded.
 
 use std::io::{Read, Write};
-use std::ops::Range;
 use std::sync::Arc;
 
 use super::cursor::ObjectCursor;
 use super::value::{read_record, Record, RecordRef};
-use super::{
-    read_record_ranges, Prefetch, ReadFailure, RecordCursor, ShardIndex, ShardMeta, ShardReader,
-    INDEX_STRIDE,
-};
+use super::{RecordCursor, ShardIndex, ShardMeta, INDEX_STRIDE};
 use crate::columns::Chunk;
 use crate::error::{Error, Result};
 use crate::fields::Projection;
@@ -224,18 +220,6 @@ impl RecordCursor for Reader {
         )?;
         self.next_row += 1;
         Ok(())
-    }
-}
-
-impl ShardReader for Reader {
-    fn read_ranges(
-        &mut self,
-        ranges: &[Range<u64>],
-        projection: &Projection,
-        chunk: &mut Chunk,
-        _prefetched: Option<Prefetch>,
-    ) -> std::result::Result<(), ReadFailure> {
-        read_record_ranges(self, ranges, projection, chunk)
     }
 }
 

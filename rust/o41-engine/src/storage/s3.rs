@@ -460,29 +460,10 @@ impl S3 {
     }
 
     pub fn checksum(&self, uri: &str, bucket: &str, key: &str, cancel: &Cancel) -> Result<String> {
-        let store = self.client(bucket)?;
-        let path = Path::from(key);
-        let head = block_on(
-            cancel,
-            uri,
-            self.context.retrying(uri, || {
-                store.get_opts(
-                    &path,
-                    GetOptions {
-                        head: true,
-                        ..GetOptions::default()
-                    },
-                )
-            }),
-        )?
-        .expect("reads never report an existing object");
-        if let Some(stored) = head
-            .attributes
-            .get(&Attribute::Metadata(CHECKSUM_METADATA_KEY.into()))
-        {
-            return Ok(stored.as_ref().to_owned());
-        }
         let object = self.open(uri, bucket, key, cancel)?;
+        if let Some(stored) = object.stored_sha256() {
+            return Ok(stored.to_owned());
+        }
         Ok(sha256_hex(&object.read_range(0..object.size())?))
     }
 
