@@ -19,7 +19,6 @@ import gzip
 import json
 import os
 import statistics
-import subprocess
 import sys
 import time
 from collections.abc import Iterator
@@ -28,7 +27,7 @@ from pathlib import Path
 import numpy as np
 
 from corpus import generate, jsonl_copy
-from report import RESULTS, preamble, write_section
+from report import RESULTS, preamble, run_child, write_section
 
 HERE = Path(__file__).parent
 BATCH, SEQ = 32, 2048
@@ -183,15 +182,9 @@ def seekable_copy(shards: list[Path], out: Path) -> list[Path]:
 def run(name: str, shards: list[Path], resume_row: int = 0) -> dict[str, float]:
     # NumPy's OpenBLAS threads spin after use and take cores from whoever runs: none here.
     env = {**os.environ, "OPENBLAS_NUM_THREADS": "1"}
-    out = subprocess.run(
-        [sys.executable, __file__, "--child", name, "--resume-row", str(resume_row), *map(str, shards)],
-        check=True,
-        capture_output=True,
-        text=True,
-        env=env,
+    return run_child(
+        [sys.executable, __file__, "--child", name, "--resume-row", str(resume_row), *map(str, shards)], env
     )
-    result: dict[str, float] = json.loads(out.stdout.strip().splitlines()[-1])
-    return result
 
 
 def members_of(path: Path) -> int:

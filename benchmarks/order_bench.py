@@ -12,7 +12,6 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -20,7 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from corpus import generate
-from report import preamble, write_section
+from report import preamble, run_child, write_section
 
 HERE = Path(__file__).parent
 SEQ = 2048
@@ -161,15 +160,7 @@ def run(job, *args, trim=False):
     env = {**os.environ, "OPENBLAS_NUM_THREADS": "1"}
     if trim:
         env["MALLOC_TRIM_THRESHOLD_"] = "0"
-    out = subprocess.run(
-        [sys.executable, __file__, "--job", job, json.dumps(args)],
-        check=True,
-        capture_output=True,
-        text=True,
-        env=env,
-    )
-    result: dict[str, float] = json.loads(out.stdout.strip().splitlines()[-1])
-    return result
+    return run_child([sys.executable, __file__, "--job", job, json.dumps(args)], env)
 
 
 def median(runs, key):

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import datetime as dt
+import json
 import os
 import platform
 import re
+import subprocess
 from pathlib import Path
+from typing import Any
 
 import o41_training_data
 import pyarrow as pa
@@ -53,3 +56,12 @@ def write_section(name: str, body: str) -> None:
         pattern.sub(lambda _: block, text) if pattern.search(text) else text.rstrip() + "\n\n" + block + "\n"
     )
     RESULTS.write_text(text)
+
+
+def run_child(
+    command: list[str], env: dict[str, str] | None = None, timeout: float | None = None
+) -> dict[str, Any]:
+    """Runs one measurement in a fresh process and returns the JSON object it printed last."""
+    out = subprocess.run(command, check=True, capture_output=True, text=True, env=env, timeout=timeout)
+    result: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])
+    return result

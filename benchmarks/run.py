@@ -9,14 +9,12 @@ of the repetitions with its spread. Results go to the terminal and to benchmarks
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
-import subprocess
 import sys
 from pathlib import Path
 
 from corpus import generate
-from report import RESULTS, preamble, write_section
+from report import RESULTS, preamble, run_child, write_section
 
 HERE = Path(__file__).parent
 REFERENCE = "o41-stream"
@@ -24,15 +22,7 @@ REFERENCE = "o41-stream"
 
 def run_once(name: str, shards: list[str], env: dict[str, str] | None = None) -> dict[str, float]:
     """Runs one contender in its own process (with ``env``, if given) and returns its figures."""
-    out = subprocess.run(
-        [sys.executable, str(HERE / "contenders.py"), name, *shards],
-        check=True,
-        capture_output=True,
-        text=True,
-        env=env,
-    )
-    result: dict[str, float] = json.loads(out.stdout.strip().splitlines()[-1])
-    return result
+    return run_child([sys.executable, str(HERE / "contenders.py"), name, *shards], env)
 
 
 def main() -> None:

@@ -23,7 +23,6 @@ import os
 import random
 import secrets
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -36,7 +35,7 @@ import pyarrow.parquet as pq
 HERE = Path(__file__).parent
 sys.path.insert(0, str(HERE.parent / "tests"))
 
-from report import preamble, write_section  # noqa: E402
+from report import preamble, run_child, write_section  # noqa: E402
 
 ROWS_PER_SHARD = 1_000
 BATCH = 32
@@ -143,9 +142,7 @@ def rss_bytes() -> int:
 
 
 def measure(extra: list[str], env: dict[str, str] | None = None) -> dict[str, Any]:
-    command = [sys.executable, __file__, "--child", *extra]
-    out = subprocess.run(command, check=True, capture_output=True, text=True, env=env)
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    return run_child([sys.executable, __file__, "--child", *extra], env)
 
 
 def median_of(reps: int, extra: list[str], env: dict[str, str] | None = None) -> dict[str, float]:

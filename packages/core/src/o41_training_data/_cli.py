@@ -61,9 +61,9 @@ def main(argv: list[str] | None = None) -> int:
         )
         return 0
     if args.manifest_command == "build":
-        from ._manifest_build import describe_for_cli
+        from ._manifest_build import build_from_cli
 
-        return describe_for_cli(args)
+        return build_from_cli(args)
     from ._manifest_cli import inspect, verify
 
     return inspect(args.uri) if args.manifest_command == "inspect" else verify(args.uri)

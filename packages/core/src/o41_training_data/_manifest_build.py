@@ -113,9 +113,10 @@ def manifest_from_files(
 
     try:
         if ray_address is None:
+            store = config.core()
             described = []
             for path in paths:
-                described.extend(_describe([path], data_format, config))
+                described.append(store.describe_shard(path, data_format))
                 advance(1)
         else:
             described = _describe_on_ray(paths, data_format, config, ray_address, advance)
@@ -132,7 +133,7 @@ def manifest_from_files(
     return load_manifest(target, storage=config)
 
 
-def describe_for_cli(args: Any) -> int:
+def build_from_cli(args: Any) -> int:
     """``o41 manifest build``: prints what it wrote; 0 on success."""
     manifest = manifest_from_files(
         args.files,
