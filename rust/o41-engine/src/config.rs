@@ -9,6 +9,7 @@ use serde::{Deserialize, Serialize};
 use crate::dtype::{DType, Scalar};
 use crate::encoding::Encoding;
 use crate::error::{Error, Result};
+use crate::fnv::Fnv1a;
 
 /// Version of the resolved-config document.
 pub const RESOLVED_CONFIG_VERSION: u32 = 1;
@@ -519,19 +520,115 @@ impl ResolvedConfig {
     }
 
     /// A hash of everything that decides the order: fields, stages with their resolved shards,
-    /// and the seed (not rank, world size or resources). FNV-1a over canonical JSON.
+    /// and the seed (not rank, world size or resources). FNV-1a over canonical JSON: compact,
+    /// keys sorted.
     pub fn fingerprint(&self) -> String {
-        let doc = serde_json::json!({
+        // The document without its shard lists goes through `Value` (whose maps sort keys);
+        // each shard list is streamed in place of a marker, so a million-shard document is
+        // hashed without building a `Value` per shard (that cost seconds per open).
+        let stages: Vec<ResolvedStage> = self
+            .stages
+            .iter()
+            .map(|stage| ResolvedStage {
+                sources: stage
+                    .sources
+                    .iter()
+                    .map(|source| ResolvedSource {
+                        weight: source.weight,
+                        shards: Vec::new(),
+                        manifest: source.manifest.clone(),
+                    })
+                    .collect(),
+                batch_size: stage.batch_size,
+                shuffle: stage.shuffle,
+                infinite: stage.infinite,
+            })
+            .collect();
+        let mut doc = serde_json::json!({
             "fields": self.fields,
-            "stages": self.stages,
+            "stages": stages,
             "seed": self.seed,
         });
-        let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
-        for byte in doc.to_string().bytes() {
-            hash ^= u64::from(byte);
-            hash = hash.wrapping_mul(0x0100_0000_01b3);
+        for (s, stage) in doc["stages"]
+            .as_array_mut()
+            .expect("stages serialise as an array")
+            .iter_mut()
+            .enumerate()
+        {
+            for (j, source) in stage["sources"]
+                .as_array_mut()
+                .expect("sources serialise as an array")
+                .iter_mut()
+                .enumerate()
+            {
+                source["shards"] = serde_json::Value::String(shards_marker(s, j));
+            }
         }
-        format!("fnv1a64:{hash:016x}")
+        let mut hash = Fnv1a::default();
+        let mut rest = doc.to_string();
+        for (s, stage) in self.stages.iter().enumerate() {
+            for (j, source) in stage.sources.iter().enumerate() {
+                let marker = serde_json::to_string(&shards_marker(s, j)).expect("a string");
+                let at = rest.find(&marker).expect("each marker is in the document");
+                hash.update(&rest.as_bytes()[..at]);
+                hash.update(b"[");
+                for (k, shard) in source.shards.iter().enumerate() {
+                    if k > 0 {
+                        hash.update(b",");
+                    }
+                    serde_json::to_writer(&mut hash, &CanonicalShard::of(shard))
+                        .expect("writing to a hash cannot fail");
+                }
+                hash.update(b"]");
+                rest.drain(..at + marker.len());
+            }
+        }
+        hash.update(rest.as_bytes());
+        format!("fnv1a64:{:016x}", hash.value())
+    }
+}
+
+/// Stands for one source's shard list while the rest of the document is serialised; the NUL
+/// (written escaped) cannot occur in a serialised option.
+fn shards_marker(stage: usize, source: usize) -> String {
+    format!("\0o41-shards:{stage}:{source}\0")
+}
+
+/// A shard as the canonical document writes it: `ResolvedShard`'s fields in sorted order, with
+/// the same omissions.
+#[derive(Serialize)]
+struct CanonicalShard<'a> {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    bytes: Option<u64>,
+    encoding: Encoding,
+    path: &'a str,
+    rows: u64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    sha256: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    version: Option<&'a str>,
+}
+
+impl<'a> CanonicalShard<'a> {
+    fn of(shard: &'a ResolvedShard) -> Self {
+        // Destructured so that a field added to `ResolvedShard` fails to compile here until
+        // the canonical form covers it.
+        let ResolvedShard {
+            path,
+            encoding,
+            rows,
+            version,
+            bytes,
+            sha256,
+        } = shard;
+        CanonicalShard {
+            bytes: *bytes,
+            encoding: *encoding,
+            path,
+            rows: *rows,
+            sha256: sha256.as_deref(),
+            version: version.as_deref(),
+        }
     }
 }
 
@@ -544,6 +641,74 @@ mod tests {
             r#"{{"fields":[{{"name":"t","source":"x","dtype":"i32","shape":[4]}}],
                 "stages":[{{"sources":[{{"kind":"files","files":["a.parquet"]}}],"batch_size":2}}]{extra}}}"#
         )
+    }
+
+    /// The fingerprint as first specified: the whole document through `Value`.
+    fn reference_fingerprint(config: &ResolvedConfig) -> String {
+        let doc = serde_json::json!({
+            "fields": config.fields,
+            "stages": config.stages,
+            "seed": config.seed,
+        });
+        let mut hash = Fnv1a::default();
+        hash.update(doc.to_string().as_bytes());
+        format!("fnv1a64:{:016x}", hash.value())
+    }
+
+    #[test]
+    fn streamed_fingerprint_equals_the_canonical_document_hash() {
+        let shard = |k: usize| ResolvedShard {
+            path: format!("/d/\"q\"\\é\u{1}/part-{k}.parquet"),
+            encoding: if k.is_multiple_of(2) {
+                Encoding::Parquet
+            } else {
+                Encoding::JsonlGz
+            },
+            rows: 1_000 + k as u64,
+            version: k.is_multiple_of(3).then(|| format!("\"etag-{k}\"")),
+            bytes: (k % 2 == 1).then_some(k as u64 * 7),
+            sha256: (k % 4 == 1).then(|| "ab".repeat(32)),
+        };
+        let source = |w: f64, n: usize, manifest: bool| ResolvedSource {
+            weight: w,
+            shards: (0..n).map(shard).collect(),
+            manifest: manifest.then(|| ManifestSelection {
+                manifest_uri: "s3://b/m.json".into(),
+                split: "train".into(),
+                curriculum_stages: Some(vec!["a".into(), "\u{0}b".into()]),
+            }),
+        };
+        let config = ResolvedConfig {
+            version: RESOLVED_CONFIG_VERSION,
+            fields: StreamConfig::from_json(&minimal("")).unwrap().fields,
+            stages: vec![
+                ResolvedStage {
+                    sources: vec![source(0.75, 9, true), source(1.0 / 3.0, 1, false)],
+                    batch_size: 8,
+                    shuffle: Some(ShuffleSpec {
+                        buffer_rows: 64,
+                        unit_rows: Some(4),
+                    }),
+                    infinite: true,
+                },
+                ResolvedStage {
+                    sources: vec![source(2.0, 4, false)],
+                    batch_size: 3,
+                    shuffle: None,
+                    infinite: false,
+                },
+            ],
+            seed: 42,
+            threads: 2,
+            prefetch_batches: 1,
+            rank: 0,
+            world_size: 1,
+            memory_limit_bytes: None,
+        };
+        assert_eq!(config.fingerprint(), reference_fingerprint(&config));
+        let mut other = config.clone();
+        other.stages[0].sources[0].shards[3].rows += 1;
+        assert_ne!(other.fingerprint(), config.fingerprint());
     }
 
     #[test]

@@ -10,6 +10,7 @@ pub mod dtype;
 pub mod encoding;
 pub mod error;
 pub mod fields;
+pub mod fnv;
 pub mod formats;
 pub mod from_arrow;
 pub mod inspect_cache;

@@ -4,12 +4,13 @@
 //! unless absolute, so a copied dataset directory stays valid.
 
 use std::collections::{BTreeMap, HashSet};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
 use crate::encoding::Encoding;
 use crate::error::{Error, Result};
+use crate::fnv::FnvBuild;
 use crate::storage::{self, Storage};
 
 /// The value of the `format` field.
@@ -131,7 +132,8 @@ impl Manifest {
     /// shards without repeats, unique selection names.
     pub fn validate(&self, uri: &str) -> Result<()> {
         for (name, split) in &self.splits {
-            let mut locations = HashSet::new();
+            let mut locations: HashSet<&str, FnvBuild> =
+                HashSet::with_capacity_and_hasher(split.shards.len(), FnvBuild::default());
             for shard in &split.shards {
                 if !locations.insert(shard.location.as_str()) {
                     return Err(invalid(
@@ -249,14 +251,50 @@ impl Manifest {
 /// location as it is, anything else relative to the manifest's directory, with `.` and `..`
 /// resolved lexically (never above the root or the bucket).
 pub fn shard_path(uri: &str, location: &str) -> String {
-    if storage::is_remote(location) || Path::new(location).is_absolute() {
-        return location.to_owned();
+    ShardLocations::new(uri).path(location)
+}
+
+/// [`shard_path`] for many locations of one manifest: the manifest's directory is made
+/// absolute once, not once per shard.
+pub struct ShardLocations {
+    /// The manifest's location, absolute.
+    uri: String,
+    /// Its directory, without the final `/`.
+    dir_len: usize,
+}
+
+impl ShardLocations {
+    /// Locations relative to the manifest at `uri`.
+    pub fn new(uri: &str) -> Self {
+        let uri = if storage::is_remote(uri) {
+            uri.to_owned()
+        } else {
+            std::path::absolute(Path::new(uri))
+                .map_or_else(|_| uri.to_owned(), |p| p.to_string_lossy().into_owned())
+        };
+        let dir_len = uri.rfind('/').unwrap_or(0);
+        ShardLocations { uri, dir_len }
     }
-    if storage::is_remote(uri) {
-        return storage::sibling(uri, location);
+
+    /// Where `location` points.
+    pub fn path(&self, location: &str) -> String {
+        if storage::is_remote(location) || Path::new(location).is_absolute() {
+            return location.to_owned();
+        }
+        let plain = location
+            .split('/')
+            .all(|part| !matches!(part, "" | "." | ".."));
+        if plain && self.uri.contains('/') {
+            // What `sibling` gives when nothing is to be resolved, without splitting.
+            let dir = &self.uri[..self.dir_len];
+            let mut path = String::with_capacity(dir.len() + 1 + location.len());
+            path.push_str(dir);
+            path.push('/');
+            path.push_str(location);
+            return path;
+        }
+        storage::sibling(&self.uri, location)
     }
-    let base: PathBuf = std::path::absolute(Path::new(uri)).unwrap_or_else(|_| PathBuf::from(uri));
-    storage::sibling(&base.to_string_lossy(), location)
 }
 
 /// What a manifest lists for a shard another tool wrote: its record count, its size and the
@@ -288,4 +326,42 @@ pub fn describe_shard(
         });
     }
     Ok((counted.rows, counted.pin.size, sha256))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shard_locations_join_as_the_lexical_resolution_does() {
+        let locations = [
+            "part-0.parquet",
+            "a/b/part-1.parquet",
+            "./part-2.parquet",
+            "a/../part-3.parquet",
+            "../../../../up.parquet",
+            "a//b.parquet",
+            "a/./b/.",
+            "/abs/part.parquet",
+            "s3://other/part.parquet",
+        ];
+        for uri in [
+            "s3://bucket/dir/m.json",
+            "s3://bucket/m.json",
+            "/data/set/m.json",
+            "/m.json",
+        ] {
+            let joined = ShardLocations::new(uri);
+            for location in locations {
+                let expected = if Path::new(location).is_absolute() {
+                    location.to_owned()
+                } else {
+                    storage::sibling(uri, location)
+                };
+                assert_eq!(joined.path(location), expected, "{uri} + {location}");
+            }
+        }
+        let relative = ShardLocations::new("m.json").path("part.parquet");
+        assert!(Path::new(&relative).is_absolute(), "{relative}");
+    }
 }

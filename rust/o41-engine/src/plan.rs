@@ -119,9 +119,7 @@ impl Plan {
                             version: shard.version.clone(),
                             sha256: shard.sha256.clone(),
                         },
-                        meta: meta
-                            .map(|m| OnceLock::from(Box::new(m)))
-                            .unwrap_or_default(),
+                        meta: meta.map(OnceLock::from).unwrap_or_default(),
                     });
                 }
                 ids.push(source_ids);

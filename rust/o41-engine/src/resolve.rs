@@ -21,7 +21,7 @@ use crate::error::{Error, Result};
 use crate::fields::Projection;
 use crate::formats::{self, Promise, PromiseOrigin, ShardMeta};
 use crate::inspect_cache::{Cached, InspectCache};
-use crate::manifest::{shard_path, Manifest};
+use crate::manifest::{Manifest, ShardLocations};
 use crate::memory::{MemoryBound, PipelineShape, ShardScratch};
 use crate::storage::{self, Pin, Storage};
 
@@ -34,7 +34,7 @@ pub struct Resolved {
     pub projection: Projection,
     /// Per stage, per source, per shard: the inspection open made, for the shards it read (one
     /// per source at least, and a plain file list's shards the cache did not know).
-    pub metas: Vec<Vec<Vec<Option<ShardMeta>>>>,
+    pub metas: Vec<Vec<Vec<InspectedShard>>>,
     /// The decode scratch open knows of: the largest, and whether every shard's is known.
     pub scratch: KnownScratch,
     /// Whether the document comes from a checkpoint: broken promises are then reported as a
@@ -108,13 +108,18 @@ struct Job {
     listed: bool,
 }
 
+/// A shard's metadata where open inspected it; boxed, as most shards have none.
+pub type InspectedShard = Option<Box<ShardMeta>>;
+
 /// What open learnt about one shard.
 struct Settled {
     rows: u64,
     version: Option<String>,
     bytes: Option<u64>,
     sha256: Option<String>,
-    meta: Option<ShardMeta>,
+    /// Boxed: only the few shards open inspects have one, and a million-shard source holds an
+    /// entry per shard.
+    meta: InspectedShard,
     scratch: Option<u64>,
 }
 
@@ -164,11 +169,12 @@ fn source_jobs(
                 manifests.insert(uri.clone(), Manifest::load(&uri, storage)?);
             }
             let manifest = &manifests[&uri];
+            let locations = ShardLocations::new(&uri);
             for shard in manifest.select(split, curriculum_stages.as_deref(), &option)? {
                 jobs.push(Job {
                     stage: s,
                     source: j,
-                    path: shard_path(&uri, &shard.location),
+                    path: locations.path(&shard.location),
                     encoding: manifest.data_format,
                     promise: Some(Promise {
                         origin: PromiseOrigin::Manifest,
@@ -320,11 +326,13 @@ fn settle(storage: &Storage, jobs: &[Job], setup: &Setup<'_>) -> Result<Vec<Sett
         }
         Ok((pin, cached))
     });
-    let mut seen: Vec<Option<(Pin, Option<Cached>)>> = (0..jobs.len()).map(|_| None).collect();
+    // Keyed by job: a manifest's or checkpoint's shards are not looked at, and a million of
+    // them should not cost an entry each.
+    let mut seen: HashMap<usize, (Pin, Option<Cached>)> = HashMap::with_capacity(listed.len());
     for (&i, probe) in listed.iter().zip(probes) {
-        seen[i] = Some(probe?);
+        seen.insert(i, probe?);
     }
-    let known_rows = |i: usize| match (&seen[i], &jobs[i].promise) {
+    let known_rows = |i: usize| match (seen.get(&i), &jobs[i].promise) {
         (Some((_, Some(cached))), _) => Some(cached.rows),
         (_, Some(promise)) => Some(promise.rows),
         _ => None,
@@ -358,7 +366,7 @@ fn settle(storage: &Storage, jobs: &[Job], setup: &Setup<'_>) -> Result<Vec<Sett
             job.promise.as_ref(),
         )
     });
-    let mut metas: Vec<Option<ShardMeta>> = (0..jobs.len()).map(|_| None).collect();
+    let mut metas: HashMap<usize, Box<ShardMeta>> = HashMap::with_capacity(inspect.len());
     for (&i, meta) in inspect.iter().zip(inspected) {
         let meta = meta?;
         let job = &jobs[i];
@@ -369,14 +377,14 @@ fn settle(storage: &Storage, jobs: &[Job], setup: &Setup<'_>) -> Result<Vec<Sett
             };
             cache.store(&job.path, job.encoding, &meta.pin, &key, cached);
         }
-        metas[i] = Some(meta);
+        metas.insert(i, Box::new(meta));
     }
     Ok(jobs
         .iter()
-        .zip(seen)
-        .zip(metas)
-        .map(|((job, seen), meta)| {
-            let (pin, cached) = seen.unzip();
+        .enumerate()
+        .map(|(i, job)| {
+            let meta = metas.remove(&i);
+            let (pin, cached) = seen.remove(&i).unzip();
             let cached = cached.flatten();
             let pin = meta.as_ref().map(|m| &m.pin).or(pin.as_ref());
             Settled {
@@ -463,7 +471,7 @@ pub(crate) fn parallel<T: Sync, R: Send>(
 fn nest(
     config: &ResolvedConfig,
     settled: Vec<Settled>,
-) -> (Vec<Vec<Vec<Option<ShardMeta>>>>, KnownScratch) {
+) -> (Vec<Vec<Vec<InspectedShard>>>, KnownScratch) {
     let mut scratch = KnownScratch {
         largest: 0,
         complete: true,
@@ -515,23 +523,24 @@ pub fn resolve(config: &StreamConfig, storage: &Storage) -> Result<Resolved> {
     }
     let settled = settle(storage, &jobs, &setup)?;
     let mut stages = Vec::with_capacity(config.stages.len());
-    let mut next = jobs.iter().zip(settled);
     let mut all = Vec::with_capacity(jobs.len());
+    let mut next = jobs.into_iter().zip(settled);
     for (s, stage) in config.stages.iter().enumerate() {
         let mut sources = Vec::new();
         for (j, source) in stage.sources.iter().enumerate() {
             let count = counts[s][j];
             let mut shards = Vec::with_capacity(count);
             for _ in 0..count {
-                let (job, settled) = next.next().expect("one settled entry per file");
+                let (job, mut settled) = next.next().expect("one settled entry per file");
                 debug_assert_eq!((job.stage, job.source), (s, j));
+                let (version, sha256) = (settled.version.take(), settled.sha256.take());
                 shards.push(ResolvedShard {
-                    path: job.path.clone(),
+                    path: job.path,
                     encoding: job.encoding,
                     rows: settled.rows,
-                    version: settled.version.clone(),
+                    version,
                     bytes: settled.bytes,
-                    sha256: settled.sha256.clone(),
+                    sha256,
                 });
                 all.push(settled);
             }
