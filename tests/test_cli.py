@@ -298,8 +298,9 @@ def test_checkpoint_reshard_continues_the_global_sequence_on_another_world_size(
         == 0
     )
     assert (tmp_path / "one" / "s0.ckpt").exists()
-    assert main([*argv, "--name", "same.json"]) == 2
-    assert "must contain {rank}" in capsys.readouterr().err
+    for name in ("same.json", "{rank}-{step}.json"):
+        assert main([*argv, "--name", name]) == 2
+        assert "must contain {rank} and no other {field}" in capsys.readouterr().err
 
 
 def test_checkpoint_reshard_refuses_checkpoints_of_different_positions_or_streams(

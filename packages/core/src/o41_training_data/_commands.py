@@ -334,8 +334,12 @@ def reshard_command(
     Positions are global: the new ranks continue the same global batch sequence from the
     checkpoints' position, partitioned over --world-size. Each file is written atomically.
     """
-    if "{rank}" not in name:
-        raise click.BadParameter("must contain {rank}", param_hint="'--name'")
+    try:
+        distinct = len({name.format(rank=rank) for rank in range(2)}) == 2
+    except (KeyError, IndexError, ValueError):
+        distinct = False
+    if not distinct:
+        raise click.BadParameter("must contain {rank} and no other {field}", param_hint="'--name'")
     written = reshard(files, world_size, output_dir, name, overwrite=overwrite)
     for path in written:
         click.echo(f"wrote {path}")
