@@ -6,6 +6,7 @@ import importlib
 import json
 import os
 import pty
+import signal
 import subprocess
 import sys
 from dataclasses import replace
@@ -96,6 +97,21 @@ def test_usage_errors_exit_2_naming_what_is_wrong(tmp_path: Path, capsys: pytest
     assert "--shards" in capsys.readouterr().err
     assert main(["--version"]) == 0
     assert o41_training_data.__version__ in capsys.readouterr().out
+
+
+def test_an_interrupted_command_exits_130(tmp_path: Path) -> None:
+    argv = [O41, "demo", "--dir", str(tmp_path), "--rows-per-shard", "1000000", "--shards", "64"]
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    with subprocess.Popen(
+        argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
+    ) as process:
+        assert process.stdout is not None
+        assert process.stdout.readline().startswith("writing a synthetic corpus")
+        process.send_signal(signal.SIGINT)
+        _, err = process.communicate(timeout=60)
+    assert process.returncode == 130
+    assert "o41: interrupted" in err
+    assert "Traceback" not in err
 
 
 def test_the_demo_draws_a_progress_bar_on_a_terminal_only(tmp_path: Path) -> None:
