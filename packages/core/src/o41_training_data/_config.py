@@ -11,11 +11,12 @@ import json
 import math
 import operator
 import os
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, fields
+from pathlib import Path
 from typing import Any, Literal
 
-from ._errors import ConfigError
+from ._errors import ConfigError, ObjectNotFoundError
 
 __all__ = [
     "DTYPES",
@@ -128,7 +129,7 @@ class ProjectedField:
     Give ``length`` for a 1-D column, ``shape`` for a nested one, or neither for a scalar.
     Every axis truncates longer lists and pads shorter ones with ``pad``.
 
-    Example:
+    Examples:
         >>> ProjectedField(name="tokens", source="input_ids", dtype="i32", length=2048, pad=0).shape
         (2048,)
 
@@ -176,7 +177,7 @@ class FileSource:
     ``encoding`` may be omitted when every file name ends in ``.parquet``, ``.jsonl``,
     ``.jsonl.gz`` or ``.msgpack``. ``weight`` is the source's relative share of its stage.
 
-    Example:
+    Examples:
         >>> FileSource(files=["part-000.parquet"], weight=3.0).encoding is None
         True
 
@@ -210,7 +211,7 @@ class ManifestSource:
     split's root order. The resolved config pins the selected shards and their row counts, so a
     manifest republished later does not change what a resumed stream reads.
 
-    Example:
+    Examples:
         >>> ManifestSource(manifest_uri="data/data-manifest-v1.json", split="train").weight
         1.0
 
@@ -249,7 +250,7 @@ class Shuffle:
     keeps each rank's read cost flat as ``world_size`` grows; ``unit_rows=1`` shuffles single
     rows. Shard order is also permuted per epoch. See ``docs/order.md``.
 
-    Example:
+    Examples:
         >>> Shuffle(buffer_rows=4096).unit_rows is None
         True
 
@@ -270,7 +271,7 @@ class Stage:
     A finite stage (``infinite=False``) reads each source once and then ends the stream; an
     infinite stage repeats its sources in epochs.
 
-    Example:
+    Examples:
         >>> Stage(sources=[FileSource(files=["a.parquet"])], batch_size=32).infinite
         False
 
@@ -302,7 +303,7 @@ class BatchStreamConfig:
     of the consumer. ``rank``/``world_size`` select this process's slice of the global batch
     sequence. ``memory_limit_bytes`` bounds the working set (default: half of host memory).
 
-    Example:
+    Examples:
         >>> config = BatchStreamConfig(
         ...     fields=[ProjectedField(name="x", source="x", dtype="f32")],
         ...     stages=[Stage(sources=[FileSource(files=["a.parquet"])], batch_size=8)],
@@ -358,3 +359,201 @@ class BatchStreamConfig:
     def to_json(self) -> str:
         """The config as JSON for the engine."""
         return json.dumps(self.to_dict(), allow_nan=False)
+
+    @classmethod
+    def from_dict(
+        cls, document: Mapping[str, Any], *, base_dir: str | os.PathLike[str] | None = None
+    ) -> BatchStreamConfig:
+        """The config a document of plain values describes (what :meth:`to_dict` returns).
+
+        Keys mirror the dataclasses' arguments: ``fields`` (each with ``length`` or ``shape``),
+        ``stages`` (each with ``sources``, ``batch_size``, ``shuffle``, ``infinite``), ``seed``
+        and the resources. A source with ``files`` is a :class:`FileSource`, one with
+        ``manifest_uri`` a :class:`ManifestSource` (``kind: files|manifest`` may say so too).
+        With ``base_dir``, relative local paths in ``files`` and ``manifest_uri`` are taken
+        relative to it. An unknown or missing key, or a value of the wrong type, raises
+        :class:`ConfigError` whose ``option`` is the key's path (``stages[0].shuffle.buffer_rows``).
+
+        Examples:
+            >>> config = BatchStreamConfig.from_dict({
+            ...     "fields": [{"name": "tokens", "source": "input_ids", "dtype": "i32", "length": 8}],
+            ...     "stages": [{"sources": [{"files": ["/data/a.parquet"]}], "batch_size": 4}],
+            ... })
+            >>> config.stages[0].sources[0].files
+            ('/data/a.parquet',)
+
+        """
+        base = None if base_dir is None else Path(base_dir)
+        values = _keys("config", document, _CONFIG_KEYS, required=("fields", "stages"))
+        values["fields"] = [
+            _field_from(f"fields[{i}]", item) for i, item in enumerate(_list("fields", values["fields"]))
+        ]
+        values["stages"] = [
+            _stage_from(f"stages[{i}]", item, base)
+            for i, item in enumerate(_list("stages", values["stages"]))
+        ]
+        return cls(**values)
+
+    @classmethod
+    def from_file(cls, path: str | os.PathLike[str]) -> BatchStreamConfig:
+        """The config a YAML (``.yaml``, ``.yml``) or JSON (``.json``) file describes.
+
+        The document is the one :meth:`from_dict` reads; relative local paths in it are taken
+        relative to the file's directory, so a config file travels with its data. Errors name
+        the file and the key at fault (``ConfigError``, with ``path`` and ``option`` set); a
+        missing file raises :class:`ObjectNotFoundError`. YAML needs PyYAML, which the ``cli``
+        extra installs (``pip install 'o41-training-data[cli]'``).
+
+        Examples:
+            >>> config = BatchStreamConfig.from_file("stream.yaml")  # doctest: +SKIP
+
+        """
+        file = Path(path)
+        try:
+            text = file.read_text(encoding="utf-8")
+        except FileNotFoundError:
+            error = ObjectNotFoundError(f"{file}: no such config file")
+            error.path = str(file)
+            raise error from None
+        document = _parse_document(file, text)
+        if not isinstance(document, Mapping):
+            raise _in_file(file, _invalid("config", f"expected a mapping at the top, got {_kind(document)}"))
+        try:
+            return cls.from_dict(document, base_dir=file.resolve().parent)
+        except ConfigError as error:
+            raise _in_file(file, error) from None
+
+
+_CONFIG_KEYS = tuple(f.name for f in fields(BatchStreamConfig))
+_FIELD_KEYS = ("name", "source", "dtype", "length", "shape", "pad")
+_STAGE_KEYS = ("sources", "batch_size", "shuffle", "infinite")
+_SHUFFLE_KEYS = ("buffer_rows", "unit_rows")
+_FILE_SOURCE_KEYS = ("kind", "files", "encoding", "weight")
+_MANIFEST_SOURCE_KEYS = ("kind", "manifest_uri", "split", "curriculum_stages", "weight")
+
+
+def _kind(value: object) -> str:
+    return "null" if value is None else type(value).__name__
+
+
+def _keys(
+    option: str, document: object, known: Sequence[str], required: Sequence[str] = ()
+) -> dict[str, Any]:
+    """The entries of the mapping ``document`` as keyword arguments, refusing unknown keys."""
+    if not isinstance(document, Mapping):
+        raise _invalid(option, f"expected a mapping, got {_kind(document)}")
+    prefix = "" if option == "config" else f"{option}."
+    for key in document:
+        if key not in known:
+            raise _invalid(f"{prefix}{key}", f"unknown key {key!r}; expected one of {', '.join(known)}")
+    for key in required:
+        if key not in document:
+            raise _invalid(f"{prefix}{key}", "missing required key")
+    return {str(k): v for k, v in document.items() if k != "kind"}
+
+
+def _list(option: str, value: object) -> list[Any]:
+    if isinstance(value, (str, bytes)) or not isinstance(value, Sequence):
+        raise _invalid(option, f"expected a list, got {_kind(value)}")
+    return list(value)
+
+
+def _strings(option: str, value: object) -> list[str]:
+    items = _list(option, value)
+    for i, item in enumerate(items):
+        if not isinstance(item, str):
+            raise _invalid(f"{option}[{i}]", f"expected a string, got {_kind(item)}")
+    return items
+
+
+def _local(location: str, base: Path | None) -> str:
+    """``location`` made relative to ``base`` when it is a relative local path."""
+    if base is None or "://" in location or Path(location).is_absolute():
+        return location
+    return str(base / location)
+
+
+def _field_from(option: str, document: object) -> ProjectedField:
+    values = _keys(option, document, _FIELD_KEYS, required=("name", "source", "dtype"))
+    if values.get("shape") is not None:
+        values["shape"] = tuple(_list(f"{option}.shape", values["shape"]))
+    if values["dtype"] not in DTYPES:
+        raise _invalid(
+            f"{option}.dtype", f"unknown dtype {values['dtype']!r}; expected one of {', '.join(DTYPES)}"
+        )
+    try:
+        return ProjectedField(**values)
+    except ConfigError as error:
+        raise _invalid(option, str(error).removeprefix("invalid ")) from None
+
+
+def _source_from(option: str, document: object, base: Path | None) -> FileSource | ManifestSource:
+    if not isinstance(document, Mapping):
+        raise _invalid(option, f"expected a mapping, got {_kind(document)}")
+    kind = document.get("kind")
+    if kind is None:
+        kind = "files" if "files" in document else "manifest" if "manifest_uri" in document else None
+    if kind == "files":
+        values = _keys(option, document, _FILE_SOURCE_KEYS, required=("files",))
+        values["files"] = [_local(f, base) for f in _strings(f"{option}.files", values["files"])]
+        return FileSource(**values)
+    if kind == "manifest":
+        values = _keys(option, document, _MANIFEST_SOURCE_KEYS, required=("manifest_uri", "split"))
+        if not isinstance(values["manifest_uri"], str):
+            raise _invalid(
+                f"{option}.manifest_uri", f"expected a string, got {_kind(values['manifest_uri'])}"
+            )
+        values["manifest_uri"] = _local(values["manifest_uri"], base)
+        if values.get("curriculum_stages") is not None:
+            values["curriculum_stages"] = _strings(f"{option}.curriculum_stages", values["curriculum_stages"])
+        return ManifestSource(**values)
+    if "kind" in document:
+        raise _invalid(f"{option}.kind", f"unknown source kind {kind!r}; expected files or manifest")
+    raise _invalid(option, "a source needs 'files' (a file list) or 'manifest_uri' (a manifest selection)")
+
+
+def _stage_from(option: str, document: object, base: Path | None) -> Stage:
+    values = _keys(option, document, _STAGE_KEYS, required=("sources", "batch_size"))
+    values["sources"] = [
+        _source_from(f"{option}.sources[{j}]", item, base)
+        for j, item in enumerate(_list(f"{option}.sources", values["sources"]))
+    ]
+    if values.get("shuffle") is not None:
+        values["shuffle"] = Shuffle(
+            **_keys(f"{option}.shuffle", values["shuffle"], _SHUFFLE_KEYS, required=("buffer_rows",))
+        )
+    return Stage(**values)
+
+
+def _parse_document(file: Path, text: str) -> object:
+    """The document in ``text``: YAML or JSON by the file's suffix."""
+    suffix = file.suffix.lower()
+    if suffix == ".json":
+        try:
+            return json.loads(text)
+        except json.JSONDecodeError as error:
+            raise _in_file(file, ConfigError(f"not valid JSON at line {error.lineno}: {error.msg}")) from None
+    if suffix in (".yaml", ".yml"):
+        try:
+            import yaml
+        except ImportError:
+            raise ImportError(
+                f"{file}: reading a YAML config needs PyYAML; install it with "
+                "pip install 'o41-training-data[cli]' (or write the config as JSON)"
+            ) from None
+        try:
+            return yaml.safe_load(text)
+        except yaml.YAMLError as error:
+            mark = getattr(error, "problem_mark", None)
+            where = f" at line {mark.line + 1}" if mark is not None else ""
+            problem = getattr(error, "problem", None) or str(error)
+            raise _in_file(file, ConfigError(f"not valid YAML{where}: {problem}")) from None
+    raise _in_file(file, ConfigError(f"unknown config file suffix {file.suffix!r}; use .yaml, .yml or .json"))
+
+
+def _in_file(file: Path, error: ConfigError) -> ConfigError:
+    """``error`` with the config file named first in its message and as its ``path``."""
+    located = ConfigError(f"{file}: {error}")
+    located.option = error.option
+    located.path = str(file)
+    return located

@@ -29,7 +29,7 @@ class Checkpoint:
     """A rank's position in a batch stream: the resolved config (no credentials), the cursor
     and the counters ``stage``, ``batches_yielded``, ``rows_yielded`` and ``epochs``.
 
-    Example:
+    Examples:
         >>> text = stream.checkpoint().to_json()  # doctest: +SKIP
         >>> Checkpoint.from_json(text).batches_yielded  # doctest: +SKIP
         1000
@@ -90,7 +90,7 @@ class Position:
     """A rank's place in a batch stream after some batch: everything a checkpoint holds except
     the resolved config.
 
-    Example:
+    Examples:
         >>> batch.position.next_batch  # doctest: +SKIP
         64
     """

@@ -11,11 +11,10 @@ import hashlib
 import secrets
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from ._config import BatchStreamConfig, FileSource, ProjectedField, Stage
-from ._progress import Progress
 from ._stream import BatchStream
 from ._synthetic import token_table, write_jsonl_gz, write_parquet
 from ._training_data import TrainingData
@@ -31,10 +30,12 @@ def run_demo(
     seq_len: int = 1024,
     batch_size: int = 32,
     s3: bool = False,
+    progress: Callable[[int], None] | None = None,
 ) -> dict[str, float]:
     """Writes the corpus under ``directory`` (a temporary one when None) and streams it.
 
-    Returns the figures it prints: batches, rows and rows per second.
+    Returns the figures it prints: batches, rows and rows per second. ``progress(n)``, when
+    given, is called with the rows of each batch streamed (``o41 demo`` draws a bar with it).
     """
     if directory is None:
         with tempfile.TemporaryDirectory(prefix="o41-demo-") as tmp:
@@ -45,6 +46,7 @@ def run_demo(
                 seq_len=seq_len,
                 batch_size=batch_size,
                 s3=s3,
+                progress=progress,
             )
     directory.mkdir(parents=True, exist_ok=True)
     print(f"writing a synthetic corpus to {directory}")
@@ -63,9 +65,7 @@ def run_demo(
         if s3:
             parquet_files = [_upload(training_data, path) for path in parquet_files]
             jsonl_files = [_upload(training_data, path) for path in jsonl_files]
-        return _stream(
-            training_data, parquet_files, jsonl_files, rows_per_shard * shards, seq_len, batch_size
-        )
+        return _stream(training_data, parquet_files, jsonl_files, seq_len, batch_size, progress)
 
 
 @contextlib.contextmanager
@@ -107,9 +107,9 @@ def _stream(
     training_data: TrainingData,
     parquet_files: list[str],
     jsonl_files: list[str],
-    total_rows: int,
     seq_len: int,
     batch_size: int,
+    progress: Callable[[int], None] | None,
 ) -> dict[str, float]:
 
     config = BatchStreamConfig(
@@ -135,13 +135,12 @@ def _stream(
     stream: BatchStream
     with training_data.batch_stream(config) as stream:
         opened = time.perf_counter() - start
-        progress = Progress(total=total_rows, label="streaming")
         first = None
         for batch in stream:
             if first is None:
                 first = batch
-            progress.update(batch.num_rows)
-        progress.close()
+            if progress is not None:
+                progress(batch.num_rows)
         stats = stream.stats
     elapsed = time.perf_counter() - start
     if first is not None:

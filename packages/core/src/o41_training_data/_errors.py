@@ -30,7 +30,7 @@ __all__ = [
 class O41Error(Exception):
     """Base class of every error raised by o41_training_data.
 
-    Example:
+    Examples:
         >>> try:
         ...     raise ConfigError("invalid threads: must be at least 1")
         ... except O41Error as err:

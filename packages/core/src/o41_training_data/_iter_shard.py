@@ -31,7 +31,7 @@ def iter_shard(
     carry every column; JSON Lines and MessagePack records must be maps. ``storage_config``
     (``training_data.storage_config``) serves ``s3://`` shards; local paths need none.
 
-    Example:
+    Examples:
         >>> for shard in manifest.splits["train"].shards:  # doctest: +SKIP
         ...     for record in iter_shard(manifest.data_format, shard, storage_config=storage_config):
         ...         ...

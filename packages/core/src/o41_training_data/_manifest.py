@@ -50,7 +50,7 @@ class ManifestSplit:
 class DataManifest:
     """A loaded data manifest.
 
-    Example:
+    Examples:
         >>> manifest = load_manifest("data/data-manifest-v1.json")  # doctest: +SKIP
         >>> [shard.rows for shard in manifest.splits["train"].shards]  # doctest: +SKIP
         [1000, 1000]

@@ -10,11 +10,9 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Sequence
-from typing import Any
 
 from ._config import ENCODINGS, _invalid
 from ._manifest import DataManifest, ManifestShard, ManifestSplit, load_manifest, save_manifest
-from ._progress import Progress
 from ._storage import StorageConfig, normalize
 
 __all__ = ["manifest_from_files"]
@@ -68,7 +66,7 @@ def manifest_from_files(
     storage: StorageConfig | None = None,
     ray_address: str | None = None,
     overwrite: bool = False,
-    show_progress: bool = True,
+    progress: Callable[[int], None] | None = None,
 ) -> DataManifest:
     """Indexes ``files`` (local paths or ``s3://`` locations) into a data manifest at ``output``.
 
@@ -79,9 +77,10 @@ def manifest_from_files(
     With ``ray_address`` (an address, ``"auto"`` or ``"local"``), shards are described in Ray
     tasks of 64 shards, and the manifest is written by this process once all succeeded. The
     write is all or nothing (:func:`save_manifest`); a malformed shard raises before anything
-    is written, naming it.
+    is written, naming it. ``progress(n)``, when given, is called as ``n`` more shards are
+    described (``o41 manifest build`` draws its progress bar with it).
 
-    Example:
+    Examples:
         >>> manifest_from_files(["a.parquet", "b.parquet"], "data-manifest-v1.json")  # doctest: +SKIP
 
     """
@@ -105,24 +104,19 @@ def manifest_from_files(
         twice = next(p for p in paths if paths.count(p) > 1)
         raise _invalid("files", f"{twice} is listed twice")
     config = storage or StorageConfig.resolve()
-    bar = Progress(total=len(paths), label="describing", unit="shards") if show_progress else None
 
     def advance(n: int) -> None:
-        if bar is not None:
-            bar.update(n)
+        if progress is not None:
+            progress(n)
 
-    try:
-        if ray_address is None:
-            store = config.core()
-            described = []
-            for path in paths:
-                described.append(store.describe_shard(path, data_format))
-                advance(1)
-        else:
-            described = _describe_on_ray(paths, data_format, config, ray_address, advance)
-    finally:
-        if bar is not None:
-            bar.close()
+    if ray_address is None:
+        store = config.core()
+        described = []
+        for path in paths:
+            described.append(store.describe_shard(path, data_format))
+            advance(1)
+    else:
+        described = _describe_on_ray(paths, data_format, config, ray_address, advance)
     shards = tuple(
         ManifestShard(location=path, rows=rows, bytes=size, checksum=f"sha256:{sha}", path=path)
         for path, (rows, size, sha) in zip(paths, described, strict=True)
@@ -131,19 +125,3 @@ def manifest_from_files(
     target = normalize(output)
     save_manifest(target, manifest, overwrite=overwrite, storage=config)
     return load_manifest(target, storage=config)
-
-
-def build_from_cli(args: Any) -> int:
-    """``o41 manifest build``: prints what it wrote; 0 on success."""
-    manifest = manifest_from_files(
-        args.files,
-        args.output,
-        split=args.split,
-        data_format=args.data_format,
-        ray_address=args.ray,
-        overwrite=args.overwrite,
-    )
-    shards = manifest.splits[args.split].shards
-    rows = sum(s.rows for s in shards)
-    print(f"{manifest.uri}: {len(shards)} shards, {rows:,} rows ({manifest.data_format}, split {args.split})")
-    return 0

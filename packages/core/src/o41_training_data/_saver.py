@@ -185,7 +185,7 @@ class DatasetSaver:
     :meth:`commit_manifest` finds every shard the workers completed from their descriptors.
     The pickle carries no credentials (see :class:`StorageConfig` for how workers get them).
 
-    Example:
+    Examples:
         >>> saver = TrainingData().dataset_saver("out/data-manifest-v1.json")  # doctest: +SKIP
         >>> shard = saver.save("train", "easy", records, shard_id="0")  # doctest: +SKIP
         >>> manifest = saver.commit_manifest()  # doctest: +SKIP

@@ -37,7 +37,7 @@ class RetryPolicy:
     silent before the attempt counts as failed. The defaults are the documented policy: 64
     failures or 15 minutes without progress.
 
-    Example:
+    Examples:
         >>> RetryPolicy(max_consecutive_failures=8).no_progress_timeout_s
         900.0
 
@@ -96,7 +96,7 @@ class StorageConfig:
     ``AWS_DEFAULT_REGION``, ``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY`` and
     ``AWS_SESSION_TOKEN``.
 
-    Example:
+    Examples:
         >>> StorageConfig()
         StorageConfig(local)
 

@@ -92,7 +92,7 @@ class Batch:
 
         ``i32``/``i64``/``f32``/``f64`` keep their dtype; ``bool`` is ``uint8`` 0/1.
 
-        Example:
+        Examples:
             >>> batch.arrays()["tokens"].shape  # doctest: +SKIP
             (32, 2048)
 
@@ -157,7 +157,7 @@ class BatchStream:
     engine's threads after the read in flight and is idempotent; using a closed stream raises
     :class:`StreamClosedError`.
 
-    Example:
+    Examples:
         >>> with open_batch_stream(config) as stream:  # doctest: +SKIP
         ...     for batch in stream:
         ...         tokens = batch.arrays()["tokens"]
@@ -220,7 +220,7 @@ class BatchStream:
         ``at`` switches at the same batch, whenever it makes the call, as long as it has not yet
         delivered a batch of that round. A same-stage advance is a no-op.
 
-        Example:
+        Examples:
             >>> stream.advance(1, at=batch.position.next_batch + 8)  # doctest: +SKIP
 
         """
@@ -275,7 +275,7 @@ def open_batch_stream(
     ``(w, N)``, so the workers' batches taken in turn are the rank's sequence. An ``s3://``
     source without ``storage`` (see :class:`TrainingData`) raises :class:`ConfigError` here.
 
-    Example:
+    Examples:
         >>> stream = open_batch_stream(config)  # doctest: +SKIP
 
     """
@@ -305,7 +305,7 @@ def resume_batch_stream(
     :func:`open_batch_stream`, counted from the checkpoint's position. The checkpoint holds no
     credentials: pass ``storage`` again to re-open ``s3://`` shards.
 
-    Example:
+    Examples:
         >>> checkpoint = Checkpoint.from_json(path.read_text())  # doctest: +SKIP
         >>> stream = resume_batch_stream(checkpoint, rank=0, world_size=2)  # doctest: +SKIP
 
@@ -332,7 +332,7 @@ def resolve_batch_stream_config(
     It pins every shard's absolute path, encoding and row count, plus the config's own
     settings; it holds no credentials. A checkpoint stores the same document.
 
-    Example:
+    Examples:
         >>> resolved = resolve_batch_stream_config(config)  # doctest: +SKIP
         >>> [s["rows"] for s in resolved["stages"][0]["sources"][0]["shards"]]  # doctest: +SKIP
         [1000, 1000]

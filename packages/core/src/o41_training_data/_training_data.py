@@ -25,7 +25,7 @@ class TrainingData:
     ``AWS_SECRET_ACCESS_KEY``, ``AWS_SESSION_TOKEN``); the region defaults to ``us-east-1``.
     Credentials never reach checkpoints, resolved configs, reprs, pickles or error messages.
 
-    Example:
+    Examples:
         >>> training_data = TrainingData(
         ...     s3_base_url="http://127.0.0.1:8333",
         ...     region="auto",

@@ -6,7 +6,7 @@ on a background thread. Its state is the core's checkpoint JSON: it fits grain's
 unchanged, and :class:`O41Save`/:class:`O41Restore` (the ``orbax`` extra) save one file per
 process beside the model state and restore onto another number of processes. See docs/jax.md.
 
-Example:
+Examples:
     >>> from jax.sharding import NamedSharding, PartitionSpec
     >>> from o41_training_data_jax import O41JaxIterator
     >>> mesh = jax.make_mesh((jax.device_count(),), ("data",))  # doctest: +SKIP

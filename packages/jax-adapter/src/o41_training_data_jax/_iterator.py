@@ -129,7 +129,7 @@ class O41JaxIterator(Iterator[dict[str, jax.Array]]):
       refused rather than wrapped silently to ``int32``. The setting in effect at construction
       holds for the iterator's life.
 
-    Example:
+    Examples:
         >>> mesh = jax.make_mesh((jax.device_count(),), ("data",))  # doctest: +SKIP
         >>> sharding = NamedSharding(mesh, PartitionSpec("data"))  # doctest: +SKIP
         >>> with O41JaxIterator(config, sharding) as batches:  # doctest: +SKIP

@@ -119,7 +119,7 @@ class O41CheckpointHandler(ocp.CheckpointHandler):  # type: ignore[misc]
 class O41Save(ocp.args.CheckpointArgs):  # type: ignore[misc]
     """Saves ``item``'s position in an ``ocp.args.Composite``.
 
-    Example:
+    Examples:
         >>> manager.save(step, args=ocp.args.Composite(state=..., data=O41Save(iterator)))  # doctest: +SKIP
 
     """
@@ -132,7 +132,7 @@ class O41Save(ocp.args.CheckpointArgs):  # type: ignore[misc]
 class O41Restore(ocp.args.CheckpointArgs):  # type: ignore[misc]
     """Restores ``item`` (an iterator over the same stream) to the saved position.
 
-    Example:
+    Examples:
         >>> args = ocp.args.Composite(state=..., data=O41Restore(iterator))  # doctest: +SKIP
         >>> restored = manager.restore(step, args=args)  # doctest: +SKIP
 

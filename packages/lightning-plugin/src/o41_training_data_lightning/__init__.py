@@ -7,7 +7,7 @@ they are gathered), and each rank's core checkpoint is written beside it in
 ``<name>.ckpt.o41/stream-rank{r}-of-{n}.json``. :class:`O41Curriculum` switches curriculum
 stages at given global steps. See docs/lightning.md.
 
-Example:
+Examples:
     >>> from lightning.pytorch import Trainer
     >>> from o41_training_data_lightning import O41DataModule
     >>> trainer = Trainer(max_steps=1000)  # doctest: +SKIP

@@ -23,7 +23,7 @@ class O41Curriculum(Callback):
     the same batch. To start a run in another stage, call ``datamodule.advance(stage)`` before
     ``trainer.fit``.
 
-    Example:
+    Examples:
         >>> trainer = Trainer(callbacks=[O41Curriculum({10_000: 1, 50_000: 2})])  # doctest: +SKIP
 
     """

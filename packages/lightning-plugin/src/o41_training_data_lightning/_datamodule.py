@@ -90,7 +90,7 @@ class O41DataModule(LightningDataModule):
     ``num_workers`` defaults to 0: the engine decodes on its own threads, and ``DataLoader``
     workers only add copies (0.62x of the core stream's speed, measured).
 
-    Example:
+    Examples:
         >>> datamodule = O41DataModule(config, val_config=val_config)  # doctest: +SKIP
         >>> checkpoints = ModelCheckpoint(every_n_train_steps=100, save_last=True)  # doctest: +SKIP
         >>> trainer = Trainer(max_steps=1000, callbacks=[checkpoints])  # doctest: +SKIP

@@ -5,7 +5,7 @@ engine's Arrow buffers (no copies; from ``DataLoader`` workers, one copy into a 
 ring), exact under ``DataLoader`` workers, ``torchrun`` ranks and ``StatefulDataLoader``
 checkpoints. See ``docs/torch.md``.
 
-Example:
+Examples:
     >>> from torch.utils.data import DataLoader
     >>> from o41_training_data_torch import O41IterableDataset
     >>> loader = DataLoader(O41IterableDataset(config), batch_size=None, num_workers=2)  # doctest: +SKIP

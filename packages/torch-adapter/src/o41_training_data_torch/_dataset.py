@@ -149,7 +149,7 @@ class O41IterableDataset(IterableDataset[O41Batch]):
       resume with another ``num_workers``, keep ``dataset.checkpoint(batch)`` of the last batch
       the model consumed and build a new dataset from it.
 
-    Example:
+    Examples:
         >>> dataset = O41IterableDataset(config)  # doctest: +SKIP
         >>> for batch in DataLoader(dataset, batch_size=None, num_workers=2):  # doctest: +SKIP
         ...     tokens = batch["tokens"]  # torch.int32 (batch_size, 2048)

@@ -32,7 +32,7 @@ def assert_resumable(config: BatchStreamConfig, *, batches: int = 20, through_js
     its ``batch_index`` and ``stage`` with the uninterrupted run. Raises ``AssertionError``
     naming the first difference.
 
-    Example:
+    Examples:
         >>> from o41_training_data.testing import assert_resumable
         >>> assert_resumable(config, batches=10)  # doctest: +SKIP
 

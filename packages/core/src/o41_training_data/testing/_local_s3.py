@@ -5,7 +5,7 @@ nothing here runs at import time, and :class:`LocalS3Server` raises a :class:`Ru
 package when it is missing. Buckets are created and checked with S3 requests signed right here (AWS
 Signature Version 4 over the standard library), so the core package needs no S3 client library.
 
-Example:
+Examples:
     >>> server = LocalS3Server(Path("s3-data"), access_key_id="key", secret_access_key="secret")
     >>> with server:  # doctest: +SKIP
     ...     print(server.endpoint_url)

