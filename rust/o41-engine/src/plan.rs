@@ -79,8 +79,9 @@ pub struct Plan {
     pub group_rows: u64,
     /// Read jobs in flight at most.
     pub max_jobs: usize,
-    /// The resolved config's fingerprint, computed once.
-    pub fingerprint: String,
+    /// The resolved config's fingerprint, computed at the first position asked for: it
+    /// hashes every shard entry, which open itself does not need.
+    fingerprint: OnceLock<String>,
 }
 
 impl Plan {
@@ -160,7 +161,6 @@ impl Plan {
                 prefetching,
             },
         )?;
-        let fingerprint = config.fingerprint();
         Ok(Plan {
             schema: batch_schema(&projection),
             resolved: config,
@@ -175,8 +175,13 @@ impl Plan {
             scratch_reserved,
             group_rows: shape.group_rows,
             max_jobs: shape.max_jobs as usize,
-            fingerprint,
+            fingerprint: OnceLock::new(),
         })
+    }
+
+    /// The resolved config's fingerprint.
+    pub fn fingerprint(&self) -> &str {
+        self.fingerprint.get_or_init(|| self.resolved.fingerprint())
     }
 
     /// The number of ranks.

@@ -416,7 +416,7 @@ impl BatchStream {
     fn position_in(&self, state: &State, consumed: u64, segment: Segment) -> Position {
         let next_batch = self.start.origin + consumed * self.plan.world();
         Position {
-            fingerprint: self.plan.fingerprint.clone(),
+            fingerprint: self.plan.fingerprint().to_owned(),
             rank: self.plan.resolved.rank,
             world_size: self.plan.resolved.world_size,
             cursor: Cursor {
