@@ -48,6 +48,26 @@ def main(argv: list[str] | None = None) -> int:
         help="describe shards in tasks on this Ray cluster ('auto', 'local')",
     )
     build.add_argument("--overwrite", action="store_true", help="replace a different manifest at --output")
+    tokenize = commands.add_parser(
+        "tokenize", help="tokenise the text field of records into a token dataset (docs/tokenize.md)"
+    )
+    tokenize.add_argument("inputs", nargs="+", help="shards of text records (jsonl, jsonl.gz, parquet, ...)")
+    tokenize.add_argument("--output", required=True, help="where to write the data manifest")
+    tokenize.add_argument(
+        "--tokenizer",
+        default="byte",
+        help="'byte' (built in) or the path of a tokenizer.json (default: byte)",
+    )
+    tokenize.add_argument("--eos", default=None, help="the tokenizer.json's end of document token")
+    tokenize.add_argument("--text-field", default="text", help="the field to tokenise (default: text)")
+    tokenize.add_argument("--split", default="train", help="the split to write (default: train)")
+    tokenize.add_argument("--input-format", default=None, help="the inputs' encoding (default: from suffix)")
+    tokenize.add_argument("--data-format", default="parquet", help="parquet, msgpack or jsonl.gz")
+    tokenize.add_argument("--tokens-per-shard", type=int, default=None, help="tokens per output shard")
+    tokenize.add_argument("--batch-size", type=int, default=None, help="documents encoded per batch")
+    tokenize.add_argument(
+        "--ray", default=None, metavar="ADDRESS", help="tokenise each input in a task on this Ray cluster"
+    )
     args = parser.parse_args(argv)
     if args.command == "demo":
         from ._demo import run_demo
@@ -60,6 +80,10 @@ def main(argv: list[str] | None = None) -> int:
             s3=args.s3,
         )
         return 0
+    if args.command == "tokenize":
+        from ._tokenize import tokenize_from_cli
+
+        return tokenize_from_cli(args)
     if args.manifest_command == "build":
         from ._manifest_build import build_from_cli
 
