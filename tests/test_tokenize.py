@@ -322,7 +322,7 @@ def test_a_restart_with_another_tokenizer_or_options_is_refused(tmp_path: Path, 
     tokenize_dataset([*paths, *other], second, tokens_per_shard=100, show_progress=False)
     (second).unlink()
     with pytest.raises(
-        ConfigError, match=r"shard-00001-000000\.parquet \(split 'train'\), which this job did not write"
+        ConfigError, match=r"shard-00001-000000\.parquet, which this job did not write"
     ) as info:
         tokenize_dataset(paths, second, tokens_per_shard=100, show_progress=False)
     assert info.value.option == "output"

@@ -30,7 +30,7 @@ from ._manifest import DataManifest
 from ._manifest_build import _encoding_of
 from ._progress import Progress
 from ._saver import DatasetSaver, SavedShard
-from ._storage import StorageConfig, normalize
+from ._storage import StorageConfig, normalize, parent
 
 __all__ = ["TextTokenizer", "TokenizedDataset", "TokenizerIdentity", "tokenize_dataset"]
 
@@ -580,15 +580,18 @@ def tokenize_dataset(
     finally:
         if bar is not None:
             bar.close()
+    # Any other completed shard under the output would join the manifest: refuse it first.
+    # (Listing, not build_manifest(), which would hash every shard before commit does again.)
     ours = {shard.location for result in results for shard in result.shards}
-    candidate = saver.build_manifest()
-    for name, found in candidate.splits.items():
-        stray = next((s.location for s in found.shards if s.location not in ours), None)
-        if stray is not None:
+    root = parent(saver.manifest_uri)
+    for uri in config.core().list(root):
+        name = uri.removeprefix(root + "/")
+        shard = name.removesuffix(".done.json")
+        if name.endswith(".done.json") and "/.tmp-" not in f"/{name}" and shard not in ours:
             raise _invalid(
                 "output",
-                f"{saver.manifest_uri}: its directory holds {stray} (split '{name}'), which this job did "
-                "not write; tokenise into an empty directory",
+                f"{saver.manifest_uri}: its directory holds {shard}, which this job did not write; "
+                "tokenise into an empty directory",
             )
     manifest = saver.commit_manifest()
     return TokenizedDataset(
