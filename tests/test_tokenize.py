@@ -32,7 +32,7 @@ from o41_training_data import (
 from o41_training_data._cli import main
 
 from conftest import write_shard
-from helpers import collect, config_for
+from helpers import collect, config_for, data_for, upload
 
 WORDS = ["the", "data", "loader", "token", "café", "naïve", "漢字", "🙂", "resume", "shard", "eos", "über"]
 TESTS = Path(__file__).parent
@@ -426,3 +426,29 @@ def test_an_empty_input_contributes_no_shard(tmp_path: Path) -> None:
     assert (result.documents, len(result.manifest.splits["train"].shards)) == (4, 1)
     assert result.manifest.splits["train"].shards[0].location == "train/_/shard-00001-000000.parquet"
     assert tokens_of(out) == [[*t.encode(), 256] for t in texts]
+
+
+def test_inputs_tokenizer_and_output_in_object_storage(
+    tmp_path: Path, s3_server: Any, boto3_client: Any, s3_prefix: str, tokenizer_json: Path
+) -> None:
+    from tokenizers import Tokenizer
+
+    storage = data_for(s3_server).storage_config
+    local, texts = inputs(tmp_path / "in", ["jsonl.gz", "parquet"], n=20)
+    remote = [upload(boto3_client, Path(p), f"{s3_prefix}in/{Path(p).name}") for p in local]
+    remote_tokenizer = upload(boto3_client, tokenizer_json, f"{s3_prefix}tokenizer.json")
+    output = f"{s3_prefix}tokens/data-manifest-v1.json"
+    options: dict[str, Any] = {"tokenizer": remote_tokenizer, "tokens_per_shard": 200, "show_progress": False}
+    result = tokenize_dataset(remote, output, storage=storage, **options)
+    reference = Tokenizer.from_file(str(tokenizer_json))
+    eos = reference.token_to_id("<|endoftext|>")
+    records = [
+        list(r["tokens"])
+        for shard in result.manifest.splits["train"].shards
+        for r in iter_shard("parquet", shard, storage_config=storage)
+    ]
+    assert records == [[*reference.encode(t, add_special_tokens=False).ids, eos] for t in texts]
+    assert result.tokenizer.sha256 == hashlib.sha256(tokenizer_json.read_bytes()).hexdigest()
+    # Run again: every shard is recovered and the same manifest is committed again (a no-op).
+    again = tokenize_dataset(remote, output, storage=storage, **options)
+    assert again.manifest == result.manifest
