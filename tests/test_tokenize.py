@@ -452,3 +452,19 @@ def test_inputs_tokenizer_and_output_in_object_storage(
     # Run again: every shard is recovered and the same manifest is committed again (a no-op).
     again = tokenize_dataset(remote, output, storage=storage, **options)
     assert again.manifest == result.manifest
+
+
+def test_input_format_split_and_batch_size(tmp_path: Path) -> None:
+    paths, texts = inputs(tmp_path / "in", ["jsonl"], n=30)
+    unsuffixed = tmp_path / "in" / "corpus.txt"
+    Path(paths[0]).rename(unsuffixed)
+    one = tmp_path / "one" / "data-manifest-v1.json"
+    options: dict[str, Any] = {"input_format": "jsonl", "split": "valid", "tokens_per_shard": 120}
+    result = tokenize_dataset([unsuffixed], one, batch_size=1, show_progress=False, **options)
+    assert list(result.manifest.splits) == ["valid"]
+    assert tokens_of(one, "valid") == [[*t.encode(), 256] for t in texts]
+    # Shard boundaries do not depend on how many documents are encoded at once.
+    many = tmp_path / "many" / "data-manifest-v1.json"
+    tokenize_dataset([unsuffixed], many, batch_size=1000, show_progress=False, **options)
+    assert shard_files(many) == shard_files(one)
+    assert len(result.manifest.splits["valid"].shards) > 1
