@@ -1,6 +1,6 @@
 """`o41 tokenize` per core against the `tokenizers` package's own batch encoder, on the same text.
 
-    uv run python benchmarks/tokenize_bench.py --mb 8 --reps 3
+    uv run python benchmarks/tokenize_bench.py --mb 4 --reps 5
 
 The text is CPython's standard library sources (prose and code, cut into documents of at most
 4 KiB), written as JSON Lines shards `{"text": ...}`; the tokenizer is a byte-level BPE of
@@ -147,15 +147,16 @@ def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--mb", type=float, default=8.0, help="megabytes of text")
+    parser.add_argument("--mb", type=float, default=4.0, help="megabytes of text")
     parser.add_argument("--files", type=int, default=4, help="input shards")
-    parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--reps", type=int, default=5)
     parser.add_argument("--child", nargs=2, metavar=("NAME", "DIR"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         child(args.child[0], Path(args.child[1]))
         return
     directory = Path(tempfile.mkdtemp(prefix="tokenize-bench-"))
+    loads = [os.getloadavg()[0]]
     env = {**os.environ, "RAYON_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"}
     try:
         corpus = prepare(directory, args.mb, args.files)
@@ -167,6 +168,7 @@ def main() -> None:
                     run_child([sys.executable, __file__, "--child", name, str(directory)], env=env)
                 )
                 print(rep, name, runs[name][-1], flush=True)
+                loads.append(os.getloadavg()[0])
     finally:
         shutil.rmtree(directory)
     text_mb = corpus["text_bytes"] / 1e6
@@ -205,6 +207,9 @@ def main() -> None:
   threads), medians (min-max). `o41 tokenize` counts everything from reading the shards to the
   published manifest (zstd Parquet, descriptors, checksums); `tokenizers` only its encoder over
   texts already in memory.
+- Machine load (1-minute load average, sampled between runs): {min(loads):.1f}-{max(loads):.1f} on
+  {os.cpu_count()} cores. Other jobs shared the machine, so rates per CPU-second, not wall time,
+  are compared; the spreads show what sharing leaves.
 
 | contender | per core (CPU-s) | spread | text MB per CPU-s | wall s |
 |---|---:|---:|---:|---:|

@@ -313,6 +313,9 @@ def test_a_restart_with_another_tokenizer_or_options_is_refused(tmp_path: Path, 
     with pytest.raises(ConfigError) as info:
         tokenize_dataset(paths, output, tokens_per_shard=50, show_progress=False)
     assert info.value.option == "tokens_per_shard"
+    with pytest.raises(ConfigError, match="text_field: 'text'") as info:
+        tokenize_dataset(paths, output, text_field="id", tokens_per_shard=100, show_progress=False)
+    assert info.value.option == "text_field"
     other, _ = inputs(tmp_path / "other", ["jsonl"], n=30)
     with pytest.raises(ConfigError, match="source") as info:
         tokenize_dataset(other, output, tokens_per_shard=100, show_progress=False)

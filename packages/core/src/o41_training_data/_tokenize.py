@@ -43,6 +43,8 @@ EOS_CANDIDATES = ("<|endoftext|>", "</s>", "<eos>", "<|end_of_text|>")
 _DEFAULT_TOKENS_PER_SHARD = 1 << 26  # 256 MiB of int32 ids: a Parquet shard far below 5 GiB
 _DEFAULT_BATCH = 1024
 _PART_DIGITS = 6
+# Options a completed shard records, in the order a refused restart names them.
+_OPTIONS = ("tokenizer", "text_field", "tokens_per_shard")
 _EXTRA_HINT = "pip install 'o41-training-data[tokenize]'"
 
 
@@ -372,8 +374,10 @@ def _tokenize_input(job: _InputJob, progress: Callable[[int], None] | None = Non
                 changed = sorted(
                     k for k in expected.keys() | recorded.keys() if recorded.get(k) != expected.get(k)
                 )
+                # The option at fault: an option that differs, else the inputs (source, first_row).
+                option = next((k for k in _OPTIONS if k in changed), "inputs")
                 raise _invalid(
-                    changed[0] if changed[0] in ("tokenizer", "text_field", "tokens_per_shard") else "inputs",
+                    option,
                     f"{job.saver.manifest_uri}: its completed shard {done.location} was written by another "
                     f"job ({', '.join(f'{k}: {recorded.get(k)!r}' for k in changed)}; this job has "
                     f"{', '.join(f'{k}: {expected.get(k)!r}' for k in changed)}); tokenise into another "
