@@ -20,6 +20,7 @@ import pytest
 from o41_training_data import (
     ConfigError,
     DataError,
+    DatasetSaver,
     MalformedShardError,
     ManifestSource,
     ProjectedField,
@@ -320,15 +321,26 @@ def test_a_restart_with_another_tokenizer_or_options_is_refused(tmp_path: Path, 
     with pytest.raises(ConfigError, match="source") as info:
         tokenize_dataset(other, output, tokens_per_shard=100, show_progress=False)
     assert info.value.option == "inputs"
-    # Shards another job left in the output directory would join the manifest: refused.
+    # Shards another job left in the output directory would join the manifest: refused, before
+    # any work when no input of this job could have written them (input 0 is not redone).
     second = tmp_path / "second" / "data-manifest-v1.json"
     tokenize_dataset([*paths, *other], second, tokens_per_shard=100, show_progress=False)
-    (second).unlink()
+    second.unlink()
+    for shard in (second.parent / "train" / "_").glob("shard-00000-*"):
+        shard.unlink()
     with pytest.raises(
         ConfigError, match=r"shard-00001-000000\.parquet, which this job did not write"
     ) as info:
         tokenize_dataset(paths, second, tokens_per_shard=100, show_progress=False)
     assert info.value.option == "output"
+    assert not list((second.parent / "train" / "_").glob("shard-00000-*"))
+    # ... and after the work when only the job can tell (a shard named as one of its own).
+    third = tmp_path / "third" / "data-manifest-v1.json"
+    DatasetSaver(third).save("train", None, [{"tokens": [1, 256]}], shard_id="00000-000099")
+    with pytest.raises(ConfigError, match=r"shard-00000-000099\.parquet, which this job did not write"):
+        tokenize_dataset(paths, third, tokens_per_shard=100, show_progress=False)
+    assert (third.parent / "train/_/shard-00000-000000.parquet.done.json").exists()
+    assert not third.exists()
     assert not second.exists()
 
 

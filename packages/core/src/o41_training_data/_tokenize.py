@@ -15,6 +15,7 @@ from __future__ import annotations
 import hashlib
 import itertools
 import os
+import re
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -29,7 +30,7 @@ from ._errors import ConfigError, DataError, ObjectNotFoundError
 from ._manifest import DataManifest
 from ._manifest_build import _encoding_of
 from ._progress import Progress
-from ._saver import DatasetSaver, SavedShard
+from ._saver import _EXTENSIONS, DatasetSaver, SavedShard
 from ._storage import StorageConfig, normalize, parent
 
 __all__ = ["TextTokenizer", "TokenizedDataset", "TokenizerIdentity", "tokenize_dataset"]
@@ -475,6 +476,27 @@ def _tokenizer_of(
     return TextTokenizer.from_file(tokenizer, eos, storage=storage)
 
 
+def _fits(match: re.Match[str] | None, inputs: int) -> bool:
+    return match is not None and int(match.group(1)) < inputs
+
+
+def _refuse_strays(saver: DatasetSaver, config: StorageConfig, ours: Callable[[str], bool]) -> None:
+    """Refuses a completed shard under the output that is not ``ours``: it would join the manifest.
+
+    Lists the completion descriptors; reads no data (``build_manifest`` would hash every shard).
+    """
+    root = parent(saver.manifest_uri)
+    for uri in config.core().list(root):
+        name = uri.removeprefix(root + "/")
+        location = name.removesuffix(".done.json")
+        if name.endswith(".done.json") and "/.tmp-" not in f"/{name}" and not ours(location):
+            raise _invalid(
+                "output",
+                f"{saver.manifest_uri}: its directory holds {location}, which this job did not write; "
+                "tokenise into an empty directory",
+            )
+
+
 def tokenize_dataset(
     inputs: Sequence[str | os.PathLike[str]],
     output: str | os.PathLike[str],
@@ -556,6 +578,12 @@ def tokenize_dataset(
         )
         for k, (path, encoding) in enumerate(zip(paths, encodings, strict=True))
     ]
+    # Shards no input of this job could have written are refused before any work; the rest
+    # are checked against their recorded metadata as they are recovered.
+    names = re.compile(
+        rf"{re.escape(split)}/_/shard-(\d{{{digits}}})-\d{{{_PART_DIGITS}}}{re.escape(_EXTENSIONS[data_format])}"
+    )
+    _refuse_strays(saver, config, lambda location: _fits(names.fullmatch(location), len(jobs)))
     bar = Progress(total=len(jobs), label="tokenizing", unit="inputs") if show_progress else None
     written = 0
 
@@ -584,19 +612,8 @@ def tokenize_dataset(
     finally:
         if bar is not None:
             bar.close()
-    # Any other completed shard under the output would join the manifest: refuse it first.
-    # (Listing, not build_manifest(), which would hash every shard before commit does again.)
     ours = {shard.location for result in results for shard in result.shards}
-    root = parent(saver.manifest_uri)
-    for uri in config.core().list(root):
-        name = uri.removeprefix(root + "/")
-        shard = name.removesuffix(".done.json")
-        if name.endswith(".done.json") and "/.tmp-" not in f"/{name}" and shard not in ours:
-            raise _invalid(
-                "output",
-                f"{saver.manifest_uri}: its directory holds {shard}, which this job did not write; "
-                "tokenise into an empty directory",
-            )
+    _refuse_strays(saver, config, lambda location: location in ours)
     manifest = saver.commit_manifest()
     return TokenizedDataset(
         manifest=manifest,
