@@ -62,9 +62,18 @@ def main(argv: list[str] | None = None) -> int:
     tokenize.add_argument("--text-field", default="text", help="the field to tokenise (default: text)")
     tokenize.add_argument("--split", default="train", help="the split to write (default: train)")
     tokenize.add_argument("--input-format", default=None, help="the inputs' encoding (default: from suffix)")
-    tokenize.add_argument("--data-format", default="parquet", help="parquet, msgpack or jsonl.gz")
-    tokenize.add_argument("--tokens-per-shard", type=int, default=None, help="tokens per output shard")
-    tokenize.add_argument("--batch-size", type=int, default=None, help="documents encoded per batch")
+    tokenize.add_argument(
+        "--data-format", default="parquet", help="parquet, msgpack or jsonl.gz (default: parquet)"
+    )
+    tokenize.add_argument(
+        "--tokens-per-shard",
+        type=int,
+        default=None,
+        help="an output shard closes at this many tokens (default: 2**26)",
+    )
+    tokenize.add_argument(
+        "--batch-size", type=int, default=None, help="documents encoded per call (default: 1024)"
+    )
     tokenize.add_argument(
         "--ray", default=None, metavar="ADDRESS", help="tokenise each input in a task on this Ray cluster"
     )
