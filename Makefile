@@ -74,3 +74,4 @@ bench: bootstrap ## install the peers and run the benchmarks; rewrites benchmark
 	$(UV) run --group bench python benchmarks/jsonl_bench.py
 	$(UV) run --group bench python benchmarks/saver_bench.py
 	$(UV) run --group bench python benchmarks/s3_bench.py
+	$(UV) run --group bench python benchmarks/tokenize_bench.py

@@ -62,6 +62,7 @@ from ._stream import (
     resolve_batch_stream_config,
     resume_batch_stream,
 )
+from ._tokenize import TextTokenizer, TokenizedDataset, TokenizerIdentity, tokenize_dataset
 from ._training_data import TrainingData
 
 __all__ = [
@@ -102,6 +103,9 @@ __all__ = [
     "StorageError",
     "StreamClosedError",
     "StreamStats",
+    "TextTokenizer",
+    "TokenizedDataset",
+    "TokenizerIdentity",
     "TrainingData",
     "UnsupportedFormatError",
     "__version__",
@@ -112,4 +116,5 @@ __all__ = [
     "resolve_batch_stream_config",
     "resume_batch_stream",
     "save_manifest",
+    "tokenize_dataset",
 ]

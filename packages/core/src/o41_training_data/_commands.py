@@ -248,6 +248,85 @@ def build(
     return EXIT_OK
 
 
+@cli.command()
+@click.argument("inputs", nargs=-1, required=True)
+@click.option("--output", required=True, help="Where to write the data manifest.")
+@click.option(
+    "--tokenizer",
+    default="byte",
+    show_default=True,
+    help="'byte' (built in) or the path of a Hugging Face tokenizer.json.",
+)
+@click.option("--eos", default=None, help="The tokenizer.json's end of document token.")
+@click.option("--text-field", default="text", show_default=True, help="The field to tokenise.")
+@click.option("--split", default="train", show_default=True, help="The split to write.")
+@click.option("--input-format", default=None, help="The inputs' encoding (default: from their suffix).")
+@click.option(
+    "--data-format",
+    default="parquet",
+    show_default=True,
+    help="Output encoding: parquet, msgpack or jsonl.gz.",
+)
+@click.option(
+    "--tokens-per-shard",
+    type=click.IntRange(min=1),
+    default=None,
+    help="An output shard closes at this many tokens (default: 2**26).",
+)
+@click.option(
+    "--batch-size",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Documents encoded per call (default: 1024).",
+)
+@click.option(
+    "--ray",
+    "ray_address",
+    default=None,
+    metavar="ADDRESS",
+    help="Tokenise each input in a task on this Ray cluster ('auto', 'local').",
+)
+def tokenize(
+    inputs: tuple[str, ...],
+    output: str,
+    tokenizer: str,
+    eos: str | None,
+    text_field: str,
+    split: str,
+    input_format: str | None,
+    data_format: str,
+    tokens_per_shard: int | None,
+    batch_size: int | None,
+    ray_address: str | None,
+) -> int:
+    """Tokenise the text field of records into a token dataset (docs/tokenize.md); resumable."""
+    from ._tokenize import DEFAULT_BATCH, DEFAULT_TOKENS_PER_SHARD, tokenize_dataset
+
+    with _progress("tokenizing", len(inputs), "inputs") as advance:
+        result = tokenize_dataset(
+            list(inputs),
+            output,
+            tokenizer=tokenizer,
+            eos=eos,
+            text_field=text_field,
+            split=split,
+            input_format=input_format,
+            data_format=data_format,
+            tokens_per_shard=DEFAULT_TOKENS_PER_SHARD if tokens_per_shard is None else tokens_per_shard,
+            batch_size=DEFAULT_BATCH if batch_size is None else batch_size,
+            ray_address=ray_address,
+            progress=advance,
+        )
+    shards = result.manifest.splits.get(split)
+    identity = result.tokenizer
+    click.echo(
+        f"{result.manifest.uri}: {result.documents:,} documents, {result.tokens:,} tokens in "
+        f"{len(shards.shards) if shards else 0} shards ({identity.kind} tokenizer, vocabulary "
+        f"{identity.vocab_size:,}, eos {identity.eos_id})"
+    )
+    return EXIT_OK
+
+
 # --- config -----------------------------------------------------------------------------------
 
 
