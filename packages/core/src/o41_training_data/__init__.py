@@ -26,6 +26,7 @@ from ._config import (
     FileSource,
     ManifestSource,
     ProjectedField,
+    Ramp,
     Shuffle,
     Stage,
 )
@@ -93,6 +94,7 @@ __all__ = [
     "Position",
     "ProjectedField",
     "ProjectionError",
+    "Ramp",
     "RetryPolicy",
     "SavedShard",
     "Segment",
