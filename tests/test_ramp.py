@@ -27,18 +27,20 @@ LIMIT = 24
 
 @st.composite
 def ramped_cases(draw: st.DrawFn, max_stages: int = 2, infinite: bool | None = None) -> Case:
-    """Cases whose first stage ramps; every ramp size divides by the world size."""
+    """Cases with one ramped stage (any of them); every ramp size divides by the world size."""
     world = draw(st.integers(1, 3))
     stages = draw(st.lists(stage_cases(infinite), min_size=1, max_size=max_stages))
-    start, increment, steps = (
-        draw(st.integers(1, 2)) * world,
-        draw(st.integers(1, 2)) * world,
-        draw(st.integers(1, 3)),
-    )
-    first = stages[0]
-    first.batch_size = start + steps * increment
-    first.ramp = (start, increment, draw(st.integers(1, 60)))
+    start = draw(st.integers(1, 2)) * world
+    increment = draw(st.integers(1, 2)) * world
+    steps = draw(st.integers(1, 3))
+    ramped = stages[draw(st.integers(0, len(stages) - 1))]
+    ramped.batch_size = start + steps * increment
+    ramped.ramp = (start, increment, draw(st.integers(1, 60)))
     return Case(stages=stages, seed=draw(st.integers(0, 2**32)), world_size=world)
+
+
+def ramp_of(case: Case) -> tuple[int, tuple[int, int, int]]:
+    return next((s, stage.ramp) for s, stage in enumerate(case.stages) if stage.ramp is not None)
 
 
 def merged_by_batch(per_rank: list[list[Record]]) -> list[Record]:
@@ -77,20 +79,21 @@ def test_ranks_share_every_ramp_batch_and_together_are_the_global_sequence(
 ) -> None:
     with materialise(case):
         world = case.world_size
-        # A switch to the next stage after the same number of local batches on every rank; in a
-        # ramped stage a local batch is a global one, so the single-rank run switches there too.
-        advances = {data.draw(st.integers(0, LIMIT)): 1} if len(case.stages) > 1 else {}
+        ramped, (start, increment, _) = ramp_of(case)
+        # A switch to the next stage after the same number of local batches on every rank. A
+        # local batch is a global one in a ramped stage, a round of world_size in another: the
+        # single-rank run switches at the same global batch.
+        at = data.draw(st.integers(0, LIMIT))
+        advances = {at: 1} if len(case.stages) > 1 else {}
+        single_advances = {at * (1 if ramped == 0 else world): 1} if advances else {}
         per_rank = [run(case.config(rank=r), LIMIT, advances) for r in range(world)]
-        assert len({len(batches) for batches in per_rank}) == 1, (
-            "every rank yields the same number of batches"
-        )
-        # Every rank holds the same share of every global batch, so the ranks step together.
+        assert len({len(batches) for batches in per_rank}) == 1, "every rank yields as many batches"
+        # Every rank holds the same share of every ramp batch, so the ranks step together.
         assert len({tuple(sizes(batches)) for batches in per_rank}) == 1
         merged = merged_by_batch(per_rank)
-        single = run(case.config(rank=0, world_size=1), len(merged), advances)
+        single = run(case.config(rank=0, world_size=1), len(merged), single_advances)
         assert merged == single
-        start, increment, _ = case.stages[0].ramp or (0, 0, 0)
-        ramp = [len(arrays["v"]) for _, stage, arrays in single if stage == 0]
+        ramp = [len(arrays["v"]) for _, stage, arrays in single if stage == ramped]
         assert ramp == sorted(ramp), "the batch only grows"
         assert all((size - start) % increment == 0 for size in ramp)
         assert not ramp or ramp[0] == start
@@ -108,7 +111,7 @@ def test_a_mid_ramp_checkpoint_resumes_on_another_world_size(case: Case, data: s
                 checkpoints.append(stream.checkpoint())
         # Positions are global batch numbers: every rank's checkpoint marks the same point.
         assert len({c.next_batch for c in checkpoints}) == 1
-        start, increment, _ = case.stages[0].ramp or (1, 1, 0)
+        _, (start, increment, _) = ramp_of(case)
         new_world = data.draw(
             st.sampled_from([w for w in (1, 2, 3, 4, 6) if start % w == 0 and increment % w == 0])
         )

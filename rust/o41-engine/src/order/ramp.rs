@@ -39,8 +39,10 @@ impl Batching {
                 let per = u128::from(k) * u128::from(size);
                 let batches = u128::from(ramp.rows).div_ceil(per) as u64;
                 steps.push(Step { batch, row, size });
-                batch += batches;
-                row += batches * size;
+                // Saturating: only absurd sizes get near 64 bits, and positions that far are
+                // refused by the cursor checks rather than wrapped.
+                batch = batch.saturating_add(batches);
+                row = row.saturating_add(batches.saturating_mul(size));
             }
         }
         steps.push(Step {
