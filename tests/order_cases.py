@@ -15,6 +15,7 @@ from o41_training_data import (
     Checkpoint,
     FileSource,
     ProjectedField,
+    Ramp,
     Shuffle,
     Stage,
     open_batch_stream,
@@ -46,6 +47,7 @@ class StageCase:
     batch_size: int
     shuffle: tuple[int, int] | None
     infinite: bool
+    ramp: tuple[int, int, int] | None = None
 
 
 @dataclass
@@ -54,6 +56,7 @@ class Case:
     seed: int
     world_size: int
     files: list[list[list[str]]] = field(default_factory=list)
+    validation_pass: bool = False
 
     def rows(self, stage: int) -> int:
         return sum(sum(s.shards) for s in self.stages[stage].sources)
@@ -69,8 +72,15 @@ class Case:
             shuffle = (
                 Shuffle(buffer_rows=stage.shuffle[0], unit_rows=stage.shuffle[1]) if stage.shuffle else None
             )
+            ramp = Ramp(*stage.ramp) if stage.ramp else None
             stages.append(
-                Stage(sources=sources, batch_size=stage.batch_size, shuffle=shuffle, infinite=stage.infinite)
+                Stage(
+                    sources=sources,
+                    batch_size=stage.batch_size,
+                    shuffle=shuffle,
+                    infinite=stage.infinite,
+                    ramp=ramp,
+                )
             )
         return BatchStreamConfig(
             fields=FIELDS,
@@ -80,6 +90,7 @@ class Case:
             prefetch_batches=prefetch,
             rank=rank,
             world_size=world_size if world_size is not None else self.world_size,
+            validation_pass=self.validation_pass,
         )
 
     def write(self, directory: Path) -> None:

@@ -34,6 +34,7 @@ from o41_training_data import (
     FileSource,
     ProjectedField,
     ProjectionError,
+    Ramp,
     Shuffle,
     Stage,
     StreamClosedError,
@@ -342,6 +343,54 @@ def test_a_validation_split_ends_after_whole_batches(shard: ShardWriter, shardin
             next(validation)  # it stays ended
     assert seen == core_batches(config, 100)
     assert len(seen) == 6  # 27 rows: six whole batches, the last 3 rows dropped
+
+
+def test_a_validation_pass_pads_the_last_batch_and_passes_the_mask(
+    shard: ShardWriter, sharding: NamedSharding
+) -> None:
+    split = shard("jsonl", [{"v": 9000 + i} for i in range(27)])
+    config = BatchStreamConfig(
+        fields=[ProjectedField("v", "v", "i32")],
+        stages=[Stage(sources=[FileSource(files=[split])], batch_size=4)],
+        threads=1,
+        validation_pass=True,
+    )
+    with O41JaxIterator(config, sharding) as validation:
+        batches = list(validation)
+    assert len(batches) == 7  # 27 rows: the seventh batch holds 3 rows and one padding row
+    assert all(b["valid"].dtype == np.bool_ and b["valid"].sharding == sharding for b in batches)
+    v = np.concatenate([np.asarray(b["v"]) for b in batches])
+    valid = np.concatenate([np.asarray(b["valid"]) for b in batches])
+    assert v[valid].tolist() == list(range(9000, 9027))
+    assert valid.tolist() == [True] * 27 + [False]
+    assert v[~valid].tolist() == [0]
+
+
+def test_a_ramp_gives_each_step_its_own_global_shape(shard: ShardWriter, sharding: NamedSharding) -> None:
+    rows = shard("parquet", [{"v": i} for i in range(200)])
+    config = BatchStreamConfig(
+        fields=[ProjectedField("v", "v", "i32")],
+        stages=[Stage(sources=[FileSource(files=[rows])], batch_size=8, ramp=Ramp(2, 2, 12), infinite=True)],
+        threads=1,
+    )
+    with O41JaxIterator(config, sharding) as iterator:
+        shapes, seen = [], []
+        for batch in iterator:
+            assert batch["v"].sharding == sharding
+            shapes.append(batch["v"].shape[0])
+            seen.append(np.asarray(batch["v"]).tolist())
+            if len(seen) == 8:
+                break
+    # Three ramp steps of ceil(12 / (3 * size)) batches each (2, 1, 1), then the full batch.
+    assert shapes == [2, 2, 4, 6, 8, 8, 8, 8]
+    assert seen == core_batches(config, 8)
+    # A ramp size the devices cannot split is refused before anything is read.
+    odd = dataclasses.replace(
+        config,
+        stages=[Stage(sources=[FileSource(files=[rows])], batch_size=7, ramp=Ramp(1, 2, 12), infinite=True)],
+    )
+    with pytest.raises(ConfigError, match="invalid batch_size 1"):
+        O41JaxIterator(odd, sharding)
 
 
 # -- Orbax and grain -------------------------------------------------------------------------

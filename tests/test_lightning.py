@@ -28,6 +28,7 @@ from o41_training_data import (
     FileSource,
     Position,
     ProjectedField,
+    Ramp,
     Shuffle,
     Stage,
     open_batch_stream,
@@ -201,6 +202,62 @@ def test_a_mid_epoch_resume_trains_on_exactly_the_batches_of_an_uninterrupted_ru
     entry = state["O41DataModule"]
     assert (entry["format"], entry["version"], entry["world_size"]) == (FORMAT, STATE_VERSION, 1)
     assert Position.from_json(entry["ranks"][0]["position"]).batches_yielded == 4  # consumed, not fetched
+
+
+class Scoring(Recorder):
+    """Records the size of every training batch and the rows each validation run scored."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.sizes: list[int] = []
+        self.scored: list[list[int]] = []
+
+    def training_step(self, batch: dict[str, Any], batch_idx: int) -> torch.Tensor:
+        self.sizes.append(len(batch["x"]))
+        return super().training_step(batch, batch_idx)
+
+    def on_validation_epoch_start(self) -> None:
+        self.scored.append([])
+
+    def validation_step(self, batch: dict[str, Any], batch_idx: int) -> torch.Tensor:
+        valid = batch["valid"]
+        assert valid.dtype == torch.bool
+        self.scored[-1].extend(batch["id"][valid].tolist())
+        return self.layer(batch["x"][valid]).mean()
+
+
+@RESUMING
+def test_a_ramp_trains_on_growing_batches_resumes_mid_ramp_and_validation_scores_every_row(
+    data: Path, tmp_path: Path
+) -> None:
+    config = dataclasses.replace(
+        make_config(data),
+        stages=[dataclasses.replace(make_config(data).stages[0], batch_size=8, ramp=Ramp(2, 2, 12))],
+    )
+    val_config = dataclasses.replace(make_val_config(data), validation_pass=True)
+
+    def datamodule() -> O41DataModule:
+        return O41DataModule(config, val_config=val_config)
+
+    options = {"callbacks": [checkpoints(tmp_path / "s", every=2)], "val_check_interval": 5}
+    straight = fit(datamodule(), tmp_path / "s", 8, model=Scoring(), **options)
+    assert isinstance(straight, Scoring)
+    assert straight.sizes == [2, 2, 4, 6, 8, 8, 8, 8]  # ramp steps of ceil(12 / (3 * size)) batches
+    # 200 rows in batches of 64: the fourth batch is padded (8 rows of data), not dropped.
+    assert [sorted(ids) for ids in straight.scored] == [list(range(200))]
+
+    options["callbacks"] = [checkpoints(tmp_path / "s", every=2)]
+    resumed = fit(
+        datamodule(),
+        tmp_path / "s",
+        8,
+        model=Scoring(),
+        ckpt_path=tmp_path / "s" / "epoch=0-step=2.ckpt",
+        **options,
+    )
+    assert isinstance(resumed, Scoring)
+    assert resumed.sizes == straight.sizes[2:]
+    assert resumed.trained == straight.trained[2:]
 
 
 @RESUMING

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import gc
+import json
 import os
 import pickle
 import signal
@@ -24,6 +25,7 @@ from o41_training_data import (
     ConfigError,
     FileSource,
     ProjectedField,
+    Ramp,
     Shuffle,
     Stage,
     open_batch_stream,
@@ -216,6 +218,37 @@ def test_advance_reaches_the_workers(config: BatchStreamConfig, workers: int, pe
     assert got == core_sequence(config, advance_at=switch, limit=30)
 
 
+@MANY_WORKERS
+def test_a_ramp_yields_growing_batches_and_advances_after_what_workers_hold(shard: ShardWriter) -> None:
+    rows = [{"v": i, "m": [i % 3 == 0] * 3} for i in range(300)]
+    source = FileSource(files=[shard("parquet", rows)])
+    config = BatchStreamConfig(
+        fields=[ProjectedField("v", "v", "i64"), ProjectedField("m", "m", "bool", length=3)],
+        stages=[
+            Stage(sources=[source], batch_size=8, ramp=Ramp(start=2, increment=2, rows=24), infinite=True),
+            Stage(sources=[source], batch_size=4, infinite=True),
+        ],
+        threads=1,
+        rank=1,
+        world_size=2,
+    )
+    dataset = O41IterableDataset(config)
+    got = []
+    for batch in DataLoader(dataset, batch_size=None, num_workers=2):
+        assert batch["m"].dtype == torch.bool
+        got.append((batch["batch_index"], batch["v"].tolist()))
+        if len(got) == 3:
+            dataset.advance(1, after=batch)
+        if len(got) == 16:
+            break
+    # In the ramped stage one local batch is one global batch (the ranks share each), so the
+    # switch comes after the 2 workers' 2 batches each, not 2 rounds of world_size batches each.
+    assert got == core_sequence(config, advance_at=3 + 2 * 2, limit=16)
+    # Global batches of 2 (4 of them), 4 (2), 6 (2), then 8; this rank holds half of each.
+    assert [len(v) for _, v in got[:7]] == [1, 1, 1, 1, 2, 2, 3]
+    assert {len(v) for _, v in got[7:]} == {4}
+
+
 def test_another_ranks_checkpoint_is_refused(
     config: BatchStreamConfig, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -228,6 +261,39 @@ def test_another_ranks_checkpoint_is_refused(
     monkeypatch.setenv("WORLD_SIZE", "2")
     with pytest.raises(CheckpointError, match="belongs to rank 1 of 2"):
         O41IterableDataset(checkpoint)
+
+
+def test_a_validation_pass_under_torchrun_scores_every_row_once(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    data.mkdir()
+    # 41 rows in batches of 4 on 3 ranks: 11 batches, so the last round of 3 is padded (one
+    # batch of 1 row, one of none) instead of dropped.
+    write_shard(data / "a.parquet", "parquet", [{"x": float(i)} for i in range(23)])
+    write_shard(data / "b.parquet", "parquet", [{"x": float(100 + i)} for i in range(18)])
+    out = tmp_path / "out"
+    out.mkdir()
+    command = [
+        sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=3",
+        str(Path(__file__).with_name("torch_validate.py")), "--data", str(data), "--out", str(out),
+    ]  # fmt: skip
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
+    process = subprocess.Popen(command, env=env, start_new_session=True)
+    try:
+        assert process.wait(timeout=240) == 0
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+    result = json.loads((out / "validation.json").read_text())
+    ranks = result["ranks"]
+    assert [r["steps"] for r in ranks] == [4, 4, 4], (
+        "every rank runs the same steps, the padded round included"
+    )
+    ids = [i for r in ranks for i in r["ids"]]
+    source_of = [(i >> 40) & 0xFFFF for i in ids]
+    assert len(ids) == 41
+    assert sorted(i & 0xFFFFFFFFFF for i, s in zip(ids, source_of, strict=True) if s == 0) == list(range(41))
+    expected = sum(range(23)) + sum(100 + i for i in range(18))
+    assert result["score"] == [float(expected), 41.0]
 
 
 def test_torchrun_job_killed_and_restarted_matches_an_uninterrupted_run(tmp_path: Path) -> None:

@@ -231,6 +231,8 @@ impl Checkpoint {
         let mut out = self.clone();
         out.resolved.rank = rank;
         out.resolved.world_size = world_size;
+        // A ramped stage's batches must split over the new world too.
+        out.resolved.validate()?;
         Ok(out)
     }
 }

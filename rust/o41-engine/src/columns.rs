@@ -145,13 +145,22 @@ impl ColumnBuf {
         self.len() == 0
     }
 
-    /// Sets element `index` of an integer column (synthetic columns are scalar integers).
+    /// Sets element `index` of an integer or bool column (synthetic columns are scalar
+    /// integers, the validation mask a scalar bool).
     pub fn set_int(&mut self, index: usize, value: i64) {
         match self {
             ColumnBuf::I32(v) => v[index] = value as i32,
             ColumnBuf::I64(v) => v[index] = value,
-            _ => unreachable!("synthetic columns are integers"),
+            ColumnBuf::Bool(v) => v[index] = u8::from(value != 0),
+            _ => unreachable!("synthetic columns are integers or the bool mask"),
         }
+    }
+
+    /// Sets row `row` (`width` elements) to zero: a validation pass's padding rows are zeros,
+    /// whatever the field's pad.
+    pub fn zero_row(&mut self, row: usize, width: usize) {
+        let range = row * width..(row + 1) * width;
+        with_column!(self, v => v[range].fill(Default::default()));
     }
 
     /// Copies `rows` rows of `width` elements from `src` (starting at `src_row`) to `dst_row`.
@@ -242,6 +251,13 @@ impl Chunk {
                 .iter()
                 .map(|c| ColumnBuf::padded(c, rows))
                 .collect(),
+        }
+    }
+
+    /// Sets row `row` of every column to zero.
+    pub fn zero_row(&mut self, projection: &Projection, row: usize) {
+        for (buf, column) in self.columns.iter_mut().zip(&projection.columns) {
+            buf.zero_row(row, column.width);
         }
     }
 

@@ -143,6 +143,19 @@ pub struct ShuffleSpec {
     pub unit_rows: Option<u64>,
 }
 
+/// A batch ramp: the stage's global batch grows from `start` rows to its `batch_size` in steps
+/// of `increment` over the stage's first `rows` rows (`docs/order.md#batch-ramps`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RampSpec {
+    /// Rows of the first global batch.
+    pub start: u64,
+    /// Rows added at each ramp step.
+    pub increment: u64,
+    /// Rows of the stage read before the full batch size is reached.
+    pub rows: u64,
+}
+
 /// One curriculum stage: a weighted mix of sources cut into batches.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -157,6 +170,9 @@ pub struct StageSpec {
     /// Repeat sources endlessly (epochs) instead of reading each once.
     #[serde(default)]
     pub infinite: bool,
+    /// Grow the global batch to `batch_size` over the stage's first rows.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ramp: Option<RampSpec>,
 }
 
 /// The stream configuration users write.
@@ -185,6 +201,10 @@ pub struct StreamConfig {
     /// Upper bound on the stream's working set; `None` means half the host's memory.
     #[serde(default)]
     pub memory_limit_bytes: Option<u64>,
+    /// Read every row of the (finite, unshuffled) stages exactly once across ranks, padding the
+    /// final round and marking real rows in a `valid` column instead of dropping it.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub validation_pass: bool,
 }
 
 fn default_threads() -> usize {
@@ -215,6 +235,7 @@ impl StreamConfig {
         for (s, stage) in self.stages.iter().enumerate() {
             let option = format!("stages[{s}]");
             validate_stage(&option, stage.batch_size, stage.shuffle)?;
+            validate_ramp(&option, stage.batch_size, stage.ramp, self.world_size)?;
             if stage.sources.is_empty() {
                 return Err(Error::config(
                     format!("{option}.sources"),
@@ -258,6 +279,10 @@ impl StreamConfig {
                 }
                 validate_weight(&option, source.weight())?;
             }
+        }
+        if self.validation_pass {
+            let stages = self.stages.iter().map(|s| (s.infinite, s.shuffle, s.ramp));
+            validate_validation_pass(&self.fields, stages)?;
         }
         validate_resources(self.threads, self.rank, self.world_size)
     }
@@ -360,6 +385,130 @@ fn validate_stage(option: &str, batch_size: usize, shuffle: Option<ShuffleSpec>)
     Ok(())
 }
 
+/// Ramp steps a stage may have at most: the order tabulates one entry per step.
+pub const MAX_RAMP_STEPS: u64 = 65_536;
+
+/// Checks a ramp against its stage's batch size and the world it is split over: every ramp
+/// step's global batch is shared by all ranks, so each must divide by `world_size`.
+fn validate_ramp(
+    option: &str,
+    batch_size: usize,
+    ramp: Option<RampSpec>,
+    world_size: usize,
+) -> Result<()> {
+    let Some(ramp) = ramp else {
+        return Ok(());
+    };
+    let option = format!("{option}.ramp");
+    let bs = batch_size as u64;
+    for (name, value) in [
+        ("start", ramp.start),
+        ("increment", ramp.increment),
+        ("rows", ramp.rows),
+    ] {
+        if value == 0 {
+            return Err(Error::config(
+                format!("{option}.{name}"),
+                "must be at least 1",
+            ));
+        }
+    }
+    if ramp.start >= bs {
+        return Err(Error::config(
+            format!("{option}.start"),
+            format!(
+                "{} rows is not below the stage's batch_size {bs}; a ramp grows the batch",
+                ramp.start
+            ),
+        ));
+    }
+    if !(bs - ramp.start).is_multiple_of(ramp.increment) {
+        return Err(Error::config(
+            format!("{option}.increment"),
+            format!(
+                "{} does not reach batch_size {bs} from start {} in whole steps",
+                ramp.increment, ramp.start
+            ),
+        ));
+    }
+    let steps = (bs - ramp.start) / ramp.increment;
+    if steps > MAX_RAMP_STEPS {
+        return Err(Error::config(
+            format!("{option}.increment"),
+            format!("the ramp has {steps} steps, more than the {MAX_RAMP_STEPS} allowed"),
+        ));
+    }
+    if ramp.rows > crate::order::MAX_POSITION {
+        return Err(Error::config(
+            format!("{option}.rows"),
+            format!(
+                "{} is beyond any position a stream reaches (2^62 rows)",
+                ramp.rows
+            ),
+        ));
+    }
+    let world = world_size.max(1) as u64;
+    if let Some(size) = (0..=steps)
+        .map(|i| ramp.start + i * ramp.increment)
+        .find(|size| !size.is_multiple_of(world))
+    {
+        return Err(Error::config(
+            option,
+            format!(
+                "the ramp's global batch of {size} rows does not split evenly over \
+                 world_size {world} ranks; every ramp step (start {}, increment {}, up to \
+                 batch_size {bs}) must be a multiple of the world size",
+                ramp.start, ramp.increment
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// The name of the mask column a validation pass adds to every batch.
+pub const VALID_COLUMN: &str = "valid";
+
+/// A validation pass reads each row once in order: its stages are finite, unshuffled and keep
+/// one batch size, and no field takes the mask column's name.
+fn validate_validation_pass(
+    fields: &[FieldSpec],
+    stages: impl Iterator<Item = (bool, Option<ShuffleSpec>, Option<RampSpec>)>,
+) -> Result<()> {
+    for (s, (infinite, shuffle, ramp)) in stages.enumerate() {
+        let why = if infinite {
+            Some((
+                "infinite",
+                "must be false: a validation pass reads every row once",
+            ))
+        } else if shuffle.is_some() {
+            Some((
+                "shuffle",
+                "must be None: a validation pass reads rows in order",
+            ))
+        } else if ramp.is_some() {
+            Some((
+                "ramp",
+                "must be None: a validation pass scores every batch at the same size",
+            ))
+        } else {
+            None
+        };
+        if let Some((name, message)) = why {
+            return Err(Error::config(
+                format!("stages[{s}].{name}"),
+                format!("{message} (validation_pass is set)"),
+            ));
+        }
+    }
+    if let Some(i) = fields.iter().position(|f| f.name == VALID_COLUMN) {
+        return Err(Error::config(
+            format!("fields[{i}].name"),
+            format!("'{VALID_COLUMN}' is the validation pass's mask column; rename the field"),
+        ));
+    }
+    Ok(())
+}
+
 fn validate_weight(option: &str, weight: f64) -> Result<()> {
     if weight.is_finite() && weight > 0.0 {
         Ok(())
@@ -454,6 +603,9 @@ pub struct ResolvedStage {
     pub shuffle: Option<ShuffleSpec>,
     /// Endless epochs.
     pub infinite: bool,
+    /// Batch ramp.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ramp: Option<RampSpec>,
 }
 
 /// The resolved document: what a stream opens and what a checkpoint stores.
@@ -477,6 +629,9 @@ pub struct ResolvedConfig {
     pub world_size: usize,
     /// Working-set limit in bytes.
     pub memory_limit_bytes: Option<u64>,
+    /// Every row once, the final round padded and masked.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub validation_pass: bool,
 }
 
 impl ResolvedConfig {
@@ -490,6 +645,7 @@ impl ResolvedConfig {
         for (s, stage) in self.stages.iter().enumerate() {
             let option = format!("stages[{s}]");
             validate_stage(&option, stage.batch_size, stage.shuffle)?;
+            validate_ramp(&option, stage.batch_size, stage.ramp, self.world_size)?;
             if stage.sources.is_empty() {
                 return Err(Error::config(
                     format!("{option}.sources"),
@@ -510,6 +666,10 @@ impl ResolvedConfig {
                     ));
                 }
             }
+        }
+        if self.validation_pass {
+            let stages = self.stages.iter().map(|s| (s.infinite, s.shuffle, s.ramp));
+            validate_validation_pass(&self.fields, stages)?;
         }
         validate_resources(self.threads, self.rank, self.world_size)
     }
@@ -542,6 +702,7 @@ impl ResolvedConfig {
                 batch_size: stage.batch_size,
                 shuffle: stage.shuffle,
                 infinite: stage.infinite,
+                ramp: stage.ramp,
             })
             .collect();
         let mut doc = serde_json::json!({
@@ -549,6 +710,10 @@ impl ResolvedConfig {
             "stages": stages,
             "seed": self.seed,
         });
+        // Added only when set, so streams without it keep their fingerprints.
+        if self.validation_pass {
+            doc["validation_pass"] = serde_json::Value::Bool(true);
+        }
         for (s, stage) in doc["stages"]
             .as_array_mut()
             .expect("stages serialise as an array")
@@ -645,11 +810,14 @@ mod tests {
 
     /// The fingerprint as first specified: the whole document through `Value`.
     fn reference_fingerprint(config: &ResolvedConfig) -> String {
-        let doc = serde_json::json!({
+        let mut doc = serde_json::json!({
             "fields": config.fields,
             "stages": config.stages,
             "seed": config.seed,
         });
+        if config.validation_pass {
+            doc["validation_pass"] = serde_json::Value::Bool(true);
+        }
         let mut hash = Fnv1a::default();
         hash.update(doc.to_string().as_bytes());
         format!("fnv1a64:{:016x}", hash.value())
@@ -690,12 +858,18 @@ mod tests {
                         unit_rows: Some(4),
                     }),
                     infinite: true,
+                    ramp: Some(RampSpec {
+                        start: 2,
+                        increment: 2,
+                        rows: 100,
+                    }),
                 },
                 ResolvedStage {
                     sources: vec![source(2.0, 4, false)],
                     batch_size: 3,
                     shuffle: None,
                     infinite: false,
+                    ramp: None,
                 },
             ],
             seed: 42,
@@ -704,8 +878,13 @@ mod tests {
             rank: 0,
             world_size: 1,
             memory_limit_bytes: None,
+            validation_pass: false,
         };
         assert_eq!(config.fingerprint(), reference_fingerprint(&config));
+        let mut validation = config.clone();
+        validation.validation_pass = true;
+        assert_eq!(validation.fingerprint(), reference_fingerprint(&validation));
+        assert_ne!(validation.fingerprint(), config.fingerprint());
         let mut other = config.clone();
         other.stages[0].sources[0].shards[3].rows += 1;
         assert_ne!(other.fingerprint(), config.fingerprint());
@@ -742,6 +921,59 @@ mod tests {
             matches!(&err, Error::Config { option, .. } if option == "seed"),
             "{err}"
         );
+    }
+
+    #[test]
+    fn a_ramp_must_reach_batch_size_and_split_over_the_ranks() {
+        let with = |ramp: &str, extra: &str| {
+            let text = minimal(extra).replace(
+                r#""batch_size":2"#,
+                &format!(r#""batch_size":12,"ramp":{ramp}"#),
+            );
+            StreamConfig::from_json(&text)
+        };
+        let ok = r#"{"start":4,"increment":4,"rows":100}"#;
+        assert!(with(ok, r#","world_size":2"#).is_ok());
+        let option = |r: Result<StreamConfig>| match r.unwrap_err() {
+            Error::Config { option, .. } => option,
+            other => panic!("{other}"),
+        };
+        assert_eq!(option(with(ok, r#","world_size":8"#)), "stages[0].ramp");
+        let cases = [
+            (
+                r#"{"start":0,"increment":4,"rows":100}"#,
+                "stages[0].ramp.start",
+            ),
+            (
+                r#"{"start":12,"increment":4,"rows":100}"#,
+                "stages[0].ramp.start",
+            ),
+            (
+                r#"{"start":4,"increment":5,"rows":100}"#,
+                "stages[0].ramp.increment",
+            ),
+            (
+                r#"{"start":4,"increment":4,"rows":0}"#,
+                "stages[0].ramp.rows",
+            ),
+            (r#"{"start":4,"increment":4}"#, "stages[0].ramp"),
+        ];
+        for (ramp, expected) in cases {
+            assert_eq!(option(with(ramp, "")), expected, "{ramp}");
+        }
+    }
+
+    #[test]
+    fn a_validation_pass_reads_finite_unshuffled_stages() {
+        let pass = r#","validation_pass":true"#;
+        assert!(StreamConfig::from_json(&minimal(pass)).is_ok());
+        let infinite =
+            minimal(pass).replace(r#""batch_size":2"#, r#""batch_size":2,"infinite":true"#);
+        let err = StreamConfig::from_json(&infinite).unwrap_err();
+        assert!(err.to_string().contains("stages[0].infinite"), "{err}");
+        let named = minimal(pass).replace(r#""name":"t""#, r#""name":"valid""#);
+        let err = StreamConfig::from_json(&named).unwrap_err();
+        assert!(err.to_string().contains("fields[0].name"), "{err}");
     }
 
     #[test]

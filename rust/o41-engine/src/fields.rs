@@ -21,6 +21,9 @@ pub enum Synthetic {
     Epoch,
     /// `@stage`: the stage the row belongs to (a drained row keeps its old stage).
     Stage,
+    /// The `valid` mask of a validation pass: 1 for a row of data, 0 for padding. Added by the
+    /// engine, never declared (it has no `@` name).
+    Valid,
 }
 
 impl Synthetic {
@@ -117,6 +120,21 @@ impl ProjectedColumn {
         } else {
             let dims: Vec<String> = self.shape.iter().map(ToString::to_string).collect();
             format!("{}[{}]", self.dtype.name(), dims.join(", "))
+        }
+    }
+}
+
+impl ProjectedColumn {
+    /// The bool mask column a validation pass adds to every batch.
+    pub fn valid_mask() -> Self {
+        ProjectedColumn {
+            name: crate::config::VALID_COLUMN.to_owned(),
+            source: crate::config::VALID_COLUMN.to_owned(),
+            dtype: DType::Bool,
+            shape: Vec::new(),
+            width: 1,
+            pad: Scalar::Bool(false),
+            synthetic: Some(Synthetic::Valid),
         }
     }
 }

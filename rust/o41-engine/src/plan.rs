@@ -16,7 +16,7 @@ use crate::columns::{batch_schema, Chunk};
 use crate::config::ResolvedConfig;
 use crate::encoding::Encoding;
 use crate::error::{Error, Result};
-use crate::fields::{Projection, Synthetic};
+use crate::fields::{ProjectedColumn, Projection, Synthetic};
 use crate::formats::{self, Prefetch, Promise, PromiseOrigin, ShardMeta};
 use crate::memory::{MemoryBound, ShardScratch, MAX_JOB_ROWS};
 use crate::order::{LayoutCache, Order, Segment, Slot};
@@ -96,6 +96,10 @@ impl Plan {
             storage,
         } = resolved;
         let order = Order::new(&config)?;
+        let mut projection = projection;
+        if config.validation_pass {
+            projection.columns.push(ProjectedColumn::valid_mask());
+        }
         let (records, record_map) = projection.record_columns();
         let mut shards = Vec::new();
         let mut shard_ids = Vec::new();
@@ -284,8 +288,9 @@ pub struct Planner {
     pub plan: Arc<Plan>,
     /// The segment batches are cut from.
     pub segment: Segment,
-    /// The stream's round origin.
-    pub origin: u64,
+    /// The local batch from which this stream reads `segment`, and the global batch that
+    /// begins its round there: local batches map to global ones from this pair on.
+    pub span: (u64, u64),
     /// Next local batch to plan.
     pub next_local: u64,
     /// Distance between the local batches this stream yields.
@@ -297,11 +302,12 @@ pub struct Planner {
 }
 
 impl Planner {
-    /// A planner that starts at local batch `next_local` of `segment`.
+    /// A planner that starts at local batch `next_local` of `segment`, which this stream reads
+    /// from local batch `span.0` (global round `span.1`) on.
     pub fn new(
         plan: Arc<Plan>,
         segment: Segment,
-        origin: u64,
+        span: (u64, u64),
         next_local: u64,
         stride: u64,
         end_batch: Option<u64>,
@@ -309,7 +315,7 @@ impl Planner {
         Planner {
             plan,
             segment,
-            origin,
+            span,
             next_local,
             stride,
             end_batch,
@@ -328,43 +334,52 @@ impl Planner {
         next_job: &mut u64,
     ) -> bool {
         let plan = self.plan.clone();
-        let bs = plan.order.batch_size(&self.segment);
+        let order = &plan.order;
+        let split = order.split(&self.segment);
+        let reads = !plan.records.columns.is_empty();
         let mut wanted: Vec<(usize, u64, u64, u32)> = Vec::new();
         let mut planned_rows = 0;
         while planned_rows < plan.group_rows {
-            let global = self.origin + plan.rank() + self.next_local * plan.world();
+            let (first_local, round) = self.span;
+            let global = if split {
+                round + (self.next_local - first_local)
+            } else {
+                round + (self.next_local - first_local) * plan.world() + plan.rank()
+            };
             if self.end_batch.is_some_and(|end| global >= end) {
                 break;
             }
             let seq = self.next_seq;
-            let mut buffer = Chunk::padded(&plan.projection, bs as usize);
-            for slot in 0..bs {
-                let at = plan
-                    .order
-                    .slot(&self.segment, global, slot, &mut self.layouts);
-                fill_synthetic(&plan, &mut buffer, slot as usize, &at);
+            let rows = order.rank_rows(&self.segment, global, plan.rank(), plan.world());
+            let mut buffer = Chunk::padded(&plan.projection, (rows.end - rows.start) as usize);
+            let mut missing = 0;
+            for (slot, t) in rows.clone().enumerate() {
+                if order.padding(&self.segment, t) {
+                    buffer.zero_row(&plan.projection, slot);
+                    continue;
+                }
+                let at = order.slot_at(&self.segment, t, &mut self.layouts);
+                fill_synthetic(&plan, &mut buffer, slot, &at);
                 let shard = plan.shard_ids[at.stage][at.row.source][at.row.at.shard];
                 wanted.push((shard, at.row.at.row, seq, slot as u32));
+                missing += usize::from(reads);
             }
             pending.push_back(Pending {
                 seq,
                 local: self.next_local,
                 global,
                 buffer,
-                missing: if plan.records.columns.is_empty() {
-                    0
-                } else {
-                    bs as usize
-                },
+                missing,
             });
             self.next_seq += 1;
             self.next_local += self.stride;
-            planned_rows += bs;
+            // At least one row, so a stream of empty shares still moves on.
+            planned_rows += (rows.end - rows.start).max(1);
         }
         if planned_rows == 0 {
             return false;
         }
-        if !plan.records.columns.is_empty() {
+        if reads {
             // Shards this group reads for the first time are inspected now, together: open
             // inspected none but one per source.
             let shards: Vec<usize> = wanted.iter().map(|w| w.0).collect();
@@ -459,6 +474,7 @@ fn fill_synthetic(plan: &Plan, buffer: &mut Chunk, slot: usize, at: &Slot) {
             Synthetic::Row => at.row.at.row as i64,
             Synthetic::Epoch => at.row.at.epoch as i64,
             Synthetic::Stage => at.stage as i64,
+            Synthetic::Valid => 1,
         };
         buf.set_int(slot, value);
     }

@@ -562,6 +562,7 @@ pub fn resolve(config: &StreamConfig, storage: &Storage) -> Result<Resolved> {
             batch_size: stage.batch_size,
             shuffle: stage.shuffle,
             infinite: stage.infinite,
+            ramp: stage.ramp,
         });
     }
     let config = ResolvedConfig {
@@ -574,6 +575,7 @@ pub fn resolve(config: &StreamConfig, storage: &Storage) -> Result<Resolved> {
         rank: config.rank,
         world_size: config.world_size,
         memory_limit_bytes: config.memory_limit_bytes,
+        validation_pass: config.validation_pass,
     };
     let (metas, scratch) = nest(&config, all);
     Ok(Resolved {
@@ -627,13 +629,22 @@ fn first_difference(resolved: &ResolvedConfig, config: &StreamConfig) -> Result<
             return Ok(Some(d));
         }
     }
-    if let Some(d) = differs("seed", &resolved.seed, &config.seed).or_else(|| {
-        differs(
-            "the number of stages",
-            &resolved.stages.len(),
-            &config.stages.len(),
-        )
-    }) {
+    if let Some(d) = differs("seed", &resolved.seed, &config.seed)
+        .or_else(|| {
+            differs(
+                "validation_pass",
+                &resolved.validation_pass,
+                &config.validation_pass,
+            )
+        })
+        .or_else(|| {
+            differs(
+                "the number of stages",
+                &resolved.stages.len(),
+                &config.stages.len(),
+            )
+        })
+    {
         return Ok(Some(d));
     }
     for (s, (theirs, ours)) in resolved.stages.iter().zip(&config.stages).enumerate() {
@@ -651,6 +662,7 @@ fn first_difference(resolved: &ResolvedConfig, config: &StreamConfig) -> Result<
                 &ours.infinite,
             )
         })
+        .or_else(|| differs(&format!("{option}.ramp"), &theirs.ramp, &ours.ramp))
         .or_else(|| {
             differs(
                 &format!("the number of {option}.sources"),

@@ -126,6 +126,17 @@ struct Start {
     share: Share,
 }
 
+/// From local batch `local` on, the stream reads `segment`, whose first round there begins at
+/// global batch `round`. Local batches map to global ones through the span holding them: in
+/// turn (`world_size` global batches per local one), or one for one in a ramped segment, where
+/// every rank reads a share of every batch.
+#[derive(Debug, Clone, Copy)]
+struct Span {
+    local: u64,
+    round: u64,
+    segment: Segment,
+}
+
 /// The part of a stream that changes as it delivers.
 struct State {
     pipeline: Option<Pipeline>,
@@ -137,8 +148,8 @@ struct State {
     next_local: u64,
     /// Rank-level local batches consumed once the last delivered batch is (its index + 1).
     consumed: u64,
-    /// `(first local batch, rows per batch)` from each segment start since the origin.
-    batch_rows: Vec<(u64, u64)>,
+    /// The segments read since the origin, in order; the last is the active one.
+    spans: Vec<Span>,
     end_batch: Option<u64>,
     /// An advance at a later local batch than this stream's next one: `(stage, at)`.
     pending_advance: Option<(usize, u64)>,
@@ -201,7 +212,8 @@ impl BatchStream {
 
     fn start(resolved: Resolved, start: Start) -> Result<Self> {
         let plan = Arc::new(Plan::new(resolved)?);
-        plan.order.check_cursor(&start.segment, start.origin)?;
+        plan.order
+            .check_cursor(&start.segment, start.origin, plan.world())?;
         if start.batches_base > MAX_POSITION || start.rows_base > MAX_POSITION {
             return Err(Error::Checkpoint {
                 message: format!(
@@ -210,7 +222,6 @@ impl BatchStream {
                 ),
             });
         }
-        let bs = plan.order.batch_size(&start.segment);
         let end_batch = plan
             .order
             .end_batch(&start.segment, start.origin, plan.world());
@@ -224,7 +235,11 @@ impl BatchStream {
                 segment: start.segment,
                 next_local: start.share.offset,
                 consumed: 0,
-                batch_rows: vec![(0, bs)],
+                spans: vec![Span {
+                    local: 0,
+                    round: start.origin,
+                    segment: start.segment,
+                }],
                 end_batch,
                 pending_advance: None,
                 closed: false,
@@ -235,10 +250,11 @@ impl BatchStream {
     }
 
     fn launch(&self, state: &mut State) -> Result<()> {
+        let span = state.spans.last().expect("a stream always has a span");
         let planner = Planner::new(
             self.plan.clone(),
             state.segment,
-            self.start.origin,
+            (span.local, span.round),
             state.next_local,
             self.start.share.stride,
             state.end_batch,
@@ -259,9 +275,9 @@ impl BatchStream {
             }
             if let Some((stage, at)) = state.pending_advance {
                 if state.next_local >= at {
-                    let g = self.start.origin + at * self.plan.world();
+                    let g = self.round_of(&state, at);
                     let segment = self.plan.order.advance(&state.segment, g, stage)?;
-                    self.switch(&mut state, segment, at)?;
+                    self.switch(&mut state, segment, at, g)?;
                 }
             }
             let generation = state.generation;
@@ -336,7 +352,7 @@ impl BatchStream {
                 ),
             ));
         }
-        let local = (at - self.start.origin).div_ceil(self.plan.world());
+        let local = self.local_at(&state, at);
         self.advance_locked(&mut state, stage, local)
     }
 
@@ -353,7 +369,7 @@ impl BatchStream {
                 ),
             ));
         }
-        let g = self.start.origin + at * self.plan.world();
+        let g = self.round_of(state, at);
         if g < state.segment.start_batch {
             return Err(Error::config(
                 "advance",
@@ -370,23 +386,23 @@ impl BatchStream {
             state.pending_advance = Some((stage, at));
             return Ok(());
         }
-        self.switch(state, segment, at)
+        self.switch(state, segment, at, g)
     }
 
-    fn switch(&self, state: &mut State, segment: Segment, at: u64) -> Result<()> {
+    /// Switches to `segment` from local batch `at`, whose round begins at global batch `g`.
+    fn switch(&self, state: &mut State, segment: Segment, at: u64, g: u64) -> Result<()> {
         state.pending_advance = None;
         if let Some(mut pipeline) = state.pipeline.take() {
             pipeline.stop();
         }
         state.segment = segment;
-        state.end_batch = self
-            .plan
-            .order
-            .end_batch(&segment, self.start.origin, self.plan.world());
-        state.batch_rows.retain(|&(from, _)| from < at);
-        state
-            .batch_rows
-            .push((at, self.plan.order.batch_size(&segment)));
+        state.end_batch = self.plan.order.end_batch(&segment, g, self.plan.world());
+        state.spans.retain(|span| span.local < at);
+        state.spans.push(Span {
+            local: at,
+            round: g,
+            segment,
+        });
         // The first local batch at or after `at` in this stream's share.
         let Share { offset, stride } = self.start.share;
         state.next_local = if at <= offset {
@@ -398,15 +414,53 @@ impl BatchStream {
         self.launch(state)
     }
 
-    /// Rows in the rank's local batches `[0, local)` since the origin.
-    fn rows_before(state: &State, local: u64) -> u64 {
+    /// The span holding local batch `local`.
+    fn span_of(state: &State, local: u64) -> &Span {
+        let i = state.spans.partition_point(|span| span.local <= local);
+        &state.spans[i.max(1) - 1]
+    }
+
+    /// Global batches per local batch in `segment`.
+    fn per_local(&self, segment: &Segment) -> u64 {
+        if self.plan.order.split(segment) {
+            1
+        } else {
+            self.plan.world()
+        }
+    }
+
+    /// The global batch that begins the round of local batch `local`.
+    fn round_of(&self, state: &State, local: u64) -> u64 {
+        let span = Self::span_of(state, local);
+        span.round + (local - span.local) * self.per_local(&span.segment)
+    }
+
+    /// The first local batch whose round begins at or after global batch `g` (not before the
+    /// origin).
+    fn local_at(&self, state: &State, g: u64) -> u64 {
+        let i = state.spans.partition_point(|span| span.round <= g);
+        let span = &state.spans[i.max(1) - 1];
+        span.local + (g.saturating_sub(span.round)).div_ceil(self.per_local(&span.segment))
+    }
+
+    /// Rows in the rank's local batches `[0, local)` since the origin (padding excluded).
+    fn rows_before(&self, state: &State, local: u64) -> u64 {
         let mut rows = 0;
-        for (i, &(from, bs)) in state.batch_rows.iter().enumerate() {
+        for (i, span) in state.spans.iter().enumerate() {
             let to = state
-                .batch_rows
+                .spans
                 .get(i + 1)
-                .map_or(local, |&(next, _)| next.min(local));
-            rows += to.saturating_sub(from) * bs;
+                .map_or(local, |next| next.local.min(local));
+            let count = to.saturating_sub(span.local);
+            let first = if self.plan.order.split(&span.segment) {
+                span.round
+            } else {
+                span.round + self.plan.rank()
+            };
+            rows += self
+                .plan
+                .order
+                .rows_received(&span.segment, first, count, self.plan.world());
         }
         rows
     }
@@ -414,7 +468,7 @@ impl BatchStream {
     /// The position after the rank's first `consumed` local batches since the origin, with
     /// `segment` active.
     fn position_in(&self, state: &State, consumed: u64, segment: Segment) -> Position {
-        let next_batch = self.start.origin + consumed * self.plan.world();
+        let next_batch = self.round_of(state, consumed);
         Position {
             fingerprint: self.plan.fingerprint().to_owned(),
             rank: self.plan.resolved.rank,
@@ -425,7 +479,7 @@ impl BatchStream {
             },
             stage: segment.stage,
             batches_yielded: self.start.batches_base + consumed,
-            rows_yielded: self.start.rows_base + Self::rows_before(state, consumed),
+            rows_yielded: self.start.rows_base + self.rows_before(state, consumed),
             epochs: self.plan.order.epochs(&segment, next_batch),
         }
     }
@@ -491,7 +545,7 @@ impl BatchStream {
         let state = lock(&self.state);
         StreamStats {
             batches_yielded: self.start.batches_base + state.consumed,
-            rows_yielded: self.start.rows_base + Self::rows_before(&state, state.consumed),
+            rows_yielded: self.start.rows_base + self.rows_before(&state, state.consumed),
             dropped_rows: state
                 .end_batch
                 .map_or(0, |end| self.plan.order.dropped_rows(&state.segment, end)),

@@ -389,8 +389,11 @@ fn checkpoint_documents() {
             if let Ok(checkpoint) = Checkpoint::from_json(text) {
                 // What resuming does with the document before opening any shard.
                 if let Ok(order) = Order::new(&checkpoint.resolved) {
-                    let _ = order
-                        .check_cursor(&checkpoint.cursor.segment, checkpoint.cursor.next_batch);
+                    let _ = order.check_cursor(
+                        &checkpoint.cursor.segment,
+                        checkpoint.cursor.next_batch,
+                        checkpoint.resolved.world_size as u64,
+                    );
                 }
                 let _ = checkpoint.for_world(1, 3);
             }

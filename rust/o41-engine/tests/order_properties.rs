@@ -4,7 +4,7 @@
 use std::collections::HashSet;
 
 use o41_engine::config::{
-    ResolvedConfig, ResolvedShard, ResolvedSource, ResolvedStage, ShuffleSpec,
+    RampSpec, ResolvedConfig, ResolvedShard, ResolvedSource, ResolvedStage, ShuffleSpec,
 };
 use o41_engine::encoding::Encoding;
 use o41_engine::order::{LayoutCache, Order, Segment};
@@ -43,6 +43,7 @@ fn stage(
             unit_rows: Some(unit),
         }),
         infinite,
+        ramp: None,
     }
 }
 
@@ -57,6 +58,7 @@ fn config(stages: Vec<ResolvedStage>, seed: u64) -> ResolvedConfig {
         rank: 0,
         world_size: 1,
         memory_limit_bytes: None,
+        validation_pass: false,
     }
 }
 
@@ -163,5 +165,124 @@ proptest! {
             }
         }
         prop_assert_eq!(delivered.len() as u64, window_end);
+    }
+}
+
+fn ramped(
+    sources: &[(Vec<u64>, f64)],
+    ramp: (u64, u64, u64),
+    steps: u64,
+    infinite: bool,
+) -> ResolvedStage {
+    let (start, increment, rows) = ramp;
+    let mut stage = stage(
+        sources,
+        (start + steps * increment) as usize,
+        None,
+        infinite,
+    );
+    stage.ramp = Some(RampSpec {
+        start,
+        increment,
+        rows,
+    });
+    stage
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(200))]
+
+    /// A ramp's global batches tile the stage's rows in order, grow by whole increments from
+    /// `start` to `batch_size`, and every rank's share together is exactly the global batch.
+    #[test]
+    fn ramp_batches_tile_rows_and_split_over_ranks(
+        sources in sources(), start in 1u64..5, increment in 1u64..5, steps in 1u64..4,
+        rows in 1u64..200, world in 1u64..4, seed in any::<u64>()
+    ) {
+        let (start, increment) = (start * world, increment * world);
+        let order = Order::new(&config(
+            vec![ramped(&sources, (start, increment, rows), steps, true)], seed,
+        )).unwrap();
+        let segment = Segment::first();
+        let bs = start + steps * increment;
+        prop_assert!(order.split(&segment));
+        let mut next = 0;
+        let mut last = start;
+        for g in 0..300 {
+            let size = order.batch_rows(&segment, g);
+            prop_assert!(size >= last && (size - start).is_multiple_of(increment) && size <= bs);
+            prop_assert_eq!(order.first_row(&segment, g), next);
+            // The ramp ends once its rows are read, not before.
+            if next >= rows + steps * bs {
+                prop_assert_eq!(size, bs);
+            }
+            let mut shares = Vec::new();
+            for rank in 0..world {
+                shares.extend(order.rank_rows(&segment, g, rank, world));
+            }
+            prop_assert_eq!(shares, (next..next + size).collect::<Vec<_>>());
+            prop_assert_eq!(order.rows_received(&segment, g, 1, world) * world, size);
+            next += size;
+            last = size;
+        }
+    }
+
+    /// A finite ramped stage ends at its last complete batch, whatever the world size.
+    #[test]
+    fn finite_ramp_ends_at_its_last_whole_batch(
+        sources in sources(), start in 1u64..4, steps in 1u64..4, rows in 1u64..100,
+        world in 1u64..4
+    ) {
+        let order = Order::new(&config(
+            vec![ramped(&sources, (start * world, world, rows), steps, false)], 0,
+        )).unwrap();
+        let segment = Segment::first();
+        let total = order.segment_rows(&segment).unwrap();
+        let end = order.end_batch(&segment, 0, world).unwrap();
+        prop_assert!(order.first_row(&segment, end) <= total);
+        prop_assert!(order.first_row(&segment, end + 1) > total);
+        prop_assert_eq!(
+            order.dropped_rows(&segment, end),
+            total - order.first_row(&segment, end)
+        );
+    }
+
+    /// A validation pass gives every row to exactly one rank, pads the final round instead of
+    /// dropping it, and marks exactly the rows past the end as padding.
+    #[test]
+    fn validation_pass_covers_every_row_once(
+        sources in sources(), batch_size in 1usize..7, world in 1u64..5, seed in any::<u64>()
+    ) {
+        let mut resolved = config(vec![stage(&sources, batch_size, None, false)], seed);
+        resolved.validation_pass = true;
+        let order = Order::new(&resolved).unwrap();
+        let segment = Segment::first();
+        let total = order.segment_rows(&segment).unwrap();
+        let end = order.end_batch(&segment, 0, world).unwrap();
+        prop_assert_eq!(end % world, 0);
+        prop_assert_eq!(order.dropped_rows(&segment, end), 0);
+        let mut cache = LayoutCache::default();
+        let mut seen = HashSet::new();
+        let mut received = 0;
+        for rank in 0..world {
+            let batches = (end - rank).div_ceil(world);
+            received += order.rows_received(&segment, rank, batches, world);
+            for k in 0..batches {
+                let g = rank + k * world;
+                for t in order.rank_rows(&segment, g, rank, world) {
+                    if order.padding(&segment, t) {
+                        prop_assert!(t >= total);
+                        continue;
+                    }
+                    prop_assert!(t < total);
+                    let slot = order.slot_at(&segment, t, &mut cache);
+                    prop_assert!(seen.insert((slot.row.source, slot.row.at.shard, slot.row.at.row)));
+                }
+            }
+        }
+        prop_assert_eq!(seen.len() as u64, total);
+        prop_assert_eq!(received, total);
+        // The last round holds the last row; one round fewer would not.
+        prop_assert!(order.first_row(&segment, end - world) < total);
     }
 }

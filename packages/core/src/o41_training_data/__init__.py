@@ -26,6 +26,7 @@ from ._config import (
     FileSource,
     ManifestSource,
     ProjectedField,
+    Ramp,
     Shuffle,
     Stage,
 )
@@ -94,6 +95,7 @@ __all__ = [
     "Position",
     "ProjectedField",
     "ProjectionError",
+    "Ramp",
     "RetryPolicy",
     "SavedShard",
     "Segment",

@@ -27,6 +27,7 @@ __all__ = [
     "FileSource",
     "ManifestSource",
     "ProjectedField",
+    "Ramp",
     "Shuffle",
     "Stage",
 ]
@@ -116,6 +117,11 @@ def _check_stage(option: str, stage: Stage) -> None:
         _integer(f"{option}.shuffle.buffer_rows", stage.shuffle.buffer_rows, minimum=1)
         if stage.shuffle.unit_rows is not None:
             _integer(f"{option}.shuffle.unit_rows", stage.shuffle.unit_rows, minimum=1)
+    if stage.ramp is not None:
+        if not isinstance(stage.ramp, Ramp):
+            raise _invalid(f"{option}.ramp", f"expected a Ramp, got {type(stage.ramp).__name__}")
+        for name in ("start", "increment", "rows"):
+            _integer(f"{option}.ramp.{name}", getattr(stage.ramp, name), minimum=1)
     if not stage.sources:
         raise _invalid(f"{option}.sources", "at least one source is required")
     for j, source in enumerate(stage.sources):
@@ -265,11 +271,48 @@ class Shuffle:
 
 
 @dataclass(frozen=True)
+class Ramp:
+    """A batch ramp: the global batch grows from ``start`` rows to the stage's ``batch_size``.
+
+    With ``k = (batch_size - start) / increment`` steps (a whole number, checked at open), step
+    ``i`` reads global batches of ``start + i * increment`` rows for ``ceil(rows / (k * size))``
+    batches, about ``rows / k`` rows, and the stage reads full batches after that. The step a
+    batch is in follows from its position, so a resumed stream continues the ramp with
+    nothing else saved.
+
+    Every rank receives an equal share of each global batch of a ramped stage (its
+    ``size / world_size`` rows), so all ranks step together through the ramp: ``start``,
+    every step and ``batch_size`` must divide by ``world_size`` (checked at open and by
+    ``Checkpoint.for_world``). See ``docs/order.md#batch-ramps``.
+
+    Examples:
+        >>> stage = Stage(
+        ...     sources=[FileSource(files=["a.parquet"])],
+        ...     batch_size=256,
+        ...     ramp=Ramp(start=64, increment=64, rows=1_000_000),
+        ... )
+        >>> stage.ramp.start
+        64
+
+    """
+
+    start: int
+    increment: int
+    rows: int
+
+    def to_dict(self) -> dict[str, Any]:
+        """The ramp as the engine's JSON document expects it."""
+        return {"start": self.start, "increment": self.increment, "rows": self.rows}
+
+
+@dataclass(frozen=True)
 class Stage:
     """One curriculum stage: a weighted mix of sources cut into global batches.
 
     A finite stage (``infinite=False``) reads each source once and then ends the stream; an
-    infinite stage repeats its sources in epochs.
+    infinite stage repeats its sources in epochs. ``ramp`` grows the global batch to
+    ``batch_size`` over the stage's first rows (:class:`Ramp`); a ramped stage's global batches
+    are shared by all ranks instead of handed to them in turn.
 
     Examples:
         >>> Stage(sources=[FileSource(files=["a.parquet"])], batch_size=32).infinite
@@ -281,18 +324,22 @@ class Stage:
     batch_size: int
     shuffle: Shuffle | None = None
     infinite: bool = False
+    ramp: Ramp | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "sources", tuple(self.sources))
 
     def to_dict(self) -> dict[str, Any]:
         """The stage as the engine's JSON document expects it."""
-        return {
+        out: dict[str, Any] = {
             "sources": [s.to_dict() for s in self.sources],
             "batch_size": self.batch_size,
             "shuffle": self.shuffle.to_dict() if self.shuffle else None,
             "infinite": self.infinite,
         }
+        if self.ramp is not None:
+            out["ramp"] = self.ramp.to_dict()
+        return out
 
 
 @dataclass(frozen=True)
@@ -302,6 +349,12 @@ class BatchStreamConfig:
     ``threads`` decode threads run in Rust; ``prefetch_batches`` batches are assembled ahead
     of the consumer. ``rank``/``world_size`` select this process's slice of the global batch
     sequence. ``memory_limit_bytes`` bounds the working set (default: half of host memory).
+
+    ``validation_pass=True`` reads every row of the (finite, unshuffled, unramped) stages
+    exactly once across the ranks: the final round of ``world_size`` batches is padded with
+    zero rows instead of dropped, and every batch carries a ``valid`` column (``bool``,
+    delivered as ``uint8``) that is 1 for a row of data and 0 for padding, so a score covers
+    the whole split. ``stream.stats().dropped_rows`` is then 0.
 
     Examples:
         >>> config = BatchStreamConfig(
@@ -321,6 +374,7 @@ class BatchStreamConfig:
     rank: int = 0
     world_size: int = 1
     memory_limit_bytes: int | None = None
+    validation_pass: bool = False
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "fields", tuple(self.fields))
@@ -334,6 +388,8 @@ class BatchStreamConfig:
         _integer("rank", self.rank, minimum=0, maximum=self.world_size - 1)
         if self.memory_limit_bytes is not None:
             _integer("memory_limit_bytes", self.memory_limit_bytes, minimum=1)
+        if not isinstance(self.validation_pass, bool):
+            raise _invalid("validation_pass", f"expected a bool, got {self.validation_pass!r}")
         if not self.fields:
             raise _invalid("fields", "at least one projected field is required")
         for i, field in enumerate(self.fields):
@@ -354,6 +410,7 @@ class BatchStreamConfig:
             "rank": self.rank,
             "world_size": self.world_size,
             "memory_limit_bytes": self.memory_limit_bytes,
+            **({"validation_pass": True} if self.validation_pass else {}),
         }
 
     def to_json(self) -> str:

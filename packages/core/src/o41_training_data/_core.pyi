@@ -117,7 +117,8 @@ class Position:
         """The active segment."""
     @property
     def next_batch(self) -> int:
-        """First global batch of the next round; this rank's next batch is ``next_batch + rank``."""
+        """First global batch of the next round; this rank's next batch is ``next_batch + rank``
+        (``next_batch`` itself in a ramped stage, whose batches every rank shares)."""
     @property
     def batches_yielded(self) -> int:
         """Batches this rank has received over the whole run."""

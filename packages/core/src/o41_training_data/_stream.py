@@ -125,10 +125,11 @@ class StreamStats:
     batches_yielded: int
     """Batches this rank has received over the run (resumed streams continue the count)."""
     rows_yielded: int
-    """Rows this rank has received over the run."""
+    """Rows this rank has received over the run (a validation pass's padding rows excluded)."""
     dropped_rows: int
     """Rows of the active finite stage that no rank receives: the final round of
-    ``world_size`` global batches that cannot be filled, and any partial batch."""
+    ``world_size`` global batches that cannot be filled, and any partial batch (in a ramped
+    stage, the final partial global batch). Always 0 in a validation pass, which pads instead."""
 
 
 @dataclass(frozen=True)

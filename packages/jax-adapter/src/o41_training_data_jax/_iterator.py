@@ -95,6 +95,26 @@ class _Pipeline:
             self.producer = None
 
 
+def _local_batch_rows(stages: list[tuple[int, tuple[int, int] | None]], world_size: int) -> list[int]:
+    """Every row count one process contributes to a global batch, over all stages.
+
+    A stage without a ramp hands each process whole batches of ``batch_size`` rows; a ramped
+    stage's global batches (``start``, ``start + increment``, ... ``batch_size``) are shared by
+    the processes. A ramp size that does not split over the processes is left to the core,
+    which refuses it at open naming the stage.
+    """
+    rows = set()
+    for batch_size, ramp in stages:
+        if ramp is None:
+            rows.add(batch_size)
+            continue
+        start, increment = ramp
+        for size in range(start, batch_size + 1, max(increment, 1)):
+            if size % world_size == 0:
+                rows.add(size // world_size)
+    return sorted(rows)
+
+
 class O41JaxIterator(Iterator[dict[str, jax.Array]]):
     """Global batches as dicts of globally sharded ``jax.Array``s, one per projected field.
 
@@ -119,6 +139,14 @@ class O41JaxIterator(Iterator[dict[str, jax.Array]]):
     - **Steps**: every process yields the same number of batches with the same shapes (the
       core drops a finite stage's final round that cannot be filled on every rank), so no
       process waits in a collective for a batch another one never gets.
+    - **Ramps**: in a ramped stage (``Stage(ramp=...)``) the processes share each global batch
+      (rank ``r`` holds rows ``[r*b/W, (r+1)*b/W)`` of a ``b``-row batch), so step ``k`` is the
+      core's global batch ``k`` and its global array has the batch's own ``b`` rows. Each ramp
+      step is a new shape, which a ``jax.jit`` step function compiles once more for: one
+      compilation per ramp size, none after the ramp. Every ramp size must split over the
+      processes and their devices (checked here and at open).
+    - **Validation passes** (``validation_pass=True``): the final round is padded with zero
+      rows, and the ``valid`` field (``bool``) marks the real ones; weight a score by it.
     - **State**: :meth:`get_state`/:meth:`set_state`/:meth:`start_prefetch` carry the core's
       checkpoint JSON, so ``grain.checkpoint.CheckpointSave(iterator)`` works in an Orbax
       ``Composite``, as do this package's :class:`O41Save`/:class:`O41Restore`, which also
@@ -165,19 +193,35 @@ class O41JaxIterator(Iterator[dict[str, jax.Array]]):
         self._config: BatchStreamConfig | None = None
         if isinstance(source, BatchStreamConfig):
             fields = [(f.name, f.dtype, tuple(f.shape or ())) for f in source.fields]
-            batch_sizes = [stage.batch_size for stage in source.stages]
+            stages = [
+                (stage.batch_size, (stage.ramp.start, stage.ramp.increment) if stage.ramp else None)
+                for stage in source.stages
+            ]
+            validation = source.validation_pass
         elif isinstance(source, Checkpoint):
             resolved = source.resolved_config()
             fields = [(f["name"], f["dtype"], tuple(f["shape"])) for f in resolved["fields"]]
-            batch_sizes = [int(stage["batch_size"]) for stage in resolved["stages"]]
+            stages = [
+                (
+                    int(stage["batch_size"]),
+                    (int(stage["ramp"]["start"]), int(stage["ramp"]["increment"]))
+                    if stage.get("ramp")
+                    else None,
+                )
+                for stage in resolved["stages"]
+            ]
+            validation = bool(resolved.get("validation_pass", False))
         else:
             raise ConfigError(
                 f"source: expected a BatchStreamConfig or a Checkpoint, got {type(source).__name__}"
             )
+        if validation:
+            fields.append(("valid", "bool", ()))
         self._layout = process_layout(sharding, fields[0][2] if fields else ())
+        local_rows = _local_batch_rows(stages, self._layout.world_size)
         for name, _, shape in fields:
-            for batch_size in sorted(set(batch_sizes)):
-                check_divisible(sharding, self._layout, name, shape, batch_size)
+            for rows in local_rows:
+                check_divisible(sharding, self._layout, name, shape, rows)
         # Fixed now: the prefetch thread does not see a jax.enable_x64 context of this thread.
         x64 = jax.dtypes.canonicalize_dtype(np.int64) == np.dtype(np.int64)
         wide = [name for name, dtype, _ in fields if dtype == "i64"]
@@ -187,7 +231,7 @@ class O41JaxIterator(Iterator[dict[str, jax.Array]]):
                 "values beyond int32 silently; project it as i32, or turn 64-bit types on with "
                 "jax.config.update('jax_enable_x64', True)"
             )
-        self._stages = len(batch_sizes)
+        self._stages = len(stages)
         self._transfer = _Transfer(
             sharding,
             self._layout.world_size,

@@ -81,6 +81,11 @@ class O41DataModule(LightningDataModule):
     validation run reads all of it. Every item is one whole batch (an ``O41Batch``: a dict of
     tensors plus ``stage``, ``batch_index`` and the position).
 
+    With ``val_config.validation_pass=True`` each validation run scores every row exactly once
+    over the ranks: the final round is padded instead of dropped and each batch carries a
+    ``valid`` bool tensor to mask the padding with. A ramped training stage
+    (``Stage(ramp=...)``) yields its growing batches as they come.
+
     Resume is exact: ``state_dict()`` gathers every rank's position after the last batch its
     training step consumed into the model checkpoint, and ``trainer.fit(ckpt_path=...)`` puts
     each rank back at its own (or, on another number of ranks, moves them, when every rank

@@ -144,6 +144,9 @@ class O41IterableDataset(IterableDataset[O41Batch]):
       A ``DataLoader`` worker copies each batch once into a shared-memory slot and only a small
       handle crosses its queue; the main process's tensors view the slot, which is reused only
       once they are all gone.
+    - **Ramps and validation passes**: a ramped stage (``Stage(ramp=...)``) yields batches whose
+      row count grows step by step (each rank's share of the global batch); a validation pass
+      (``validation_pass=True``) adds the ``valid`` mask, a bool field like the declared ones.
     - **State**: ``state_dict()``/``load_state_dict()`` follow the
       ``torchdata.stateful_dataloader`` protocol; the state is the core checkpoint JSON. To
       resume with another ``num_workers``, keep ``dataset.checkpoint(batch)`` of the last batch
@@ -219,11 +222,27 @@ class O41IterableDataset(IterableDataset[O41Batch]):
     def _find_bool_fields(self) -> frozenset[str]:
         if self._config is not None:
             fields = [f.name for f in self._config.fields if f.dtype == "bool"]
+            validation = self._config.validation_pass
         else:
             assert self._start is not None
             document = self._start.resolved_config()
             fields = [f["name"] for f in document["fields"] if f["dtype"] == "bool"]
+            validation = bool(document.get("validation_pass", False))
+        if validation:
+            # A validation pass's mask column, a bool like the declared ones.
+            fields.append("valid")
         return frozenset(fields)
+
+    def _ramped(self, stage: int) -> bool:
+        """True when ``stage`` ramps its batch.
+
+        Every rank then reads a share of every global batch, so one local batch is one global
+        batch instead of ``world_size``.
+        """
+        if self._config is not None:
+            return self._config.stages[stage].ramp is not None
+        assert self._start is not None
+        return self._start.resolved_config()["stages"][stage].get("ramp") is not None
 
     @property
     def rank(self) -> int:
@@ -381,10 +400,11 @@ class O41IterableDataset(IterableDataset[O41Batch]):
         if self._requests is None:
             raise ConfigError("advance: this dataset copy was pickled without its worker channel")
         workers = int(after[WORKERS_KEY])
-        next_round = after[POSITION_KEY].next_batch
+        position = after[POSITION_KEY]
         ahead = workers * (prefetch_factor or _DEFAULT_PREFETCH_FACTOR)
+        per_batch = 1 if self._ramped(position.stage) else self.world_size
         self._requests[0] = stage
-        self._requests[1] = next_round + ahead * self.world_size
+        self._requests[1] = position.next_batch + ahead * per_batch
         self._requests[2] += 1
 
     def _read_request(self) -> tuple[int, int, int]:

@@ -6,20 +6,24 @@
 //! - `source`: a source's epochs and per-epoch shard order;
 //! - `mix`: the deterministic weighted interleave of a stage's sources;
 //! - `stage`: the shuffle window over a stage's mixed rows;
+//! - `ramp`: how a stage's rows are cut into global batches (one size, or a batch ramp);
 //! - this module: stages joined by `advance` into segments, global batches, the end of a
 //!   finite stage, and the rank partition.
 
 mod keyed;
 mod mix;
+mod ramp;
 mod source;
 mod stage;
 
 use std::collections::HashMap;
+use std::ops::Range;
 use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
 pub use keyed::{key, mix64};
+pub use ramp::Batching;
 pub use source::{EpochLayout, SourceRow};
 pub use stage::{window_rows, StageOrder, StageRow, DEFAULT_UNIT_ROWS};
 
@@ -85,6 +89,8 @@ pub struct Slot {
 #[derive(Debug, Clone)]
 pub struct Order {
     stages: Vec<StageOrder>,
+    /// A validation pass: finite segments end with a padded round instead of dropping it.
+    validation: bool,
 }
 
 /// Caches epoch layouts, which cost O(shards) to build, for a planner's lookups.
@@ -102,7 +108,15 @@ impl Order {
             .enumerate()
             .map(|(s, stage)| StageOrder::new(stage, s, config.seed))
             .collect::<Result<Vec<_>>>()?;
-        Ok(Order { stages })
+        Ok(Order {
+            stages,
+            validation: config.validation_pass,
+        })
+    }
+
+    /// True for a validation pass (every row once, the final round padded).
+    pub fn validation(&self) -> bool {
+        self.validation
     }
 
     /// The stages' orders.
@@ -110,9 +124,31 @@ impl Order {
         &self.stages
     }
 
-    /// Rows per batch while `segment` is active.
+    /// The largest batch while `segment` is active: its stage's `batch_size`.
     pub fn batch_size(&self, segment: &Segment) -> u64 {
         self.stages[segment.stage].batch_size
+    }
+
+    fn batching(&self, segment: &Segment) -> &Batching {
+        &self.stages[segment.stage].batching
+    }
+
+    /// True when every rank reads a share of every global batch of `segment` (a ramped
+    /// stage) rather than whole batches in turn.
+    pub fn split(&self, segment: &Segment) -> bool {
+        self.batching(segment).is_ramp()
+    }
+
+    /// Rows of global batch `g` of `segment`.
+    pub fn batch_rows(&self, segment: &Segment, g: u64) -> u64 {
+        self.batching(segment).size(g - segment.start_batch)
+    }
+
+    /// Rows of the segment before global batch `g` (at or after its start); positions were
+    /// checked to stay below [`MAX_POSITION`], so this cannot overflow for a stream's batches.
+    pub fn first_row(&self, segment: &Segment, g: u64) -> u64 {
+        let t = g.max(segment.start_batch) - segment.start_batch;
+        self.batching(segment).start(t).unwrap_or(u64::MAX)
     }
 
     /// Rows of the segment (drain plus the stage), `None` when the stage is infinite.
@@ -121,24 +157,91 @@ impl Order {
         self.stages[segment.stage].total().map(|t| t + drained)
     }
 
-    /// The first global batch no rank receives: the end of the last complete round of
-    /// `world_size` batches (rounds start at `origin`) that a finite segment can fill.
+    /// The first global batch no rank receives. A finite segment ends at its last complete
+    /// round of `world_size` batches (rounds start at `origin`); a ramped one, whose every batch
+    /// is a round of its own, at its last complete batch; a validation pass at the round
+    /// holding its last row.
     pub fn end_batch(&self, segment: &Segment, origin: u64, world_size: u64) -> Option<u64> {
-        let full = self.segment_rows(segment)? / self.batch_size(segment);
-        let end = segment.start_batch + full;
+        let rows = self.segment_rows(segment)?;
+        let batching = self.batching(segment);
+        if self.validation {
+            let end = segment.start_batch + batching.batches_covering(rows);
+            return Some(origin + end.saturating_sub(origin).div_ceil(world_size) * world_size);
+        }
+        let end = segment.start_batch + batching.whole_batches(rows);
+        if batching.is_ramp() {
+            return Some(end);
+        }
         Some(origin + end.saturating_sub(origin) / world_size * world_size)
     }
 
-    /// Rows of a finite segment that no rank receives, given its end batch.
+    /// Rows of a finite segment that no rank receives, given its end batch: none in a
+    /// validation pass, which pads its final round instead.
     pub fn dropped_rows(&self, segment: &Segment, end_batch: u64) -> u64 {
+        if self.validation {
+            return 0;
+        }
         self.segment_rows(segment).map_or(0, |rows| {
-            rows - (end_batch.saturating_sub(segment.start_batch)) * self.batch_size(segment)
+            rows.saturating_sub(self.first_row(segment, end_batch))
         })
+    }
+
+    /// The segment rows rank `rank` of `world_size` receives in global batch `g`: the whole
+    /// batch, or in a ramped segment the rank's equal, contiguous share of it.
+    pub fn rank_rows(&self, segment: &Segment, g: u64, rank: u64, world_size: u64) -> Range<u64> {
+        let first = self.first_row(segment, g);
+        let size = self.batch_rows(segment, g);
+        if self.split(segment) {
+            let share = size / world_size;
+            first + rank * share..first + (rank + 1) * share
+        } else {
+            first..first + size
+        }
+    }
+
+    /// True when segment row `t` is padding: past the end of a validation pass's data.
+    pub fn padding(&self, segment: &Segment, t: u64) -> bool {
+        self.validation && self.segment_rows(segment).is_some_and(|rows| t >= rows)
+    }
+
+    /// Rows (padding excluded) a rank receives in `count` of its batches of `segment`, the
+    /// first being global batch `g`: in turn (`world_size` apart), or shares of consecutive
+    /// batches in a ramped segment.
+    pub fn rows_received(&self, segment: &Segment, g: u64, count: u64, world_size: u64) -> u64 {
+        if count == 0 {
+            return 0;
+        }
+        if self.split(segment) {
+            let end = self.first_row(segment, g + count);
+            return (end - self.first_row(segment, g)) / world_size;
+        }
+        let bs = self.batch_size(segment);
+        let Some(rows) = self.segment_rows(segment).filter(|_| self.validation) else {
+            return count * bs;
+        };
+        // Batches `t = g - start + i * world_size`: whole while `t < full`, `rest` rows at
+        // `t == full`, empty after.
+        let (full, rest) = (rows / bs, rows % bs);
+        let t0 = g - segment.start_batch;
+        let whole = if t0 >= full {
+            0
+        } else {
+            count.min((full - t0).div_ceil(world_size))
+        };
+        let partial = rest > 0
+            && full >= t0
+            && (full - t0).is_multiple_of(world_size)
+            && (full - t0) / world_size < count;
+        whole * bs + if partial { rest } else { 0 }
     }
 
     /// The stage row in slot `slot` of global batch `g` (which must be in `segment`).
     pub fn slot(&self, segment: &Segment, g: u64, slot: u64, cache: &mut LayoutCache) -> Slot {
-        let t = (g - segment.start_batch) * self.batch_size(segment) + slot;
+        self.slot_at(segment, self.first_row(segment, g) + slot, cache)
+    }
+
+    /// The stage row at segment row `t` (not padding).
+    pub fn slot_at(&self, segment: &Segment, t: u64, cache: &mut LayoutCache) -> Slot {
         let (stage, o) = match segment.drain {
             Some(d) if t < d.len() => (d.stage, d.from + t),
             Some(d) => (segment.stage, t - d.len()),
@@ -173,7 +276,7 @@ impl Order {
         if stage == segment.stage {
             return Ok(*segment);
         }
-        let t = (at - segment.start_batch) * self.batch_size(segment);
+        let t = self.first_row(segment, at);
         let drain = match segment.drain {
             Some(d) if t < d.len() => Drain {
                 stage: d.stage,
@@ -200,7 +303,7 @@ impl Order {
 
     /// Completed epochs of each source of the segment's stage once global batch `g` starts.
     pub fn epochs(&self, segment: &Segment, g: u64) -> Vec<u64> {
-        let t = (g.max(segment.start_batch) - segment.start_batch) * self.batch_size(segment);
+        let t = self.first_row(segment, g);
         let o = t.saturating_sub(segment.drain.map_or(0, |d| d.len()));
         self.stages[segment.stage].epochs(o)
     }
@@ -234,8 +337,9 @@ impl Order {
 
     /// Checks that a cursor read from a checkpoint (its segment and next global batch) is one
     /// this order reaches: positions stay below [`MAX_POSITION`], and a finite segment's cursor
-    /// is not past its end.
-    pub fn check_cursor(&self, segment: &Segment, next_batch: u64) -> Result<()> {
+    /// is not past its end (a validation pass's padded final round of `world_size` batches
+    /// included).
+    pub fn check_cursor(&self, segment: &Segment, next_batch: u64, world_size: u64) -> Result<()> {
         self.check_segment(segment)?;
         let bad = |m: String| Error::Checkpoint { message: m };
         if segment.start_batch > next_batch {
@@ -245,14 +349,19 @@ impl Order {
             )));
         }
         let batches = next_batch - segment.start_batch;
-        let rows = batches.checked_mul(self.batch_size(segment));
+        let rows = self.batching(segment).start(batches);
         if next_batch > MAX_POSITION || rows.is_none_or(|rows| rows > MAX_POSITION) {
             return Err(bad(format!(
                 "next batch {next_batch} is beyond any position a stream reaches (2^62 rows)"
             )));
         }
         if let Some(total) = self.segment_rows(segment) {
-            let full = total / self.batch_size(segment);
+            let batching = self.batching(segment);
+            let full = if self.validation {
+                batching.batches_covering(total) + world_size.max(1) - 1
+            } else {
+                batching.whole_batches(total)
+            };
             if batches > full {
                 return Err(bad(format!(
                     "next batch {next_batch} is past the end of finite stage {}, which has {full} \

@@ -9,6 +9,7 @@
 
 use super::keyed::{key, tag, Permutation};
 use super::mix::MixSchedule;
+use super::ramp::Batching;
 use super::source::{SourceOrder, SourceRow};
 use crate::config::{ResolvedStage, ShuffleSpec};
 use crate::error::{Error, Result};
@@ -56,8 +57,10 @@ pub struct StageRow {
 /// The order of one stage.
 #[derive(Debug, Clone)]
 pub struct StageOrder {
-    /// Rows per global batch.
+    /// Rows per global batch (the largest, when a ramp grows it).
     pub batch_size: u64,
+    /// The global batches' sizes: one, or a ramp.
+    pub batching: Batching,
     /// Shuffle window in rows (a whole number of units); 0 when unshuffled.
     pub window: u64,
     /// Rows moved together by the shuffle.
@@ -95,6 +98,7 @@ impl StageOrder {
         let (window, unit) = window_rows(shuffle, s)?;
         Ok(StageOrder {
             batch_size: stage.batch_size as u64,
+            batching: Batching::new(stage.batch_size as u64, stage.ramp),
             window,
             unit,
             mix,
