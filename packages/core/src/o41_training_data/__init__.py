@@ -48,6 +48,7 @@ from ._iter_shard import iter_shard
 from ._manifest import Curriculum, DataManifest, ManifestShard, ManifestSplit, load_manifest, save_manifest
 from ._manifest_build import manifest_from_files
 from ._saver import DatasetSaver, SavedShard
+from ._stats import RETRY_CAUSES, DecodeStats, ReadStats, SourceStats, log_stats_every
 from ._storage import RetryPolicy, StorageConfig
 from ._stream import (
     Batch,
@@ -67,6 +68,7 @@ from ._training_data import TrainingData
 __all__ = [
     "DTYPES",
     "ENCODINGS",
+    "RETRY_CAUSES",
     "AccessDeniedError",
     "Batch",
     "BatchStream",
@@ -79,6 +81,7 @@ __all__ = [
     "DataError",
     "DataManifest",
     "DatasetSaver",
+    "DecodeStats",
     "Drain",
     "Encoding",
     "FileSource",
@@ -93,10 +96,12 @@ __all__ = [
     "Position",
     "ProjectedField",
     "ProjectionError",
+    "ReadStats",
     "RetryPolicy",
     "SavedShard",
     "Segment",
     "Shuffle",
+    "SourceStats",
     "Stage",
     "StorageConfig",
     "StorageError",
@@ -107,6 +112,7 @@ __all__ = [
     "__version__",
     "iter_shard",
     "load_manifest",
+    "log_stats_every",
     "manifest_from_files",
     "open_batch_stream",
     "resolve_batch_stream_config",
