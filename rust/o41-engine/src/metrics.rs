@@ -107,6 +107,11 @@ impl Meter {
         WAITED.with(|w| w.set(w.get().saturating_add(waited)));
     }
 
+    /// Counts `bytes` received without timing their read.
+    pub fn bytes(&self, bytes: u64) {
+        self.bytes.fetch_add(bytes, Ordering::Relaxed);
+    }
+
     /// Counts one retry of a remote request.
     pub fn retry(&self, cause: RetryCause) {
         self.retries[cause.index()].fetch_add(1, Ordering::Relaxed);

@@ -29,7 +29,7 @@ use crate::fields::Projection;
 use crate::from_arrow::project_arrow_column;
 use crate::metrics::Meter;
 use crate::storage::Pin;
-use crate::storage::{Metered, Object, PendingPieces};
+use crate::storage::{Object, PendingPieces, Tallied};
 
 /// Bytes fetched from the end of a remote shard at open: the footer and, for shards written by
 /// the saver, the page index before it, in one request.
@@ -652,11 +652,12 @@ impl Length for MeteredFile {
 }
 
 impl ChunkReader for MeteredFile {
-    // Counted as the decoder takes them: the buffer reads ahead of what a column chunk needs.
-    type T = Metered<std::io::BufReader<File>>;
+    // Counted as the decoder takes them (the buffer reads ahead of what a column chunk needs),
+    // a few bytes at a time while it parses page headers: tallied, not timed.
+    type T = Tallied<std::io::BufReader<File>>;
 
     fn get_read(&self, start: u64) -> parquet::errors::Result<Self::T> {
-        Ok(Metered::new(self.file.get_read(start)?, self.meter.clone()))
+        Ok(Tallied::new(self.file.get_read(start)?, self.meter.clone()))
     }
 
     fn get_bytes(&self, start: u64, length: usize) -> parquet::errors::Result<Bytes> {
