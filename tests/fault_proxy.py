@@ -27,7 +27,7 @@ from typing import Literal, NamedTuple
 
 __all__ = ["Fault", "FaultProxy", "RequestRecord"]
 
-FaultKind = Literal["reset", "status", "stall", "lose"]
+FaultKind = Literal["reset", "status", "stall", "lose", "delay"]
 
 _CHUNK = 64 * 1024
 _REASONS = {
@@ -51,13 +51,14 @@ class Fault:
             is read and dropped); ``"stall"`` relays the head and ``after_bytes`` body bytes,
             holds the connection silent for ``seconds``, then closes it; ``"lose"`` relays the
             request, so the server does the work, then resets the client connection instead of
-            relaying the answer (a response lost in transit).
+            relaying the answer (a response lost in transit); ``"delay"`` holds the request for
+            ``seconds`` before relaying it and its answer untouched (a slow link, not a failure).
         after_bytes: Response body bytes relayed before a ``reset`` or ``stall`` (as framed on the
             wire, so chunk headers count for chunked bodies).
         method: Matches only this HTTP method (``GET``, ``PUT``, ...); any method when None.
         path_contains: Matches only request targets (path and query) containing this string.
         status: The status a ``status`` fault answers with.
-        seconds: How long a ``stall`` holds the connection.
+        seconds: How long a ``stall`` holds the connection, or a ``delay`` the request.
         times: How many matching requests the fault applies to.
 
     """
@@ -71,7 +72,7 @@ class Fault:
     times: int = 1
 
     def __post_init__(self) -> None:
-        if self.kind not in ("reset", "status", "stall", "lose"):
+        if self.kind not in ("reset", "status", "stall", "lose", "delay"):
             raise ValueError(f"unknown fault kind {self.kind!r}")
         if self.times < 1 or self.after_bytes < 0 or self.seconds < 0:
             raise ValueError(f"invalid fault {self!r}")
@@ -347,6 +348,9 @@ class FaultProxy:
                     if not self._answer_status(client, reader, head, method, target, fault.status):
                         return
                     continue
+                if fault is not None and fault.kind == "delay":
+                    self._stopping.wait(fault.seconds)
+                    fault = None  # then relayed as if nothing happened
                 if upstream is None:
                     upstream = socket.create_connection(self._upstream)
                     self._track(upstream, add=True)

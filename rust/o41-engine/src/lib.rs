@@ -16,6 +16,7 @@ pub mod from_arrow;
 pub mod inspect_cache;
 pub mod manifest;
 pub mod memory;
+pub mod metrics;
 pub mod order;
 pub mod pipeline;
 pub mod plan;
@@ -26,4 +27,4 @@ pub mod stream;
 
 pub use config::{ResolvedConfig, StreamConfig};
 pub use error::{Error, Result};
-pub use stream::{Batch, BatchStream, Expect, Next, Share, StreamStats};
+pub use stream::{Batch, BatchStream, Expect, Next, Share, SourceStats, StreamStats};

@@ -12,10 +12,11 @@
 use std::collections::{HashMap, VecDeque};
 use std::ops::Range;
 use std::panic::AssertUnwindSafe;
+use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender, SyncSender};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use arrow_array::RecordBatch;
 
@@ -24,6 +25,7 @@ use crate::columns::Chunk;
 use crate::error::{Error, Result};
 use crate::formats::{self, ReadFailure, ShardReader};
 use crate::memory::READERS_PER_WORKER;
+use crate::metrics;
 use crate::order::Segment;
 use crate::plan::{Dest, Job, Pending, Plan, Planner};
 use crate::storage::Storage;
@@ -49,6 +51,9 @@ pub struct Assembled {
 pub struct Pipeline {
     /// Complete batches in order; taken by the consumer while it waits.
     pub output: Option<Receiver<Result<Assembled>>>,
+    /// Batches handed over and not yet received: the assembler adds one after each hand-over,
+    /// the consumer takes one off after each receipt (so it may briefly read -1).
+    pub ready: Arc<AtomicI64>,
     cancel: Cancel,
     handles: Vec<JoinHandle<()>>,
     /// The process that started the threads: a forked child holds a copy of this value but
@@ -66,8 +71,10 @@ impl Pipeline {
         let (done_tx, done_rx) = mpsc::channel::<JobResult>();
         let (out_tx, out_rx) = mpsc::sync_channel(plan.resolved.prefetch_batches);
         let mut handles = Vec::with_capacity(plan.resolved.threads + 1);
+        let ready = Arc::new(AtomicI64::new(0));
         let mut pipeline = Pipeline {
             output: Some(out_rx),
+            ready: ready.clone(),
             cancel: cancel.clone(),
             handles: Vec::new(),
             pid: std::process::id(),
@@ -101,6 +108,7 @@ impl Pipeline {
             jobs: job_tx,
             done: done_rx,
             out: out_tx,
+            ready,
         };
         let spawned = std::thread::Builder::new()
             .name("o41-assemble".to_owned())
@@ -122,6 +130,7 @@ impl Pipeline {
         self.cancel.cancel();
         // Dropping the receiver unblocks an assembler waiting to hand over a batch.
         self.output = None;
+        self.ready.store(0, Ordering::Relaxed);
         if std::process::id() != self.pid {
             self.handles.clear();
             return;
@@ -179,21 +188,37 @@ fn decode(
     job: &mut Job,
     chunk: &mut Chunk,
 ) -> std::result::Result<(), ReadFailure> {
+    let entry = &plan.shards[job.shard];
+    let meter = &plan.meters[entry.source];
     if let Some(pos) = readers.iter().position(|(k, _)| *k == job.shard) {
         readers[..=pos].rotate_right(1);
     } else {
-        let entry = &plan.shards[job.shard];
         let meta = plan.meta(storage, job.shard)?;
-        let reader = formats::open(storage, &entry.path, entry.encoding, meta)?;
+        let storage = plan.metered(storage, job.shard);
+        let reader = formats::open(&storage, &entry.path, entry.encoding, meta)?;
+        meter.shard_opened();
         // A few open readers per worker, so consecutive jobs on a shard continue in place.
         if readers.len() as u64 == READERS_PER_WORKER {
             readers.pop();
         }
         readers.insert(0, (job.shard, reader));
     }
-    readers[0]
+    // Decode time is the time in the reader less its storage waits, which the reader's metered
+    // object adds to this thread's total.
+    let (start, waited) = (Instant::now(), metrics::thread_waited());
+    let outcome = readers[0]
         .1
-        .read_ranges(&job.ranges, &plan.records, chunk, job.prefetch.take())
+        .read_ranges(&job.ranges, &plan.records, chunk, job.prefetch.take());
+    let decode = start
+        .elapsed()
+        .saturating_sub(Duration::from_nanos(metrics::thread_waited() - waited));
+    let rows = match &outcome {
+        Ok(()) => job.ranges.iter().map(|r| r.end - r.start).sum(),
+        Err(failure) => failure.rows_done as u64,
+    };
+    meter.rows(rows);
+    plan.decode.decoded(entry.encoding, rows, decode);
+    outcome
 }
 
 /// A dispatched job: its shard, rows and where each decoded row goes.
@@ -235,6 +260,7 @@ struct Assembler {
     jobs: Sender<Job>,
     done: Receiver<JobResult>,
     out: SyncSender<Result<Assembled>>,
+    ready: Arc<AtomicI64>,
 }
 
 impl Assembler {
@@ -278,7 +304,8 @@ impl Assembler {
                 };
                 let entry = &plan.shards[job.shard];
                 job.prefetch = entry.inspected().and_then(|meta| {
-                    formats::prefetch(&self.storage, &entry.path, meta, &job.ranges, &plan.records)
+                    let storage = plan.metered(&self.storage, job.shard);
+                    formats::prefetch(&storage, &entry.path, meta, &job.ranges, &plan.records)
                 });
                 in_flight.insert(
                     job.id,
@@ -315,6 +342,7 @@ impl Assembler {
                 if self.out.send(Ok(batch)).is_err() {
                     return Ok(());
                 }
+                self.ready.fetch_add(1, Ordering::Relaxed);
                 continue;
             }
             if pending.is_empty() && !planning {

@@ -19,6 +19,7 @@ use crate::error::{Error, Result};
 use crate::fields::{ProjectedColumn, Projection, Synthetic};
 use crate::formats::{self, Prefetch, Promise, PromiseOrigin, ShardMeta};
 use crate::memory::{MemoryBound, ShardScratch, MAX_JOB_ROWS};
+use crate::metrics::{DecodeMeter, Meter};
 use crate::order::{LayoutCache, Order, Segment, Slot};
 use crate::resolve::Resolved;
 use crate::storage::{self, Storage};
@@ -32,6 +33,8 @@ pub struct ShardEntry {
     pub encoding: Encoding,
     /// Rows (and size or version, where known) the shard is held to when first inspected.
     pub promise: Promise,
+    /// The source it belongs to: an index into [`Plan::meters`].
+    pub source: usize,
     /// Row count, read index and version, from open or from the shard's first read (boxed:
     /// most of a million-shard corpus is never inspected by one rank).
     meta: OnceLock<Box<ShardMeta>>,
@@ -82,6 +85,13 @@ pub struct Plan {
     /// The resolved config's fingerprint, computed at the first position asked for: it
     /// hashes every shard entry, which open itself does not need.
     fingerprint: OnceLock<String>,
+    /// What each source read, in stage then source order; shards find theirs by
+    /// [`ShardEntry::source`]. Kept for the stream's life, across advances.
+    pub meters: Vec<Arc<Meter>>,
+    /// Decode time and rows by encoding.
+    pub decode: DecodeMeter,
+    /// The encodings of the stream's shards, in first-seen order.
+    pub encodings: Vec<Encoding>,
 }
 
 impl Plan {
@@ -103,6 +113,8 @@ impl Plan {
         let (records, record_map) = projection.record_columns();
         let mut shards = Vec::new();
         let mut shard_ids = Vec::new();
+        let mut meters = Vec::new();
+        let mut encodings = Vec::new();
         for (stage, stage_metas) in config.stages.iter().zip(metas) {
             let mut ids = Vec::new();
             for (source, source_metas) in stage.sources.iter().zip(stage_metas) {
@@ -112,11 +124,17 @@ impl Plan {
                     (false, None) => PromiseOrigin::Listing,
                 };
                 let mut source_ids = Vec::new();
+                let meter = meters.len();
+                meters.push(Arc::new(Meter::default()));
                 for (shard, meta) in source.shards.iter().zip(source_metas) {
+                    if !encodings.contains(&shard.encoding) {
+                        encodings.push(shard.encoding);
+                    }
                     source_ids.push(shards.len());
                     shards.push(ShardEntry {
                         path: shard.path.clone(),
                         encoding: shard.encoding,
+                        source: meter,
                         promise: Promise {
                             origin,
                             rows: shard.rows,
@@ -168,7 +186,10 @@ impl Plan {
         Ok(Plan {
             schema: batch_schema(&projection),
             resolved: config,
-            storage: storage.with_cancel(crate::cancel::Cancel::new()),
+            // Reads of the stream's shards count into their source's meter, not open's.
+            storage: storage
+                .without_meter()
+                .with_cancel(crate::cancel::Cancel::new()),
             order,
             projection,
             records,
@@ -180,12 +201,20 @@ impl Plan {
             group_rows: shape.group_rows,
             max_jobs: shape.max_jobs as usize,
             fingerprint: OnceLock::new(),
+            meters,
+            decode: DecodeMeter::default(),
+            encodings,
         })
     }
 
     /// The resolved config's fingerprint.
     pub fn fingerprint(&self) -> &str {
         self.fingerprint.get_or_init(|| self.resolved.fingerprint())
+    }
+
+    /// `storage`, counting into the meter of shard `shard`'s source.
+    pub fn metered(&self, storage: &Storage, shard: usize) -> Storage {
+        storage.with_meter(self.meters[self.shards[shard].source].clone())
     }
 
     /// The number of ranks.
@@ -207,7 +236,7 @@ impl Plan {
             return Ok(meta.as_ref());
         }
         let meta = formats::inspect(
-            storage,
+            &self.metered(storage, shard),
             &entry.path,
             entry.encoding,
             &self.records,

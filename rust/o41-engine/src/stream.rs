@@ -5,9 +5,10 @@
 //! state under a lock that is never held while waiting for data, so they answer at once; and
 //! `close` from any thread stops the running pipeline, cancelling reads in flight.
 
-use std::sync::mpsc::RecvTimeoutError;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc::{RecvTimeoutError, TryRecvError};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use arrow_array::RecordBatch;
 use arrow_schema::SchemaRef;
@@ -16,6 +17,7 @@ use crate::checkpoint::{Checkpoint, Cursor, Position};
 use crate::config::{ResolvedConfig, StreamConfig};
 use crate::error::{Error, Result};
 use crate::memory::MemoryBound;
+use crate::metrics::{DecodeReading, Meter, MeterReading};
 use crate::order::{Segment, MAX_POSITION};
 use crate::pipeline::{Assembled, Pipeline};
 use crate::plan::{Plan, Planner};
@@ -53,8 +55,10 @@ pub enum Next {
     Pending,
 }
 
-/// Counters a stream exposes.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+/// Counters a stream exposes (`docs/metrics.md`). The first three belong to the run and
+/// continue from a checkpoint; the rest count this stream object's work since it was opened or
+/// resumed.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct StreamStats {
     /// Batches delivered to this rank over the whole run.
     pub batches_yielded: u64,
@@ -63,6 +67,51 @@ pub struct StreamStats {
     /// Rows of the active finite stage that no rank will receive (the final unfillable round of
     /// `world_size` batches and any partial batch).
     pub dropped_rows: u64,
+    /// Batches this stream delivered since it was opened or resumed.
+    pub batches_delivered: u64,
+    /// Of those, the ones that were not ready when `next` was called.
+    pub batches_waited: u64,
+    /// Time `next` blocked waiting for a batch the pipeline had not yet assembled.
+    pub consumer_wait: Duration,
+    /// Time between a delivery and the following call of `next`: the consumer's own time.
+    pub consumer_time: Duration,
+    /// Batches assembled and waiting for the consumer now.
+    pub prefetch_depth: u64,
+    /// The most batches that can wait for the consumer (`prefetch_batches`).
+    pub prefetch_capacity: u64,
+    /// What each source read, in stage then source order.
+    pub sources: Vec<SourceStats>,
+    /// What opening (or resuming) the stream read: manifests, and the shards it inspected.
+    pub open: MeterReading,
+    /// Decode time and rows of each encoding the stream reads, in first-seen order.
+    pub decode: Vec<DecodeReading>,
+}
+
+/// What one source of a stream read.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SourceStats {
+    /// The stage it belongs to.
+    pub stage: usize,
+    /// Its index within the stage.
+    pub source: usize,
+    /// Its counters.
+    pub read: MeterReading,
+}
+
+/// The delivery timings, added to by `next`.
+#[derive(Debug, Default)]
+struct Delivery {
+    delivered: AtomicU64,
+    waited: AtomicU64,
+    wait_nanos: AtomicU64,
+    consumer_nanos: AtomicU64,
+}
+
+fn add_nanos(counter: &AtomicU64, d: Duration) {
+    counter.fetch_add(
+        u64::try_from(d.as_nanos()).unwrap_or(u64::MAX),
+        Ordering::Relaxed,
+    );
 }
 
 /// Which of the rank's local batches a stream yields: `offset, offset + stride, ...` (a
@@ -154,6 +203,10 @@ struct State {
     /// An advance at a later local batch than this stream's next one: `(stage, at)`.
     pending_advance: Option<(usize, u64)>,
     closed: bool,
+    /// When the last batch was delivered, until the next call of `next` starts.
+    last_delivered: Option<Instant>,
+    /// The batch `next` is waiting for was not ready when first asked for.
+    waiting: bool,
 }
 
 /// An open stream.
@@ -163,6 +216,9 @@ pub struct BatchStream {
     /// Consumers (and `advance`) take turns; nothing else waits on it.
     turn: Mutex<()>,
     state: Mutex<State>,
+    /// What open or resume read.
+    open_meter: Arc<Meter>,
+    delivery: Delivery,
 }
 
 fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -182,7 +238,9 @@ impl BatchStream {
             rows_base: 0,
             share,
         };
-        Self::start(resolve(config, storage)?, start)
+        let meter = Arc::new(Meter::default());
+        let resolved = resolve(config, &storage.with_meter(meter.clone()))?;
+        Self::start(resolved, start, meter)
     }
 
     /// Re-opens the stream a checkpoint describes, at the checkpoint's position, after checking
@@ -199,7 +257,11 @@ impl BatchStream {
         if let Some(config) = expect.config {
             check_config(&checkpoint.resolved, config)?;
         }
-        let resolved = reopen(checkpoint.resolved.clone(), storage)?;
+        let meter = Arc::new(Meter::default());
+        let resolved = reopen(
+            checkpoint.resolved.clone(),
+            &storage.with_meter(meter.clone()),
+        )?;
         let start = Start {
             segment: checkpoint.cursor.segment,
             origin: checkpoint.cursor.next_batch,
@@ -207,10 +269,10 @@ impl BatchStream {
             rows_base: checkpoint.rows_yielded,
             share,
         };
-        Self::start(resolved, start)
+        Self::start(resolved, start, meter)
     }
 
-    fn start(resolved: Resolved, start: Start) -> Result<Self> {
+    fn start(resolved: Resolved, start: Start, open_meter: Arc<Meter>) -> Result<Self> {
         let plan = Arc::new(Plan::new(resolved)?);
         plan.order
             .check_cursor(&start.segment, start.origin, plan.world())?;
@@ -243,7 +305,11 @@ impl BatchStream {
                 end_batch,
                 pending_advance: None,
                 closed: false,
+                last_delivered: None,
+                waiting: false,
             }),
+            open_meter,
+            delivery: Delivery::default(),
         };
         stream.launch(&mut lock(&stream.state))?;
         Ok(stream)
@@ -267,9 +333,16 @@ impl BatchStream {
     /// Waits up to `timeout` for the next batch. Concurrent callers take turns, each receiving
     /// distinct batches in order.
     pub fn next_timeout(&self, timeout: Duration) -> Result<Next> {
+        let called = Instant::now();
         let _turn = lock(&self.turn);
         let (output, generation) = {
             let mut state = lock(&self.state);
+            if let Some(delivered) = state.last_delivered.take() {
+                add_nanos(
+                    &self.delivery.consumer_nanos,
+                    called.saturating_duration_since(delivered),
+                );
+            }
             if state.closed {
                 return Err(Error::Closed);
             }
@@ -287,18 +360,36 @@ impl BatchStream {
             }
         };
         // The state lock is free while waiting: stats, checkpoints and close answer at once.
-        let received = output.recv_timeout(timeout);
+        let (received, empty) = match output.try_recv() {
+            Ok(received) => (Ok(received), false),
+            Err(TryRecvError::Disconnected) => (Err(RecvTimeoutError::Disconnected), false),
+            Err(TryRecvError::Empty) => {
+                let waiting = Instant::now();
+                let received = output.recv_timeout(timeout);
+                add_nanos(&self.delivery.wait_nanos, waiting.elapsed());
+                (received, true)
+            }
+        };
         let mut state = lock(&self.state);
+        state.waiting |= empty;
         if state.closed {
             return Err(Error::Closed);
         }
         if state.generation == generation {
             if let Some(pipeline) = state.pipeline.as_mut() {
                 pipeline.output = Some(output);
+                if matches!(received, Ok(Ok(_))) {
+                    pipeline.ready.fetch_sub(1, Ordering::Relaxed);
+                }
             }
         }
         match received {
             Ok(Ok(batch)) => {
+                self.delivery.delivered.fetch_add(1, Ordering::Relaxed);
+                if std::mem::take(&mut state.waiting) {
+                    self.delivery.waited.fetch_add(1, Ordering::Relaxed);
+                }
+                state.last_delivered = Some(Instant::now());
                 state.next_local = batch.local_index + self.start.share.stride;
                 state.consumed = batch.local_index + 1;
                 let position = self.position_in(&state, batch.local_index + 1, batch.segment);
@@ -540,15 +631,47 @@ impl BatchStream {
         lock(&self.state).segment.stage
     }
 
-    /// Delivery counters.
+    /// Delivery counters, timings and what the stream read (`docs/metrics.md`).
     pub fn stats(&self) -> StreamStats {
-        let state = lock(&self.state);
+        let (batches_yielded, rows_yielded, dropped_rows, prefetch_depth) = {
+            let state = lock(&self.state);
+            (
+                self.start.batches_base + state.consumed,
+                self.start.rows_base + self.rows_before(&state, state.consumed),
+                state
+                    .end_batch
+                    .map_or(0, |end| self.plan.order.dropped_rows(&state.segment, end)),
+                state
+                    .pipeline
+                    .as_ref()
+                    .map_or(0, |p| p.ready.load(Ordering::Relaxed).max(0) as u64),
+            )
+        };
+        let plan = &self.plan;
+        let mut sources = Vec::with_capacity(plan.meters.len());
+        for (stage, config) in plan.resolved.stages.iter().enumerate() {
+            for source in 0..config.sources.len() {
+                sources.push(SourceStats {
+                    stage,
+                    source,
+                    read: plan.meters[sources.len()].reading(),
+                });
+            }
+        }
+        let nanos = |counter: &AtomicU64| Duration::from_nanos(counter.load(Ordering::Relaxed));
         StreamStats {
-            batches_yielded: self.start.batches_base + state.consumed,
-            rows_yielded: self.start.rows_base + self.rows_before(&state, state.consumed),
-            dropped_rows: state
-                .end_batch
-                .map_or(0, |end| self.plan.order.dropped_rows(&state.segment, end)),
+            batches_yielded,
+            rows_yielded,
+            dropped_rows,
+            batches_delivered: self.delivery.delivered.load(Ordering::Relaxed),
+            batches_waited: self.delivery.waited.load(Ordering::Relaxed),
+            consumer_wait: nanos(&self.delivery.wait_nanos),
+            consumer_time: nanos(&self.delivery.consumer_nanos),
+            prefetch_depth,
+            prefetch_capacity: plan.resolved.prefetch_batches as u64,
+            sources,
+            open: self.open_meter.reading(),
+            decode: plan.decode.reading(&plan.encodings),
         }
     }
 }

@@ -5,11 +5,12 @@
 //! `next` that is blocked on storage, and `close` from any thread stops it.
 
 use arrow_pyarrow::ToPyArrow;
+use o41_engine::metrics::{MeterReading, RetryCause};
 use o41_engine::resolve::resolve;
 use o41_engine::stream::{Expect, Next, Share};
 use o41_engine::{BatchStream, StreamConfig};
 use pyo3::prelude::*;
-use pyo3::types::PyDict;
+use pyo3::types::{PyDict, PyList};
 
 use crate::blocking::{blocking, wait, Step};
 use crate::checkpoint::{config_of, Checkpoint};
@@ -196,13 +197,40 @@ impl Stream {
         Ok(self.open(py)?.resolved().to_json())
     }
 
-    /// Delivery counters: `batches_yielded`, `rows_yielded`, `dropped_rows`.
+    /// Counters and timings: `batches_yielded`, `rows_yielded`, `dropped_rows`,
+    /// `batches_delivered`, `batches_waited`, `consumer_wait_seconds`, `consumer_seconds`,
+    /// `prefetch_depth`, `prefetch_capacity`, `sources` (a list of dicts), `open` (a dict) and
+    /// `decode` (encoding name to `(rows, seconds)`). The engine counts with atomics; this
+    /// reads them without waiting for any batch.
     fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         let stats = self.open(py)?.stats();
         let d = PyDict::new(py);
         d.set_item("batches_yielded", stats.batches_yielded)?;
         d.set_item("rows_yielded", stats.rows_yielded)?;
         d.set_item("dropped_rows", stats.dropped_rows)?;
+        d.set_item("batches_delivered", stats.batches_delivered)?;
+        d.set_item("batches_waited", stats.batches_waited)?;
+        d.set_item("consumer_wait_seconds", stats.consumer_wait.as_secs_f64())?;
+        d.set_item("consumer_seconds", stats.consumer_time.as_secs_f64())?;
+        d.set_item("prefetch_depth", stats.prefetch_depth)?;
+        d.set_item("prefetch_capacity", stats.prefetch_capacity)?;
+        let sources = PyList::empty(py);
+        for source in &stats.sources {
+            let s = meter_dict(py, &source.read)?;
+            s.set_item("stage", source.stage)?;
+            s.set_item("source", source.source)?;
+            sources.append(s)?;
+        }
+        d.set_item("sources", sources)?;
+        d.set_item("open", meter_dict(py, &stats.open)?)?;
+        let decode = PyDict::new(py);
+        for reading in &stats.decode {
+            decode.set_item(
+                reading.encoding.name(),
+                (reading.rows, reading.time.as_secs_f64()),
+            )?;
+        }
+        d.set_item("decode", decode)?;
         Ok(d)
     }
 
@@ -218,4 +246,20 @@ impl Stream {
         d.set_item("limit", bound.limit)?;
         Ok(d)
     }
+}
+
+/// One meter's counters: `bytes_read`, `read_wait_seconds`, `rows_read`, `shards_opened` and
+/// `retries` (cause name to count).
+fn meter_dict<'py>(py: Python<'py>, reading: &MeterReading) -> PyResult<Bound<'py, PyDict>> {
+    let d = PyDict::new(py);
+    d.set_item("bytes_read", reading.bytes_read)?;
+    d.set_item("read_wait_seconds", reading.read_wait.as_secs_f64())?;
+    d.set_item("rows_read", reading.rows_read)?;
+    d.set_item("shards_opened", reading.shards_opened)?;
+    let retries = PyDict::new(py);
+    for (cause, count) in RetryCause::ALL.iter().zip(reading.retries) {
+        retries.set_item(cause.name(), count)?;
+    }
+    d.set_item("retries", retries)?;
+    Ok(d)
 }

@@ -49,6 +49,7 @@ from ._iter_shard import iter_shard
 from ._manifest import Curriculum, DataManifest, ManifestShard, ManifestSplit, load_manifest, save_manifest
 from ._manifest_build import manifest_from_files
 from ._saver import DatasetSaver, SavedShard
+from ._stats import RETRY_CAUSES, DecodeStats, ReadStats, SourceStats, log_stats_every
 from ._storage import RetryPolicy, StorageConfig
 from ._stream import (
     Batch,
@@ -69,6 +70,7 @@ from ._training_data import TrainingData
 __all__ = [
     "DTYPES",
     "ENCODINGS",
+    "RETRY_CAUSES",
     "AccessDeniedError",
     "Batch",
     "BatchStream",
@@ -81,6 +83,7 @@ __all__ = [
     "DataError",
     "DataManifest",
     "DatasetSaver",
+    "DecodeStats",
     "Drain",
     "Encoding",
     "FileSource",
@@ -96,10 +99,12 @@ __all__ = [
     "ProjectedField",
     "ProjectionError",
     "Ramp",
+    "ReadStats",
     "RetryPolicy",
     "SavedShard",
     "Segment",
     "Shuffle",
+    "SourceStats",
     "Stage",
     "StorageConfig",
     "StorageError",
@@ -113,6 +118,7 @@ __all__ = [
     "__version__",
     "iter_shard",
     "load_manifest",
+    "log_stats_every",
     "manifest_from_files",
     "open_batch_stream",
     "resolve_batch_stream_config",

@@ -194,8 +194,12 @@ class Stream:
         """True once closed."""
     def resolved_json(self) -> str:
         """The resolved config document (JSON)."""
-    def stats(self) -> dict[str, int]:
-        """Delivery counters: batches_yielded, rows_yielded, dropped_rows."""
+    def stats(self) -> dict[str, Any]:
+        """Counters and timings: batches_yielded, rows_yielded, dropped_rows, batches_delivered,
+        batches_waited, consumer_wait_seconds, consumer_seconds, prefetch_depth,
+        prefetch_capacity, sources (a list of dicts with stage, source, bytes_read,
+        read_wait_seconds, rows_read, shards_opened, retries), open (the same keys) and decode
+        (encoding name to (rows, seconds))."""
     def memory_bound(self) -> dict[str, Any]:
         """The working-set bound computed at open, by term, in bytes."""
 

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any
 
@@ -13,6 +14,7 @@ import pyarrow as pa
 from . import _core
 from ._config import BatchStreamConfig
 from ._core import Checkpoint, Drain, Position, Segment
+from ._stats import DecodeStats, ReadStats, SourceStats, _minus_read
 from ._storage import StorageConfig
 
 __all__ = [
@@ -120,7 +122,25 @@ class Batch:
 
 @dataclass(frozen=True)
 class StreamStats:
-    """Delivery counters of a stream."""
+    """Counters and timings of a stream (docs/metrics.md), cheap enough to read every step.
+
+    ``batches_yielded``, ``rows_yielded`` and ``dropped_rows`` belong to the run: a resumed
+    stream continues them from its checkpoint. Every other figure counts this stream object's
+    work since it was opened or resumed, and starts at zero again in a resumed stream (a
+    checkpoint stores positions, not timings).
+
+    Loader-bound or model-bound: :attr:`consumer_wait_seconds` is the time ``next`` blocked
+    because the batch was not assembled yet, :attr:`consumer_seconds` the time between a batch's
+    delivery and the next call of ``next`` (the training step's own time), and
+    :attr:`loader_bound_fraction` the share of the first in their sum. Use :meth:`since` for a
+    window of steps rather than the whole run.
+
+    Examples:
+        >>> stats = stream.stats  # doctest: +SKIP
+        >>> stats.loader_bound_fraction  # doctest: +SKIP
+        0.02
+
+    """
 
     batches_yielded: int
     """Batches this rank has received over the run (resumed streams continue the count)."""
@@ -130,6 +150,161 @@ class StreamStats:
     """Rows of the active finite stage that no rank receives: the final round of
     ``world_size`` global batches that cannot be filled, and any partial batch (in a ramped
     stage, the final partial global batch). Always 0 in a validation pass, which pads instead."""
+    batches_delivered: int = 0
+    """Batches this stream delivered since it was opened or resumed."""
+    batches_waited: int = 0
+    """Of those, the ones that were not ready when ``next`` asked for them."""
+    consumer_wait_seconds: float = 0.0
+    """Time ``next`` blocked waiting for a batch the pipeline had not yet assembled."""
+    consumer_seconds: float = 0.0
+    """Time between each delivery and the following call of ``next``: the consumer's own time
+    (the time before the first ``next`` is not counted)."""
+    prefetch_depth: int = 0
+    """Batches assembled and waiting for the consumer at this moment."""
+    prefetch_capacity: int = 0
+    """The most batches that can wait for the consumer (``prefetch_batches``)."""
+    sources: tuple[SourceStats, ...] = ()
+    """What each source read, in stage then source order."""
+    open: ReadStats = field(default_factory=ReadStats)
+    """What opening or resuming the stream read: manifests, and the shards checked at open."""
+    decode: Mapping[str, DecodeStats] = field(default_factory=dict)
+    """Decode rows and time by shard format (``"parquet"``, ``"jsonl"``, ...)."""
+
+    @property
+    def loader_bound_fraction(self) -> float:
+        """The share of the loop spent waiting for data: ``wait / (wait + consumer)``.
+
+        Near 0 the consumer (the model) sets the pace, near 1 the loader does; 0.0 before any
+        batch was delivered.
+        """
+        total = self.consumer_wait_seconds + self.consumer_seconds
+        return self.consumer_wait_seconds / total if total > 0 else 0.0
+
+    @property
+    def bytes_read(self) -> int:
+        """Bytes read from storage, every source and the open together."""
+        return self.open.bytes_read + sum(s.bytes_read for s in self.sources)
+
+    @property
+    def rows_read(self) -> int:
+        """Rows decoded, every source together."""
+        return sum(s.rows_read for s in self.sources)
+
+    @property
+    def shards_opened(self) -> int:
+        """Shard readers opened, every source together."""
+        return sum(s.shards_opened for s in self.sources)
+
+    @property
+    def retries(self) -> dict[str, int]:
+        """Retried remote requests by cause, every source and the open together."""
+        total = dict(self.open.retries)
+        for source in self.sources:
+            for cause, count in source.retries.items():
+                total[cause] = total.get(cause, 0) + count
+        return total
+
+    def since(self, earlier: StreamStats) -> StreamStats:
+        """The counters of the window after ``earlier`` (a reading of the same stream).
+
+        Counters and timings are differences; ``prefetch_depth``, ``prefetch_capacity`` and
+        ``dropped_rows`` are as now.
+
+        Examples:
+            >>> window = stream.stats.since(previous)  # doctest: +SKIP
+
+        """
+        sources = tuple(
+            SourceStats(stage=now.stage, source=now.source, **_minus_read(now, then))
+            for now, then in zip(self.sources, earlier.sources, strict=True)
+        )
+        decode = {
+            name: DecodeStats(
+                rows=now.rows - earlier.decode.get(name, DecodeStats()).rows,
+                seconds=now.seconds - earlier.decode.get(name, DecodeStats()).seconds,
+            )
+            for name, now in self.decode.items()
+        }
+        return StreamStats(
+            batches_yielded=self.batches_yielded - earlier.batches_yielded,
+            rows_yielded=self.rows_yielded - earlier.rows_yielded,
+            dropped_rows=self.dropped_rows,
+            batches_delivered=self.batches_delivered - earlier.batches_delivered,
+            batches_waited=self.batches_waited - earlier.batches_waited,
+            consumer_wait_seconds=self.consumer_wait_seconds - earlier.consumer_wait_seconds,
+            consumer_seconds=self.consumer_seconds - earlier.consumer_seconds,
+            prefetch_depth=self.prefetch_depth,
+            prefetch_capacity=self.prefetch_capacity,
+            sources=sources,
+            open=ReadStats(**_minus_read(self.open, earlier.open)),
+            decode=decode,
+        )
+
+    def scalars(self, prefix: str = "") -> dict[str, float]:
+        """Flat numbers for a metrics logger, each key starting with ``prefix``.
+
+        Keys: ``loader_bound_fraction``, ``consumer_wait_seconds``, ``consumer_seconds``,
+        ``batches_delivered``, ``batches_waited``, ``prefetch_depth``, ``rows_read``,
+        ``bytes_read``, ``shards_opened``, ``retries`` and ``retries/<cause>``,
+        ``source<stage>.<source>/rows_read`` and ``/bytes_read``, and ``decode_seconds/<format>``.
+
+        Examples:
+            >>> pl_module.log_dict(stream.stats.scalars("data/"))  # doctest: +SKIP
+
+        """
+        out: dict[str, float] = {
+            "loader_bound_fraction": self.loader_bound_fraction,
+            "consumer_wait_seconds": self.consumer_wait_seconds,
+            "consumer_seconds": self.consumer_seconds,
+            "batches_delivered": float(self.batches_delivered),
+            "batches_waited": float(self.batches_waited),
+            "prefetch_depth": float(self.prefetch_depth),
+            "rows_read": float(self.rows_read),
+            "bytes_read": float(self.bytes_read),
+            "shards_opened": float(self.shards_opened),
+        }
+        retries = self.retries
+        out["retries"] = float(sum(retries.values()))
+        for cause, count in retries.items():
+            out[f"retries/{cause}"] = float(count)
+        for s in self.sources:
+            out[f"source{s.stage}.{s.source}/rows_read"] = float(s.rows_read)
+            out[f"source{s.stage}.{s.source}/bytes_read"] = float(s.bytes_read)
+        for name, decode in self.decode.items():
+            out[f"decode_seconds/{name}"] = decode.seconds
+        return {prefix + key: value for key, value in out.items()}
+
+    def summary(self) -> str:
+        """One line for a log: the loader-bound fraction and the figures behind it."""
+        retries = self.retries
+        causes = ", ".join(f"{k} {v}" for k, v in retries.items() if v)
+        return (
+            f"loader-bound {self.loader_bound_fraction:.0%} (waited {self.consumer_wait_seconds:.3f} s, "
+            f"consumer {self.consumer_seconds:.3f} s; {self.batches_waited} of "
+            f"{self.batches_delivered} batches not ready), prefetched {self.prefetch_depth}/"
+            f"{self.prefetch_capacity}, read {self.rows_read} rows, {self.bytes_read} bytes from "
+            f"{self.shards_opened} shard opens, {sum(retries.values())} retries"
+            + (f" ({causes})" if causes else "")
+        )
+
+    @classmethod
+    def _from_core(cls, raw: Mapping[str, Any]) -> StreamStats:
+        return cls(
+            batches_yielded=int(raw["batches_yielded"]),
+            rows_yielded=int(raw["rows_yielded"]),
+            dropped_rows=int(raw["dropped_rows"]),
+            batches_delivered=int(raw["batches_delivered"]),
+            batches_waited=int(raw["batches_waited"]),
+            consumer_wait_seconds=float(raw["consumer_wait_seconds"]),
+            consumer_seconds=float(raw["consumer_seconds"]),
+            prefetch_depth=int(raw["prefetch_depth"]),
+            prefetch_capacity=int(raw["prefetch_capacity"]),
+            sources=tuple(SourceStats._from_core(s) for s in raw["sources"]),
+            open=ReadStats._from_core(raw["open"]),
+            decode={
+                name: DecodeStats(rows=int(r), seconds=float(t)) for name, (r, t) in raw["decode"].items()
+            },
+        )
 
 
 @dataclass(frozen=True)
@@ -243,8 +418,8 @@ class BatchStream:
 
     @property
     def stats(self) -> StreamStats:
-        """Delivery counters."""
-        return StreamStats(**self._core.stats())
+        """Counters and timings (:class:`StreamStats`), read without waiting for any batch."""
+        return StreamStats._from_core(self._core.stats())
 
     @property
     def memory_bound(self) -> MemoryBound:

@@ -5,7 +5,8 @@ and makes ``trainer.fit(ckpt_path=...)`` resume each rank exactly where its trai
 off: every rank's position goes into the model checkpoint (Lightning writes rank 0's only, so
 they are gathered), and each rank's core checkpoint is written beside it in
 ``<name>.ckpt.o41/stream-rank{r}-of-{n}.json``. :class:`O41Curriculum` switches curriculum
-stages at given global steps. See docs/lightning.md.
+stages at given global steps. :class:`O41StatsLogger` reports the loader's stats every N steps
+(docs/metrics.md). See docs/lightning.md.
 
 Examples:
     >>> from lightning.pytorch import Trainer
@@ -21,6 +22,7 @@ from ._curriculum import O41Curriculum
 from ._datamodule import O41DataModule
 from ._sidecar import INDEX_FILE, SIDECAR_SUFFIX, SidecarCheckpointIO, rank_file, sidecar_directory
 from ._state import FORMAT, STATE_VERSION
+from ._stats import O41StatsLogger
 
 __all__ = [
     "FORMAT",
@@ -29,6 +31,7 @@ __all__ = [
     "STATE_VERSION",
     "O41Curriculum",
     "O41DataModule",
+    "O41StatsLogger",
     "SidecarCheckpointIO",
     "core_version",
     "rank_file",

@@ -17,6 +17,7 @@ from o41_training_data import (
     CheckpointError,
     ConfigError,
     Position,
+    StreamStats,
     TrainingData,
     open_batch_stream,
     resolve_batch_stream_config,
@@ -143,10 +144,23 @@ class O41DataModule(LightningDataModule):
         self._frontier: tuple[object, int, int] | None = None  # (pass, batches_yielded, stage) handed out
         self._loader: _TrainLoader | None = None
         self._restored_from: Any = None  # the ckpt_path whose state this rank resumed from
+        self._train_dataset: O41IterableDataset | None = None  # the running pass's, for stats
         if val_config is not None:
             # Only a datamodule with a validation stream may look as if it overrides the hook:
             # Lightning warns about a val_dataloader without a validation_step.
             self.val_dataloader = self._val_dataloader  # type: ignore[method-assign]
+
+    @property
+    def stream_stats(self) -> StreamStats | None:
+        """The training stream's :class:`StreamStats` in this process, or None.
+
+        Available while a training pass runs with ``num_workers=0`` (the default); with
+        ``DataLoader`` workers the engine's counters stay in the workers (see
+        ``O41IterableDataset.stats``). Each pass, and each curriculum switch, opens a new
+        stream whose counters start at zero.
+        """
+        dataset = self._train_dataset
+        return dataset.stats if dataset is not None else None
 
     @property
     def config(self) -> BatchStreamConfig:
@@ -400,6 +414,7 @@ class O41DataModule(LightningDataModule):
                     start if start is not None else self._ranked(self._config)
                 )
                 dataset = O41IterableDataset(source, self._training_data, bool_as=self._bool_as)
+                self._train_dataset = dataset
                 batches = iter(DataLoader(dataset, batch_size=None, num_workers=self._num_workers))
                 delivered = 0
                 switch_after: Position | None = None

@@ -20,6 +20,7 @@ from o41_training_data import (
     CheckpointError,
     ConfigError,
     Position,
+    StreamStats,
     TrainingData,
     open_batch_stream,
     resolve_batch_stream_config,
@@ -358,6 +359,23 @@ class O41IterableDataset(IterableDataset[O41Batch]):
                 del item
         finally:
             stream.close()
+
+    @property
+    def stats(self) -> StreamStats | None:
+        """The :class:`StreamStats` of the stream running in this process, or None.
+
+        Without ``DataLoader`` workers (``num_workers=0``) the stream runs in the trainer's
+        process while it is iterated, so its ``consumer_wait_seconds`` is the time the training
+        loop waited for data and ``loader_bound_fraction`` answers "is it the data loader?"
+        directly. With workers, each worker's stream and its counters stay in that worker's
+        process, and this is None in the main process: time the loop's fetches instead (the
+        Lightning plugin's ``O41StatsLogger`` does both, see docs/metrics.md). A new pass
+        (``iter()``) opens a new stream, whose counters start at zero.
+        """
+        stream = self._stream
+        if stream is not None and self._stream_pid == os.getpid() and not stream.closed:
+            return stream.stats
+        return None
 
     def _checkpoint_at(self, position: Position) -> Checkpoint:
         """The checkpoint at ``position``, from this process's stream when it has one."""

@@ -27,8 +27,9 @@ use crate::columns::Chunk;
 use crate::error::{Error, Result};
 use crate::fields::Projection;
 use crate::from_arrow::project_arrow_column;
+use crate::metrics::Meter;
 use crate::storage::Pin;
-use crate::storage::{Object, PendingPieces};
+use crate::storage::{Object, PendingPieces, Tallied};
 
 /// Bytes fetched from the end of a remote shard at open: the footer and, for shards written by
 /// the saver, the page index before it, in one request.
@@ -314,8 +315,11 @@ fn read_metadata(object: &Arc<Object>) -> Result<ArrowReaderMetadata> {
     let path = object.uri();
     let options = ArrowReaderOptions::new().with_offset_index_policy(PageIndexPolicy::Optional);
     if let Some(file) = object.local_file() {
-        return ArrowReaderMetadata::load(file.as_ref(), options)
-            .map_err(|e| decode_error(path, None, &e));
+        let result = match object.meter() {
+            Some(meter) => ArrowReaderMetadata::load(&metered(file, meter)?, options),
+            None => ArrowReaderMetadata::load(file.as_ref(), options),
+        };
+        return result.map_err(|e| decode_error(path, None, &e));
     }
     let size = object.size();
     let tail_range = size.saturating_sub(REMOTE_TAIL_BYTES)..size;
@@ -552,6 +556,10 @@ impl Reader {
     ) -> std::result::Result<(), ReadFailure> {
         if let Some(file) = &self.file {
             // The builder takes its reader by value; a cloned handle shares the open file.
+            if let Some(meter) = self.object.meter() {
+                let file = metered(file, meter)?;
+                return read_ranges(file, &self.index, ranges, projection, chunk, &self.path);
+            }
             let file = file.try_clone().map_err(|e| Error::io(&self.path, e))?;
             return read_ranges(file, &self.index, ranges, projection, chunk, &self.path);
         }
@@ -620,6 +628,44 @@ fn selection(starts: &[u64], ranges: &[Range<u64>]) -> (Vec<usize>, RowSelection
         selectors.push(RowSelector::skip((acc - at) as usize));
     }
     (groups, RowSelection::from(selectors))
+}
+
+/// A local shard's file that counts what the decoder reads into a [`Meter`].
+struct MeteredFile {
+    file: File,
+    meter: Arc<Meter>,
+}
+
+fn metered(file: &File, meter: &Arc<Meter>) -> Result<MeteredFile> {
+    Ok(MeteredFile {
+        file: file
+            .try_clone()
+            .map_err(|e| Error::io("a local shard", e))?,
+        meter: meter.clone(),
+    })
+}
+
+impl Length for MeteredFile {
+    fn len(&self) -> u64 {
+        self.file.len()
+    }
+}
+
+impl ChunkReader for MeteredFile {
+    // Counted as the decoder takes them (the buffer reads ahead of what a column chunk needs),
+    // a few bytes at a time while it parses page headers: tallied, not timed.
+    type T = Tallied<std::io::BufReader<File>>;
+
+    fn get_read(&self, start: u64) -> parquet::errors::Result<Self::T> {
+        Ok(Tallied::new(self.file.get_read(start)?, self.meter.clone()))
+    }
+
+    fn get_bytes(&self, start: u64, length: usize) -> parquet::errors::Result<Bytes> {
+        let since = std::time::Instant::now();
+        let bytes = self.file.get_bytes(start, length)?;
+        self.meter.read(bytes.len() as u64, since);
+        Ok(bytes)
+    }
 }
 
 /// Shares one [`Fetched`] between the reader that decodes from it and the caller that asks it

@@ -39,6 +39,7 @@ pub fn open(path: &str, cancel: &Cancel) -> Result<Object> {
             inode: pin.inode.unwrap_or_default(),
         }),
         cancel: cancel.clone(),
+        meter: None,
     })
 }
 

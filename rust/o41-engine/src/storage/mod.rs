@@ -14,11 +14,13 @@ use std::fmt;
 use std::io::Read;
 use std::ops::Range;
 use std::sync::Arc;
+use std::time::Instant;
 
 use bytes::Bytes;
 
 use crate::cancel::Cancel;
 use crate::error::{Error, Result};
+use crate::metrics::Meter;
 
 pub use retry::RetryPolicy;
 pub use s3::{Pieces, S3Settings};
@@ -114,11 +116,14 @@ pub fn sibling(base: &str, relative: &str) -> String {
 /// Storage settings shared by every object a stream, saver or manifest touches. Cheap to clone.
 ///
 /// A storage value carries the [`Cancel`] flag its reads obey; [`Storage::with_cancel`] gives a
-/// pipeline or a blocking call its own, so stopping one stops only its reads.
+/// pipeline or a blocking call its own, so stopping one stops only its reads. It may also carry
+/// a [`Meter`] ([`Storage::with_meter`]) that the objects it opens count their reads and retries
+/// into: a stream gives each source its own.
 #[derive(Clone, Default)]
 pub struct Storage {
     s3: Option<Arc<s3::S3>>,
     cancel: Cancel,
+    meter: Option<Arc<Meter>>,
 }
 
 impl fmt::Debug for Storage {
@@ -141,6 +146,7 @@ impl Storage {
         Ok(Storage {
             s3: Some(Arc::new(s3::S3::new(settings, policy)?)),
             cancel: Cancel::new(),
+            meter: None,
         })
     }
 
@@ -150,6 +156,27 @@ impl Storage {
         Storage {
             s3: self.s3.clone(),
             cancel,
+            meter: self.meter.clone(),
+        }
+    }
+
+    /// The same settings and flag, with reads and retries counted into `meter`.
+    #[must_use]
+    pub fn with_meter(&self, meter: Arc<Meter>) -> Storage {
+        Storage {
+            s3: self.s3.clone(),
+            cancel: self.cancel.clone(),
+            meter: Some(meter),
+        }
+    }
+
+    /// The same settings and flag, counting nowhere.
+    #[must_use]
+    pub fn without_meter(&self) -> Storage {
+        Storage {
+            s3: self.s3.clone(),
+            cancel: self.cancel.clone(),
+            meter: None,
         }
     }
 
@@ -181,10 +208,15 @@ impl Storage {
 
     /// Opens `uri` for reading: its size, and for remote objects the version reads are pinned to.
     pub fn open(&self, uri: &str) -> Result<Object> {
-        match Location::parse(uri)? {
-            Location::Local(path) => local::open(path, &self.cancel),
-            Location::S3 { bucket, key } => self.s3(uri)?.open(uri, bucket, key, &self.cancel),
-        }
+        let mut object = match Location::parse(uri)? {
+            Location::Local(path) => local::open(path, &self.cancel)?,
+            Location::S3 { bucket, key } => {
+                self.s3(uri)?
+                    .open(uri, bucket, key, &self.cancel, self.meter.as_ref())?
+            }
+        };
+        object.meter.clone_from(&self.meter);
+        Ok(object)
     }
 
     /// Opens `uri`, already seen as `pin`. A remote object is not asked for again: its reads
@@ -194,9 +226,17 @@ impl Storage {
         if let (Location::S3 { bucket, key }, Some(version)) =
             (Location::parse(uri)?, pin.version.as_deref())
         {
-            return self
-                .s3(uri)?
-                .known(uri, bucket, key, pin.size, version, &self.cancel);
+            let mut object = self.s3(uri)?.known(
+                uri,
+                bucket,
+                key,
+                pin.size,
+                version,
+                &self.cancel,
+                self.meter.as_ref(),
+            )?;
+            object.meter.clone_from(&self.meter);
+            return Ok(object);
         }
         let object = self.open(uri)?;
         object.expect(pin)?;
@@ -337,6 +377,8 @@ pub struct Object {
     source: Source,
     /// Reads of this object stop once it is set.
     cancel: Cancel,
+    /// Where its reads are counted, if anywhere.
+    meter: Option<Arc<Meter>>,
 }
 
 enum Source {
@@ -423,7 +465,8 @@ impl Object {
         }
     }
 
-    /// The open local file, when the object is local (the Parquet reader's fast path).
+    /// The open local file, when the object is local (the Parquet reader's fast path, which
+    /// counts its reads into [`Object::meter`]).
     pub fn local_file(&self) -> Option<&Arc<std::fs::File>> {
         match &self.source {
             Source::Local(file) => Some(&file.file),
@@ -431,13 +474,28 @@ impl Object {
         }
     }
 
+    /// Where this object's reads are counted, if anywhere.
+    pub fn meter(&self) -> Option<&Arc<Meter>> {
+        self.meter.as_ref()
+    }
+
+    /// Counts `bytes` received by a read that started at `since`.
+    fn count(&self, bytes: u64, since: Instant) {
+        if let Some(meter) = &self.meter {
+            meter.read(bytes, since);
+        }
+    }
+
     /// The bytes of `range`.
     pub fn read_range(&self, range: Range<u64>) -> Result<Bytes> {
         self.check_range(&range)?;
-        match &self.source {
+        let since = Instant::now();
+        let bytes = match &self.source {
             Source::Local(file) => local::read_range(&self.uri, &file.file, range),
             Source::Remote(remote) => remote.read_range(range, &self.cancel),
-        }
+        }?;
+        self.count(bytes.len() as u64, since);
+        Ok(bytes)
     }
 
     /// The bytes of `ranges` as pieces `(offset, bytes)` that together cover each range
@@ -447,7 +505,8 @@ impl Object {
         for range in ranges {
             self.check_range(range)?;
         }
-        match &self.source {
+        let since = Instant::now();
+        let pieces: Pieces = match &self.source {
             Source::Local(file) => ranges
                 .iter()
                 .map(|r| {
@@ -456,9 +515,11 @@ impl Object {
                         local::read_range(&self.uri, &file.file, r.clone())?,
                     ))
                 })
-                .collect(),
+                .collect::<Result<_>>(),
             Source::Remote(remote) => remote.read_pieces(ranges, &self.cancel),
-        }
+        }?;
+        self.count(pieces_len(&pieces), since);
+        Ok(pieces)
     }
 
     /// Starts fetching `ranges` of a remote object in the background (see
@@ -470,6 +531,7 @@ impl Object {
                 uri: self.uri.clone(),
                 inner: remote.spawn_pieces(ranges),
                 cancel: self.cancel.clone(),
+                meter: self.meter.clone(),
             }),
         }
     }
@@ -478,12 +540,19 @@ impl Object {
     /// and recover from transient failures; their errors carry the engine error, which
     /// [`from_io`] recovers.
     pub fn reader(&self, offset: u64) -> Result<Box<dyn Read + Send>> {
-        match &self.source {
-            Source::Local(_) => local::reader(&self.uri, offset),
-            Source::Remote(remote) => Ok(Box::new(
-                remote.reader(offset..self.size, self.cancel.clone()),
-            )),
-        }
+        let inner: Box<dyn Read + Send> = match &self.source {
+            Source::Local(_) => local::reader(&self.uri, offset)?,
+            Source::Remote(remote) => {
+                Box::new(remote.reader(offset..self.size, self.cancel.clone()))
+            }
+        };
+        Ok(match &self.meter {
+            Some(meter) => Box::new(Metered {
+                inner,
+                meter: meter.clone(),
+            }),
+            None => inner,
+        })
     }
 
     fn check_range(&self, range: &Range<u64>) -> Result<()> {
@@ -505,12 +574,80 @@ pub struct PendingPieces {
     uri: String,
     inner: s3::PendingPieces,
     cancel: Cancel,
+    meter: Option<Arc<Meter>>,
 }
 
 impl PendingPieces {
-    /// Waits for the fetch; the pieces are as [`Object::read_pieces`] returns them.
+    /// Waits for the fetch; the pieces are as [`Object::read_pieces`] returns them. Only the
+    /// wait counts as waiting: the fetch ran while the caller did other work.
     pub fn wait(self) -> Result<Pieces> {
-        self.inner.wait(&self.uri, &self.cancel)
+        let since = Instant::now();
+        let pieces = self.inner.wait(&self.uri, &self.cancel)?;
+        if let Some(meter) = &self.meter {
+            meter.read(pieces_len(&pieces), since);
+        }
+        Ok(pieces)
+    }
+}
+
+fn pieces_len(pieces: &Pieces) -> u64 {
+    pieces.iter().map(|(_, b)| b.len() as u64).sum()
+}
+
+/// A reader that counts what it returns, and the time it waited for it, into a [`Meter`].
+pub struct Metered<R> {
+    inner: R,
+    meter: Arc<Meter>,
+}
+
+impl<R> Metered<R> {
+    /// Counts the reads of `inner` into `meter`.
+    pub fn new(inner: R, meter: Arc<Meter>) -> Self {
+        Metered { inner, meter }
+    }
+}
+
+impl<R: Read> Read for Metered<R> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let since = Instant::now();
+        let n = self.inner.read(buf)?;
+        self.meter.read(n as u64, since);
+        Ok(n)
+    }
+}
+
+/// A reader that tallies the bytes it returns and adds them to a [`Meter`] when dropped,
+/// without timing: for readers called many times for a few bytes each (a Parquet decoder
+/// parsing page headers from a local file), where a clock reading and a shared atomic per call
+/// would cost more than the read. Such readers live for one column chunk of one read job.
+pub struct Tallied<R> {
+    inner: R,
+    meter: Arc<Meter>,
+    bytes: u64,
+}
+
+impl<R> Tallied<R> {
+    /// Tallies the reads of `inner` for `meter`.
+    pub fn new(inner: R, meter: Arc<Meter>) -> Self {
+        Tallied {
+            inner,
+            meter,
+            bytes: 0,
+        }
+    }
+}
+
+impl<R: Read> Read for Tallied<R> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let n = self.inner.read(buf)?;
+        self.bytes += n as u64;
+        Ok(n)
+    }
+}
+
+impl<R> Drop for Tallied<R> {
+    fn drop(&mut self) {
+        self.meter.bytes(self.bytes);
     }
 }
 

@@ -27,6 +27,7 @@ use super::retry::{Attempts, RetryPolicy};
 use super::{carry, sha256_hex, Object, Source, WriteMode, Written, CHECKSUM_METADATA_KEY};
 use crate::cancel::Cancel;
 use crate::error::{Error, Result};
+use crate::metrics::{Meter, RetryCause};
 
 /// Objects of this size or more cannot be written with one atomic request.
 pub const MAX_PUT_BYTES: u64 = 5 << 30;
@@ -115,6 +116,20 @@ impl Scrubber {
     }
 }
 
+/// Whether a failed request without a status timed out (connect or read timeout), from the
+/// error chain's text: `object_store` and `reqwest` keep their error kinds private.
+fn is_timeout(error: &(dyn std::error::Error + 'static)) -> bool {
+    let mut next: Option<&(dyn std::error::Error + 'static)> = Some(error);
+    while let Some(e) = next {
+        let text = e.to_string().to_ascii_lowercase();
+        if text.contains("timed out") || text.contains("timeout") {
+            return true;
+        }
+        next = e.source();
+    }
+    false
+}
+
 /// The HTTP status of a failed request, read from `object_store`'s message because its request
 /// error type is not public.
 fn status_code(message: &str) -> Option<u16> {
@@ -128,8 +143,8 @@ enum Failure {
     Fatal(Error),
     /// The object already exists (a create-only write).
     Exists,
-    /// Retry; the text is the cause to report if retries run out.
-    Transient(String),
+    /// Retry, counted under the cause; the text is what to report if retries run out.
+    Transient(RetryCause, String),
 }
 
 #[derive(Clone)]
@@ -160,16 +175,22 @@ impl Context {
             E::Generic { source, .. } => {
                 let message = self.scrubber.clean(&source.to_string());
                 let status = status_code(&source.to_string());
-                match status {
+                let cause = match status {
                     // A request the service rejects as such will be rejected again.
                     Some(code) if (400..500).contains(&code) && code != 408 && code != 429 => {
-                        Failure::Fatal(Error::Storage {
+                        return Failure::Fatal(Error::Storage {
                             path,
                             message: format!("the service refused the request: {message}"),
                         })
                     }
-                    _ => Failure::Transient(message),
-                }
+                    // S3 answers 503 SlowDown when it throttles.
+                    Some(429 | 503) => RetryCause::Throttled,
+                    Some(408) => RetryCause::Timeout,
+                    Some(_) => RetryCause::ServerError,
+                    None if is_timeout(source.as_ref()) => RetryCause::Timeout,
+                    None => RetryCause::Connection,
+                };
+                Failure::Transient(cause, message)
             }
             other => Failure::Fatal(Error::Storage {
                 path,
@@ -179,8 +200,13 @@ impl Context {
     }
 
     /// Runs `op` until it succeeds, fails closed, or the retry budget runs out. `Exists` is
-    /// handed back to the caller as `Ok(None)`.
-    async fn retrying<T, F, Fut>(&self, uri: &str, mut op: F) -> Result<Option<T>>
+    /// handed back to the caller as `Ok(None)`. Retries are counted into `meter`.
+    async fn retrying<T, F, Fut>(
+        &self,
+        uri: &str,
+        meter: Option<&Arc<Meter>>,
+        mut op: F,
+    ) -> Result<Option<T>>
     where
         F: FnMut() -> Fut,
         Fut: Future<Output = object_store::Result<T>>,
@@ -192,7 +218,12 @@ impl Context {
                 Err(e) => match self.classify(uri, e) {
                     Failure::Fatal(e) => return Err(e),
                     Failure::Exists => return Ok(None),
-                    Failure::Transient(cause) => cause,
+                    Failure::Transient(kind, cause) => {
+                        if let Some(meter) = meter {
+                            meter.retry(kind);
+                        }
+                        cause
+                    }
                 },
             };
             match attempts.failed() {
@@ -322,7 +353,14 @@ impl S3 {
         Ok(client)
     }
 
-    pub fn open(&self, uri: &str, bucket: &str, key: &str, cancel: &Cancel) -> Result<Object> {
+    pub fn open(
+        &self,
+        uri: &str,
+        bucket: &str,
+        key: &str,
+        cancel: &Cancel,
+        meter: Option<&Arc<Meter>>,
+    ) -> Result<Object> {
         let store = self.client(bucket)?;
         let path = Path::from(key);
         // A HEAD that also returns the object's metadata: the checksum the saver stored lets a
@@ -330,7 +368,7 @@ impl S3 {
         let head = block_on(
             cancel,
             uri,
-            self.context.retrying(uri, || {
+            self.context.retrying(uri, meter, || {
                 store.get_opts(
                     &path,
                     GetOptions {
@@ -346,7 +384,7 @@ impl S3 {
             .get(&Attribute::Metadata(CHECKSUM_METADATA_KEY.into()))
             .map(|stored| stored.as_ref().to_owned());
         let meta = head.meta;
-        let mut object = self.object(uri, store, path, meta.size, meta.e_tag, cancel);
+        let mut object = self.object(uri, store, path, meta.size, meta.e_tag, cancel, meter);
         if let Source::Remote(remote) = &mut object.source {
             if let Some(inner) = Arc::get_mut(&mut remote.0) {
                 inner.sha256 = sha256;
@@ -355,6 +393,8 @@ impl S3 {
         Ok(object)
     }
 
+    // The location in three parts, what is known of it, and the object's flag and meter.
+    #[allow(clippy::too_many_arguments)]
     pub fn known(
         &self,
         uri: &str,
@@ -363,6 +403,7 @@ impl S3 {
         size: u64,
         etag: &str,
         cancel: &Cancel,
+        meter: Option<&Arc<Meter>>,
     ) -> Result<Object> {
         let store = self.client(bucket)?;
         Ok(self.object(
@@ -372,9 +413,12 @@ impl S3 {
             size,
             Some(etag.to_owned()),
             cancel,
+            meter,
         ))
     }
 
+    // As `known`.
+    #[allow(clippy::too_many_arguments)]
     fn object(
         &self,
         uri: &str,
@@ -383,11 +427,13 @@ impl S3 {
         size: u64,
         etag: Option<String>,
         cancel: &Cancel,
+        meter: Option<&Arc<Meter>>,
     ) -> Object {
         Object {
             uri: uri.to_owned(),
             size,
             cancel: cancel.clone(),
+            meter: meter.cloned(),
             source: Source::Remote(Remote(Arc::new(RemoteObject {
                 uri: uri.to_owned(),
                 store,
@@ -395,6 +441,7 @@ impl S3 {
                 etag,
                 sha256: None,
                 context: self.context.clone(),
+                meter: meter.cloned(),
             }))),
         }
     }
@@ -440,7 +487,7 @@ impl S3 {
         let put = block_on(
             cancel,
             uri,
-            self.context.retrying(uri, || {
+            self.context.retrying(uri, None, || {
                 store.put_opts(&path, payload.clone(), options.clone())
             }),
         )?;
@@ -460,7 +507,7 @@ impl S3 {
     }
 
     pub fn checksum(&self, uri: &str, bucket: &str, key: &str, cancel: &Cancel) -> Result<String> {
-        let object = self.open(uri, bucket, key, cancel)?;
+        let object = self.open(uri, bucket, key, cancel, None)?;
         if let Some(stored) = object.stored_sha256() {
             return Ok(stored.to_owned());
         }
@@ -473,7 +520,7 @@ impl S3 {
         let metas = block_on(
             cancel,
             uri,
-            self.context.retrying(uri, || {
+            self.context.retrying(uri, None, || {
                 store
                     .list(Some(&prefix))
                     .collect::<Vec<_>>()
@@ -497,6 +544,8 @@ struct RemoteObject {
     /// The hex SHA-256 its writer stored in its metadata, as the HEAD that opened it reported.
     sha256: Option<String>,
     context: Context,
+    /// Where retries of its reads are counted (its bytes are counted by the `Object`).
+    meter: Option<Arc<Meter>>,
 }
 
 impl RemoteObject {
@@ -511,11 +560,11 @@ impl RemoteObject {
                 range: Some(GetRange::Bounded(pos..range.end)),
                 ..GetOptions::default()
             };
-            let cause = match self.store.get_opts(&self.path, options).await {
+            let (kind, cause) = match self.store.get_opts(&self.path, options).await {
                 Err(e) => match self.context.classify(&self.uri, e) {
                     Failure::Fatal(e) => return Err(e),
                     Failure::Exists => unreachable!("reads do not create"),
-                    Failure::Transient(cause) => cause,
+                    Failure::Transient(kind, cause) => (kind, cause),
                 },
                 Ok(result) => {
                     let mut body = result.into_stream();
@@ -535,12 +584,22 @@ impl RemoteObject {
                             Some(Err(e)) => match self.context.classify(&self.uri, e) {
                                 Failure::Fatal(e) => return Err(e),
                                 Failure::Exists => unreachable!("reads do not create"),
-                                Failure::Transient(cause) => break cause,
+                                // A body that went silent timed out; any other break in it
+                                // is an interrupted response, resumed from its last byte.
+                                Failure::Transient(RetryCause::Timeout, cause) => {
+                                    break (RetryCause::Timeout, cause)
+                                }
+                                Failure::Transient(_, cause) => {
+                                    break (RetryCause::Interrupted, cause)
+                                }
                             },
                             None if pos < range.end => {
-                                break format!(
-                                    "the response ended at byte {pos}, before byte {}",
-                                    range.end
+                                break (
+                                    RetryCause::Interrupted,
+                                    format!(
+                                        "the response ended at byte {pos}, before byte {}",
+                                        range.end
+                                    ),
                                 )
                             }
                             None => return Ok(()),
@@ -548,6 +607,9 @@ impl RemoteObject {
                     }
                 }
             };
+            if let Some(meter) = &self.meter {
+                meter.retry(kind);
+            }
             match attempts.failed() {
                 Ok(wait) => tokio::time::sleep(wait).await,
                 Err(reason) => {
