@@ -43,6 +43,8 @@ fn stage(
             unit_rows: Some(unit),
         }),
         infinite,
+        packing: None,
+        windows: None,
     }
 }
 
