@@ -25,9 +25,11 @@ from ._config import (
     Encoding,
     FileSource,
     ManifestSource,
+    Packing,
     ProjectedField,
     Shuffle,
     Stage,
+    TokenWindows,
 )
 from ._core import __version__
 from ._errors import (
@@ -58,6 +60,7 @@ from ._stream import (
     Position,
     Segment,
     StreamStats,
+    TokenStats,
     open_batch_stream,
     resolve_batch_stream_config,
     resume_batch_stream,
@@ -90,6 +93,7 @@ __all__ = [
     "O41Error",
     "ObjectConflictError",
     "ObjectNotFoundError",
+    "Packing",
     "Position",
     "ProjectedField",
     "ProjectionError",
@@ -102,6 +106,8 @@ __all__ = [
     "StorageError",
     "StreamClosedError",
     "StreamStats",
+    "TokenStats",
+    "TokenWindows",
     "TrainingData",
     "UnsupportedFormatError",
     "__version__",

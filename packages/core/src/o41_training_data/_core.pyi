@@ -195,6 +195,8 @@ class Stream:
         """The resolved config document (JSON)."""
     def stats(self) -> dict[str, int]:
         """Delivery counters: batches_yielded, rows_yielded, dropped_rows."""
+    def token_stats(self) -> list[dict[str, Any] | None]:
+        """Per stage, a token stage's tokens, windows, row_tokens and padding_fraction."""
     def memory_bound(self) -> dict[str, Any]:
         """The working-set bound computed at open, by term, in bytes."""
 
