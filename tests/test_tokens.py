@@ -10,6 +10,7 @@ import json
 from collections import Counter
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import polars as pl
@@ -34,7 +35,9 @@ from o41_training_data import (
     open_batch_stream,
     resume_batch_stream,
 )
-from o41_training_data.testing import assert_resumable
+from o41_training_data.testing import LocalS3Server, assert_resumable
+
+from helpers import data_for, upload
 
 EOS = 0
 
@@ -389,3 +392,41 @@ def test_packing_options_are_checked_with_their_path(option: str, value: object)
             fields=fields(8),
             stages=[Stage(sources=[FileSource(files=["a.bin"])], batch_size=1, packing=Packing(**kwargs))],  # type: ignore[arg-type]
         )
+
+
+def test_a_plan_beyond_the_memory_limit_is_refused_while_it_is_planned(tmp_path: Path) -> None:
+    path = write_bin(tmp_path / "corpus.bin", corpus([1] * 100_000), dtype="uint32")
+    config = packed([path], 8)
+    with open_batch_stream(config) as stream:
+        bound = stream.memory_bound
+    assert bound.token_plans > 2_400_000  # 24 bytes for each of the 100,000 documents
+    # Room for everything but the plan.
+    tight = replace(config, memory_limit_bytes=bound.total - bound.token_plans + 100_000)
+    with pytest.raises(ConfigError, match=r"memory_limit_bytes.*corpus\.bin.*window plan"):
+        open_batch_stream(tight)
+
+
+def test_bin_and_parquet_token_shards_read_from_s3_as_from_local_disk(
+    tmp_path: Path, s3_server: LocalS3Server, boto3_client: Any, s3_prefix: str
+) -> None:
+    docs = corpus([13, 2, 7, 30, 5, 5, 9, 1, 22])
+    local_bin = write_bin(tmp_path / "corpus.bin", docs)
+    local_parquet = write_lists(tmp_path / "lists.parquet", docs)
+    remote = [
+        upload(boto3_client, local_bin, f"{s3_prefix}corpus.bin"),
+        upload(boto3_client, local_parquet, f"{s3_prefix}lists.parquet"),
+    ]
+    upload(boto3_client, tmp_path / "meta.json", f"{s3_prefix}meta.json")
+    training_data = data_for(s3_server)
+    for local_path, uri in zip([local_bin, local_parquet], remote, strict=True):
+        expected = rows(packed([local_path], 8, bins=2))
+        config = packed([Path("placeholder")], 8, bins=2)
+        config = replace(config, stages=[replace(config.stages[0], sources=[FileSource(files=[uri])])])
+        got = []
+        with training_data.batch_stream(config) as stream:
+            for batch in stream:
+                got.extend({k: v[r].copy() for k, v in batch.arrays().items()} for r in range(batch.num_rows))
+        assert len(got) == len(expected) > 0
+        for a, b in zip(got, expected, strict=True):
+            for name in a:
+                np.testing.assert_array_equal(a[name], b[name])

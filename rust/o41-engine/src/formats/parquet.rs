@@ -756,15 +756,20 @@ pub(super) fn index_of(meta: &ShardMeta) -> Option<Arc<ParquetIndex>> {
     }
 }
 
+/// What [`for_each_list`] calls with each record: its number, its list's length, and its ids
+/// (empty unless they were asked for).
+pub(super) type EachList<'a> = dyn FnMut(u64, u64, &[i64]) -> Result<()> + 'a;
+
 /// Reads records `ranges` (sorted, disjoint) of the one list column `index` projects, handing
-/// `each(record, values)` every record's whole list as `i64`s, in record order. Token shards
-/// read their streams through this; `projection` is the one the index was inspected with.
+/// `each(record, length, values)` every record's list length and, when `values` is set, its
+/// whole list as `i64`s (else nothing), in record order. Token shards read their streams
+/// through this; `projection` is the one the index was inspected with.
 pub(super) fn for_each_list(
     object: &Arc<Object>,
     index: &ParquetIndex,
-    ranges: &[Range<u64>],
+    (ranges, values): (&[Range<u64>], bool),
     projection: &Projection,
-    each: &mut dyn FnMut(u64, &[i64]) -> Result<()>,
+    each: &mut EachList<'_>,
 ) -> Result<()> {
     let path = object.uri().to_owned();
     let first = ranges.first().map(|r| r.start);
@@ -774,21 +779,27 @@ pub(super) fn for_each_list(
         }
         if let Some(file) = object.local_file() {
             let file = file.try_clone().map_err(|e| Error::io(&path, e))?;
-            return lists(file, index, ranges, &path, each);
+            return lists(file, index, (ranges, values), &path, each);
         }
         let pieces = object.read_pieces(&index.fetch_ranges(ranges, projection))?;
         let fetched = Arc::new(Fetched::from_pieces(object.clone(), pieces));
-        lists(ArcReader(fetched.clone()), index, ranges, &path, each)
-            .map_err(|e| fetched.take_failure().unwrap_or(e))
+        lists(
+            ArcReader(fetched.clone()),
+            index,
+            (ranges, values),
+            &path,
+            each,
+        )
+        .map_err(|e| fetched.take_failure().unwrap_or(e))
     })?
 }
 
 fn lists<R: ChunkReader + 'static>(
     file: R,
     index: &ParquetIndex,
-    ranges: &[Range<u64>],
+    (ranges, want_values): (&[Range<u64>], bool),
     path: &str,
-    each: &mut dyn FnMut(u64, &[i64]) -> Result<()>,
+    each: &mut EachList<'_>,
 ) -> Result<()> {
     let (groups, selection) = selection(&index.group_starts, ranges);
     let first_row = ranges[0].start;
@@ -814,9 +825,9 @@ fn lists<R: ChunkReader + 'static>(
                 format_error(path, None, "the decoder returned more rows than selected")
             })?;
             values.clear();
-            list_as_i64(column.as_ref(), i, &mut values)
+            let len = list_as_i64(column.as_ref(), i, want_values.then_some(&mut values))
                 .map_err(|message| format_error(path, Some(record), message))?;
-            each(record, &values)?;
+            each(record, len, &values)?;
         }
     }
     if let Some(record) = records.next() {
@@ -829,8 +840,12 @@ fn lists<R: ChunkReader + 'static>(
     Ok(())
 }
 
-/// Appends the integers of list `i` of `array` to `out`.
-fn list_as_i64(array: &dyn Array, i: usize, out: &mut Vec<i64>) -> std::result::Result<(), String> {
+/// The length of list `i` of `array`; its integers are appended to `out` when one is given.
+fn list_as_i64(
+    array: &dyn Array,
+    i: usize,
+    out: Option<&mut Vec<i64>>,
+) -> std::result::Result<u64, String> {
     if array.is_null(i) {
         return Err("the token list is null".to_owned());
     }
@@ -854,9 +869,10 @@ fn list_as_i64(array: &dyn Array, i: usize, out: &mut Vec<i64>) -> std::result::
         }
         other => return Err(format!("expected a list of token ids, found {other}")),
     };
-    if range.is_empty() {
-        return Ok(());
-    }
+    let len = range.len() as u64;
+    let Some(out) = out.filter(|_| !range.is_empty()) else {
+        return Ok(len);
+    };
     if let Some(nulls) = child.logical_nulls() {
         if nulls.slice(range.start, range.len()).null_count() > 0 {
             return Err("a token id is null".to_owned());
@@ -888,7 +904,7 @@ fn list_as_i64(array: &dyn Array, i: usize, out: &mut Vec<i64>) -> std::result::
         DataType::Null => {}
         other => return Err(format!("expected integer token ids, found {other}")),
     }
-    Ok(())
+    Ok(len)
 }
 
 /// Every column of a shard, in record batches of up to a given number of rows: what

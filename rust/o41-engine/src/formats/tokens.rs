@@ -198,9 +198,9 @@ pub fn inspect(
         Error::config(
             "memory_limit_bytes",
             format!(
-                "{path}: its packing plan needs more than {bytes} bytes (24 per placed document \
-                 piece), more than the stream's memory limit leaves; raise memory_limit_bytes or \
-                 split the corpus into more shards"
+                "{path}: its window plan needs more than {bytes} bytes (24 per placed document \
+                 piece, 8 per record), more than the stream's memory limit leaves; raise \
+                 memory_limit_bytes or split the corpus into more shards"
             ),
         )
     };
@@ -243,13 +243,20 @@ pub fn inspect(
             let index = parquet::index_of(&meta).ok_or_else(|| Error::Internal {
                 message: "a Parquet inspection without its index".to_owned(),
             })?;
+            // Record offsets are held for the stream's life: a shard of many (empty) records
+            // must not reserve more than the limit leaves.
+            if (meta.rows + 1).saturating_mul(8) > max_plan {
+                return Err(too_large(max_plan));
+            }
             let mut record_starts = Vec::with_capacity(meta.rows as usize + 1);
             let mut tokens = 0u64;
             let mut longest = 0u64;
             let mut doc_start = 0u64;
-            for_each_record(object, &index, meta.rows, &projection, &mut |_, values| {
+            // Only an eos cut needs the ids; counts and record documents need the lengths.
+            let values = eos.is_some() && packer.is_some();
+            let rows = (meta.rows, values);
+            for_each_record(object, &index, rows, &projection, &mut |_, len, values| {
                 record_starts.push(tokens);
-                let len = values.len() as u64;
                 longest = longest.max(len);
                 if let Some(packer) = packer.as_mut() {
                     match eos {
@@ -322,20 +329,16 @@ pub fn inspect(
 fn for_each_record(
     object: &Arc<Object>,
     index: &parquet::ParquetIndex,
-    rows: u64,
+    (rows, values): (u64, bool),
     projection: &Projection,
-    each: &mut dyn FnMut(u64, &[i64]) -> Result<()>,
+    each: &mut parquet::EachList<'_>,
 ) -> Result<()> {
     if rows == 0 {
         return Ok(());
     }
-    parquet::for_each_list(
-        object,
-        index,
-        std::slice::from_ref(&(0..rows)),
-        projection,
-        each,
-    )
+    let all = 0..rows;
+    let all = std::slice::from_ref(&all);
+    parquet::for_each_list(object, index, (all, values), projection, each)
 }
 
 /// Scans a `.bin` stream for `eos`, placing each document it closes (and the tail after the
@@ -491,12 +494,12 @@ impl Reader {
                         match role {
                             Some(Role::Segments) => {
                                 let id = i as u64 + 1;
-                                put(&mut chunk.columns[k], first, (0..len).map(|_| id))
+                                fill(&mut chunk.columns[k], first..first + len, id, 0)
                                     .map_err(fits)?;
                             }
                             Some(Role::Positions) => {
                                 let p = piece.position;
-                                put(&mut chunk.columns[k], first, (0..len as u64).map(|j| p + j))
+                                fill(&mut chunk.columns[k], first..first + len, p, 1)
                                     .map_err(fits)?;
                             }
                             _ => {}
@@ -559,6 +562,7 @@ impl Reader {
         }
         let pieces = self.object.read_pieces(&ranges)?;
         let mut bytes: Vec<u8> = Vec::new();
+        let mut ids: Vec<i64> = Vec::new();
         for need in needs {
             let (from, to) = (need.start * width, (need.start + need.len) * width);
             bytes.clear();
@@ -571,8 +575,21 @@ impl Reader {
                     format!("bytes {from}..{to} were not read"),
                 ));
             }
-            let ids = bytes.chunks_exact(width as usize).map(read_id);
-            put(out, need.out, ids).map_err(|v| fits(need.row, v as i64))?;
+            ids.clear();
+            if width == 2 {
+                ids.extend(
+                    bytes
+                        .chunks_exact(2)
+                        .map(|b| i64::from(u16::from_le_bytes([b[0], b[1]]))),
+                );
+            } else {
+                ids.extend(
+                    bytes
+                        .chunks_exact(4)
+                        .map(|b| i64::from(u32::from_le_bytes([b[0], b[1], b[2], b[3]]))),
+                );
+            }
+            put(out, need.out, &ids).map_err(|v| fits(need.row, v))?;
         }
         Ok(())
     }
@@ -600,9 +617,9 @@ impl Reader {
         parquet::for_each_list(
             &self.object,
             index,
-            &records,
+            (&records, true),
             projection,
-            &mut |record, values| {
+            &mut |record, _, values| {
                 let (rs, re) = (
                     record_starts[record as usize],
                     record_starts[record as usize + 1],
@@ -627,9 +644,7 @@ impl Reader {
                     if from >= to {
                         continue;
                     }
-                    let ids = values[(from - rs) as usize..(to - rs) as usize]
-                        .iter()
-                        .copied();
+                    let ids = &values[(from - rs) as usize..(to - rs) as usize];
                     put(out, need.out + (from - need.start) as usize, ids)
                         .map_err(|v| fits(need.row, v))?;
                 }
@@ -657,30 +672,55 @@ fn gather(pieces: &[(u64, bytes::Bytes)], range: Range<u64>, out: &mut Vec<u8>) 
     }
 }
 
-/// Writes `values` into an integer column from element `at`; the value that does not fit the
-/// column's dtype is the error.
-fn put<V>(
-    column: &mut ColumnBuf,
-    at: usize,
-    values: impl Iterator<Item = V>,
-) -> std::result::Result<(), V>
-where
-    V: Copy,
-    i32: TryFrom<V>,
-    i64: TryFrom<V>,
-{
+/// Copies `values` into an integer column from element `at`; the first value that does not fit
+/// the column's dtype is the error. The range is checked once, so the copy vectorises.
+fn put(column: &mut ColumnBuf, at: usize, values: &[i64]) -> std::result::Result<(), i64> {
     match column {
         ColumnBuf::I32(buf) => {
-            for (o, v) in buf[at..].iter_mut().zip(values) {
-                *o = i32::try_from(v).map_err(|_| v)?;
+            let (lo, hi) = values
+                .iter()
+                .fold((0i64, 0i64), |(lo, hi), &v| (lo.min(v), hi.max(v)));
+            if lo < i64::from(i32::MIN) || hi > i64::from(i32::MAX) {
+                let bad = values.iter().find(|&&v| i32::try_from(v).is_err());
+                return Err(bad.copied().unwrap_or(hi));
+            }
+            for (o, &v) in buf[at..at + values.len()].iter_mut().zip(values) {
+                *o = v as i32;
+            }
+        }
+        ColumnBuf::I64(buf) => buf[at..at + values.len()].copy_from_slice(values),
+        // Token columns are declared i32 or i64 (checked with the config).
+        ColumnBuf::F32(_) | ColumnBuf::F64(_) | ColumnBuf::Bool(_) => {}
+    }
+    Ok(())
+}
+
+/// Writes `first, first + step, ...` into elements `range` of an integer column; the largest
+/// value, when it does not fit the dtype, is the error.
+fn fill(
+    column: &mut ColumnBuf,
+    range: Range<usize>,
+    first: u64,
+    step: u64,
+) -> std::result::Result<(), u64> {
+    let last = first.saturating_add(step.saturating_mul(range.len().saturating_sub(1) as u64));
+    match column {
+        ColumnBuf::I32(buf) => {
+            let start = i32::try_from(last)
+                .map(|_| first as i32)
+                .map_err(|_| last)?;
+            for (j, o) in buf[range].iter_mut().enumerate() {
+                *o = start + (step as i32) * j as i32;
             }
         }
         ColumnBuf::I64(buf) => {
-            for (o, v) in buf[at..].iter_mut().zip(values) {
-                *o = i64::try_from(v).map_err(|_| v)?;
+            let start = i64::try_from(last)
+                .map(|_| first as i64)
+                .map_err(|_| last)?;
+            for (j, o) in buf[range].iter_mut().enumerate() {
+                *o = start + (step as i64) * j as i64;
             }
         }
-        // Token columns are declared i32 or i64 (checked with the config).
         ColumnBuf::F32(_) | ColumnBuf::F64(_) | ColumnBuf::Bool(_) => {}
     }
     Ok(())
