@@ -316,9 +316,12 @@ pub fn inspect(
         tokens,
         plan: packer.map(Packer::finish),
     };
+    // A job also lists where each of its windows' pieces goes, and widens a piece's ids.
+    let pieces = index.plan.as_ref().map_or(1, PackPlan::most_pieces);
+    let listing = JOB_ROWS * pieces * std::mem::size_of::<Need>() as u64 + 8 * row_tokens;
     Ok(ShardMeta {
         rows: index.windows(),
-        scratch_bytes: scratch,
+        scratch_bytes: scratch + listing,
         pin: crate::storage::Pin::default(),
         longest_record: 0,
         index: ShardIndex::Tokens(Arc::new(index)),
@@ -735,5 +738,123 @@ impl ShardReader for Reader {
         _prefetched: Option<super::Prefetch>,
     ) -> std::result::Result<(), ReadFailure> {
         Ok(self.read(ranges, projection, chunk)?)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::{PackingSpec, WindowsSpec};
+
+    /// A `.bin` of `ids` (uint16) with its `meta.json`, in a directory of its own.
+    fn bin(name: &str, ids: &[u16], meta: &str) -> String {
+        let dir = std::env::temp_dir().join(format!("o41-tokens-{}-{name}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join(META_FILE), meta).unwrap();
+        let path = dir.join("t.bin");
+        let bytes: Vec<u8> = ids.iter().flat_map(|id| id.to_le_bytes()).collect();
+        std::fs::write(&path, bytes).unwrap();
+        path.to_string_lossy().into_owned()
+    }
+
+    fn projection(row: usize) -> Projection {
+        let field = |source: &str| FieldSpec {
+            name: source.trim_start_matches('@').to_owned(),
+            source: source.to_owned(),
+            dtype: DType::I32,
+            shape: vec![row],
+            pad: serde_json::Value::from(0),
+        };
+        Projection::new(&[field("t"), field(SEGMENT_IDS), field(POSITIONS)]).unwrap()
+    }
+
+    /// Every window of the shard at `uri`, as (tokens, segments, positions) rows.
+    fn windows(uri: &str, layout: &TokenLayout) -> Result<Vec<[Vec<i32>; 3]>> {
+        let storage = Storage::local();
+        let object = Arc::new(storage.open(uri)?);
+        let meta = inspect(&storage, &object, Encoding::Bin, layout, 1 << 20)?;
+        let p = projection(layout.row_tokens() as usize);
+        let mut chunk = Chunk::padded(&p, meta.rows as usize);
+        let ShardIndex::Tokens(index) = &meta.index else {
+            unreachable!("a token index")
+        };
+        let mut reader = Reader::open(object, index.clone(), Encoding::Bin);
+        reader
+            .read_ranges(std::slice::from_ref(&(0..meta.rows)), &p, &mut chunk, None)
+            .map_err(|f| f.error)?;
+        let width = layout.row_tokens() as usize;
+        let column = |k: usize, w: usize| match &chunk.columns[k] {
+            ColumnBuf::I32(v) => v[w * width..(w + 1) * width].to_vec(),
+            _ => unreachable!("i32 columns"),
+        };
+        Ok((0..meta.rows as usize)
+            .map(|w| [column(0, w), column(1, w), column(2, w)])
+            .collect())
+    }
+
+    #[test]
+    fn a_bin_shard_packs_its_eos_cut_documents() {
+        // Documents [5 6 0] [7 0] [8 9 10 11 12 0]; windows of 4, two open.
+        let uri = bin(
+            "pack",
+            &[5, 6, 0, 7, 0, 8, 9, 10, 11, 12, 0],
+            r#"{"dtype": "uint16", "eos_id": 0, "vocab": 13}"#,
+        );
+        let layout = TokenLayout::Packed(PackingSpec {
+            field: "t".to_owned(),
+            seq_len: 4,
+            bins: 2,
+            eos_id: None,
+        });
+        let rows = windows(&uri, &layout).unwrap();
+        assert_eq!(
+            rows[0],
+            [vec![8, 9, 10, 11], vec![1, 1, 1, 1], vec![0, 1, 2, 3]]
+        );
+        // The tail [12 0] fills the window of [7 0], which closes full before [5 6 0]'s.
+        assert_eq!(
+            rows[1],
+            [vec![7, 0, 12, 0], vec![1, 1, 2, 2], vec![0, 1, 4, 5]]
+        );
+        assert_eq!(
+            rows[2],
+            [vec![5, 6, 0, 0], vec![1, 1, 1, 0], vec![0, 1, 2, 0]]
+        );
+        assert_eq!(rows.len(), 3);
+    }
+
+    #[test]
+    fn stream_windows_overlap_by_one_token() {
+        let uri = bin("windows", &[1, 2, 3, 4, 5, 6], r#"{"dtype": "uint16"}"#);
+        let layout = TokenLayout::Windows(WindowsSpec {
+            field: "t".to_owned(),
+            seq_len: 2,
+        });
+        let tokens: Vec<Vec<i32>> = windows(&uri, &layout)
+            .unwrap()
+            .into_iter()
+            .map(|[t, _, _]| t)
+            .collect();
+        assert_eq!(tokens, vec![vec![1, 2, 3], vec![3, 4, 5], vec![5, 6, 0]]);
+    }
+
+    #[test]
+    fn a_bad_meta_json_is_a_malformed_shard_naming_it() {
+        let layout = TokenLayout::Windows(WindowsSpec {
+            field: "t".to_owned(),
+            seq_len: 2,
+        });
+        for (name, meta) in [
+            ("dtype", r#"{"dtype": "int8"}"#),
+            ("json", "{not json"),
+            ("missing", r#"{"eos_id": 3}"#),
+        ] {
+            let uri = bin(name, &[1, 2, 3], meta);
+            let err = windows(&uri, &layout).unwrap_err();
+            assert!(
+                matches!(&err, Error::Format { path, .. } if path.ends_with(META_FILE)),
+                "{name}: {err}"
+            );
+        }
     }
 }

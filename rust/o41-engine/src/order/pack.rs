@@ -50,6 +50,15 @@ impl PackPlan {
         &self.pieces[self.starts[w] as usize..self.starts[w + 1] as usize]
     }
 
+    /// The most pieces one window holds.
+    pub fn most_pieces(&self) -> u64 {
+        self.starts
+            .windows(2)
+            .map(|w| w[1] - w[0])
+            .max()
+            .unwrap_or(0)
+    }
+
     /// Document tokens placed (padding excluded).
     pub fn tokens(&self) -> u64 {
         self.tokens
@@ -201,6 +210,7 @@ mod tests {
         // Windows of 10: [6 | 3 | 4...]: 6 opens w0, 3 joins it, 4 opens w1, 1 fills w0.
         let p = plan(&[6, 3, 4, 1], 10, 2);
         assert_eq!(p.windows(), 2);
+        assert_eq!(p.most_pieces(), 3);
         let lens = |w| p.window(w).iter().map(|x| x.len).collect::<Vec<_>>();
         assert_eq!(lens(0), vec![6, 3, 1]);
         assert_eq!(lens(1), vec![4]);
