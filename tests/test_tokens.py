@@ -430,3 +430,28 @@ def test_bin_and_parquet_token_shards_read_from_s3_as_from_local_disk(
         for a, b in zip(got, expected, strict=True):
             for name in a:
                 np.testing.assert_array_equal(a[name], b[name])
+
+
+def test_stream_windows_read_a_parquet_column_of_lists_as_one_stream(tmp_path: Path) -> None:
+    docs = corpus([5, 0, 9, 3, 14, 1])  # records of ids 1..32, one of them empty
+    path = write_lists(tmp_path / "lists.parquet", docs, writer="polars")
+    config = BatchStreamConfig(
+        fields=fields(8, dtype="i64"),
+        stages=[
+            Stage(sources=[FileSource(files=[str(path)])], batch_size=1, windows=TokenWindows("tokens", 7))
+        ],
+    )
+    windows = [row["tokens"][: int(np.count_nonzero(row["segment_ids"]))].tolist() for row in rows(config)]
+    # Windows cross record boundaries: the records' lists are one stream of 32 ids.
+    assert windows == [list(range(1 + 7 * w, min(9 + 7 * w, 33))) for w in range(5)]
+
+
+def test_a_bin_shard_in_a_stage_of_records_is_refused_naming_the_file(tmp_path: Path) -> None:
+    path = write_bin(tmp_path / "corpus.bin", corpus([4]))
+    config = BatchStreamConfig(
+        fields=[ProjectedField(name="t", source="tokens", dtype="i32", length=4)],
+        stages=[Stage(sources=[FileSource(files=[str(path)])], batch_size=1)],
+    )
+    with pytest.raises(ConfigError, match=r"corpus\.bin.*packing or windows") as info:
+        open_batch_stream(config)
+    assert info.value.option == "stages[0].sources[0].files[0]"

@@ -135,6 +135,25 @@ fn source_jobs(
     let option = format!("stages[{s}].sources[{j}]");
     let before = jobs.len();
     source_jobs_of(source, (s, j), layout, manifests, jobs, storage)?;
+    if layout.is_none() {
+        if let Some((k, job)) = jobs[before..]
+            .iter()
+            .enumerate()
+            .find(|(_, job)| job.encoding == Encoding::Bin)
+        {
+            let at = match source {
+                SourceSpec::Files { .. } => format!("{option}.files[{k}]"),
+                SourceSpec::Manifest { .. } => option.clone(),
+            };
+            return Err(Error::config(
+                at,
+                format!(
+                    "{} is a .bin token stream, which only a stage with packing or windows reads",
+                    job.path
+                ),
+            ));
+        }
+    }
     if layout.is_some() {
         for (k, job) in jobs[before..].iter_mut().enumerate() {
             if !matches!(job.encoding, Encoding::Bin | Encoding::Parquet) {
