@@ -73,5 +73,6 @@ bench: bootstrap ## install the peers and run the benchmarks; rewrites benchmark
 	$(UV) run --group bench python benchmarks/peers.py
 	$(UV) run --group bench python benchmarks/jsonl_bench.py
 	$(UV) run --group bench python benchmarks/saver_bench.py
+	$(UV) run --group bench python benchmarks/pack_bench.py
 	$(UV) run --group bench python benchmarks/s3_bench.py
 	$(UV) run --group bench python benchmarks/tokenize_bench.py

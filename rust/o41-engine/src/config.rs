@@ -173,6 +173,187 @@ pub struct StageSpec {
     /// Grow the global batch to `batch_size` over the stage's first rows.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ramp: Option<RampSpec>,
+    /// Read token corpora as packed documents: a row is a window of whole documents.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub packing: Option<PackingSpec>,
+    /// Read token corpora as overlapping windows of the token stream.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub windows: Option<WindowsSpec>,
+}
+
+/// Document packing of a stage's token sources (`docs/order.md`, "Token corpora").
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PackingSpec {
+    /// The projected field's `source` that receives the tokens: a Parquet column of token
+    /// lists, or any name for `.bin` shards, which are the token stream itself.
+    pub field: String,
+    /// Tokens per window (the token field's length).
+    pub seq_len: u64,
+    /// Windows open at once; more leave less padding.
+    #[serde(default = "default_bins")]
+    pub bins: u64,
+    /// The id that ends a document. Without it a Parquet record is one document; `.bin` shards
+    /// take it from their `meta.json`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub eos_id: Option<u64>,
+}
+
+fn default_bins() -> u64 {
+    8
+}
+
+/// Windows of `seq_len + 1` tokens starting every `seq_len` tokens of each shard's stream.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WindowsSpec {
+    /// The projected field's `source` that receives the tokens (see [`PackingSpec::field`]).
+    pub field: String,
+    /// Tokens between window starts; a window holds `seq_len + 1`.
+    pub seq_len: u64,
+}
+
+/// Most windows a packing keeps open: first-fit looks at each of them for every document.
+pub const MAX_BINS: u64 = 4096;
+/// Longest window: a piece's length is stored in 32 bits.
+pub const MAX_SEQ_LEN: u64 = 1 << 30;
+/// The reserved sources a token stage fills besides its tokens: which document of the window
+/// each token is from (1 for the first, pad for padding), and its position in that document.
+pub const SEGMENT_IDS: &str = "@segment_ids";
+/// See [`SEGMENT_IDS`].
+pub const POSITIONS: &str = "@positions";
+
+/// How a token stage turns shards into rows.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TokenLayout {
+    /// Whole documents packed into windows.
+    Packed(PackingSpec),
+    /// Overlapping windows of the stream.
+    Windows(WindowsSpec),
+}
+
+impl TokenLayout {
+    /// The layout of a stage with these options; `None` for a stage of records.
+    pub fn of(packing: Option<&PackingSpec>, windows: Option<&WindowsSpec>) -> Option<Self> {
+        match (packing, windows) {
+            (Some(p), _) => Some(TokenLayout::Packed(p.clone())),
+            (None, Some(w)) => Some(TokenLayout::Windows(w.clone())),
+            (None, None) => None,
+        }
+    }
+
+    /// The record field the tokens come from.
+    pub fn field(&self) -> &str {
+        match self {
+            TokenLayout::Packed(p) => &p.field,
+            TokenLayout::Windows(w) => &w.field,
+        }
+    }
+
+    /// Tokens in one row.
+    pub fn row_tokens(&self) -> u64 {
+        match self {
+            TokenLayout::Packed(p) => p.seq_len,
+            TokenLayout::Windows(w) => w.seq_len + 1,
+        }
+    }
+}
+
+/// Checks a stage's token options against the fields (`option` names the stage).
+fn validate_tokens(
+    option: &str,
+    packing: Option<&PackingSpec>,
+    windows: Option<&WindowsSpec>,
+    fields: &[FieldSpec],
+) -> Result<()> {
+    if packing.is_some() && windows.is_some() {
+        return Err(Error::config(
+            format!("{option}.windows"),
+            "a stage either packs documents or cuts windows, not both",
+        ));
+    }
+    let Some(layout) = TokenLayout::of(packing, windows) else {
+        if let Some((i, f)) = fields
+            .iter()
+            .enumerate()
+            .find(|(_, f)| f.source == SEGMENT_IDS || f.source == POSITIONS)
+        {
+            return Err(Error::config(
+                format!("fields[{i}].source"),
+                format!(
+                    "'{}' is filled by stages that pack or window tokens, and {option} does neither",
+                    f.source
+                ),
+            ));
+        }
+        return Ok(());
+    };
+    let key = if packing.is_some() {
+        "packing"
+    } else {
+        "windows"
+    };
+    let seq_len = match &layout {
+        TokenLayout::Packed(p) => p.seq_len,
+        TokenLayout::Windows(w) => w.seq_len,
+    };
+    if !(1..=MAX_SEQ_LEN).contains(&seq_len) {
+        return Err(Error::config(
+            format!("{option}.{key}.seq_len"),
+            format!("must be between 1 and {MAX_SEQ_LEN}, got {seq_len}"),
+        ));
+    }
+    if let TokenLayout::Packed(p) = &layout {
+        if !(1..=MAX_BINS).contains(&p.bins) {
+            return Err(Error::config(
+                format!("{option}.packing.bins"),
+                format!("must be between 1 and {MAX_BINS}, got {}", p.bins),
+            ));
+        }
+    }
+    if layout.field().is_empty() || layout.field().starts_with('@') {
+        return Err(Error::config(
+            format!("{option}.{key}.field"),
+            format!("must name a record field, got '{}'", layout.field()),
+        ));
+    }
+    let row = layout.row_tokens() as usize;
+    let mut found = false;
+    for (i, f) in fields.iter().enumerate() {
+        let token_column =
+            f.source == layout.field() || f.source == SEGMENT_IDS || f.source == POSITIONS;
+        if !token_column {
+            if f.source.starts_with('@') {
+                continue; // the reserved scalars (`@row`, `@shard`, ...) describe the window
+            }
+            return Err(Error::config(
+                format!("fields[{i}].source"),
+                format!(
+                    "{option} reads its rows as token windows, which carry '{}', '{SEGMENT_IDS}',                      '{POSITIONS}' and the reserved scalars, not '{}'",
+                    layout.field(),
+                    f.source
+                ),
+            ));
+        }
+        found |= f.source == layout.field();
+        if !matches!(f.dtype, DType::I32 | DType::I64) || f.shape != [row] {
+            return Err(Error::config(
+                format!("fields[{i}]"),
+                format!(
+                    "'{}' of {option} is a row of {row} tokens ({key} seq_len {seq_len}{}): declare                      dtype i32 or i64 and length {row}",
+                    f.source,
+                    if packing.is_some() { "" } else { " plus the overlapping token" }
+                ),
+            ));
+        }
+    }
+    if !found {
+        return Err(Error::config(
+            format!("{option}.{key}.field"),
+            format!("no projected field reads '{}'", layout.field()),
+        ));
+    }
+    Ok(())
 }
 
 /// The stream configuration users write.
@@ -207,6 +388,13 @@ pub struct StreamConfig {
     pub validation_pass: bool,
 }
 
+impl StageSpec {
+    /// How the stage reads token corpora; `None` for a stage of records.
+    pub fn token_layout(&self) -> Option<TokenLayout> {
+        TokenLayout::of(self.packing.as_ref(), self.windows.as_ref())
+    }
+}
+
 fn default_threads() -> usize {
     4
 }
@@ -236,6 +424,12 @@ impl StreamConfig {
             let option = format!("stages[{s}]");
             validate_stage(&option, stage.batch_size, stage.shuffle)?;
             validate_ramp(&option, stage.batch_size, stage.ramp, self.world_size)?;
+            validate_tokens(
+                &option,
+                stage.packing.as_ref(),
+                stage.windows.as_ref(),
+                &self.fields,
+            )?;
             if stage.sources.is_empty() {
                 return Err(Error::config(
                     format!("{option}.sources"),
@@ -606,6 +800,19 @@ pub struct ResolvedStage {
     /// Batch ramp.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ramp: Option<RampSpec>,
+    /// Document packing of token sources; each shard's rows are its packed windows.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub packing: Option<PackingSpec>,
+    /// Overlapping token windows; each shard's rows are its windows.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub windows: Option<WindowsSpec>,
+}
+
+impl ResolvedStage {
+    /// How the stage reads token corpora; `None` for a stage of records.
+    pub fn token_layout(&self) -> Option<TokenLayout> {
+        TokenLayout::of(self.packing.as_ref(), self.windows.as_ref())
+    }
 }
 
 /// The resolved document: what a stream opens and what a checkpoint stores.
@@ -646,6 +853,12 @@ impl ResolvedConfig {
             let option = format!("stages[{s}]");
             validate_stage(&option, stage.batch_size, stage.shuffle)?;
             validate_ramp(&option, stage.batch_size, stage.ramp, self.world_size)?;
+            validate_tokens(
+                &option,
+                stage.packing.as_ref(),
+                stage.windows.as_ref(),
+                &self.fields,
+            )?;
             if stage.sources.is_empty() {
                 return Err(Error::config(
                     format!("{option}.sources"),
@@ -703,6 +916,8 @@ impl ResolvedConfig {
                 shuffle: stage.shuffle,
                 infinite: stage.infinite,
                 ramp: stage.ramp,
+                packing: stage.packing.clone(),
+                windows: stage.windows.clone(),
             })
             .collect();
         let mut doc = serde_json::json!({
@@ -863,6 +1078,8 @@ mod tests {
                         increment: 2,
                         rows: 100,
                     }),
+                    packing: None,
+                    windows: None,
                 },
                 ResolvedStage {
                     sources: vec![source(2.0, 4, false)],
@@ -870,6 +1087,13 @@ mod tests {
                     shuffle: None,
                     infinite: false,
                     ramp: None,
+                    packing: Some(PackingSpec {
+                        field: "tokens".into(),
+                        seq_len: 16,
+                        bins: 4,
+                        eos_id: Some(0),
+                    }),
+                    windows: None,
                 },
             ],
             seed: 42,

@@ -20,15 +20,20 @@ pub enum Encoding {
     /// Framed `MessagePack`: a little-endian u32 length before each map (`docs/formats.md`).
     #[serde(rename = "msgpack")]
     Msgpack,
+    /// A flat stream of little-endian `uint16` or `uint32` token ids, described by a sibling
+    /// `meta.json` (`docs/formats.md`); read only by stages that pack or window tokens.
+    #[serde(rename = "bin")]
+    Bin,
 }
 
 impl Encoding {
     /// Every encoding, for messages.
-    pub const ALL: [Encoding; 4] = [
+    pub const ALL: [Encoding; 5] = [
         Encoding::Parquet,
         Encoding::Jsonl,
         Encoding::JsonlGz,
         Encoding::Msgpack,
+        Encoding::Bin,
     ];
 
     /// The name used in configs and manifests.
@@ -38,6 +43,7 @@ impl Encoding {
             Encoding::Jsonl => "jsonl",
             Encoding::JsonlGz => "jsonl.gz",
             Encoding::Msgpack => "msgpack",
+            Encoding::Bin => "bin",
         }
     }
 
@@ -65,6 +71,7 @@ impl Encoding {
             (".jsonl", Encoding::Jsonl),
             (".parquet", Encoding::Parquet),
             (".msgpack", Encoding::Msgpack),
+            (".bin", Encoding::Bin),
         ];
         by_suffix
             .iter()

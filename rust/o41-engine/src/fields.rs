@@ -37,7 +37,11 @@ impl Synthetic {
     ];
 
     fn parse(source: &str, option: &str) -> Result<Option<Self>> {
-        if !source.starts_with('@') {
+        // Token stages fill these per token, as the reader of a record field would.
+        if !source.starts_with('@')
+            || source == crate::config::SEGMENT_IDS
+            || source == crate::config::POSITIONS
+        {
             return Ok(None);
         }
         Self::ALL

@@ -112,6 +112,9 @@ pub struct ShardScratch {
     /// Whether some shard is remote: remote jobs fetch their bytes from dispatch on, so every
     /// job in flight may hold them, not only the ones being decoded.
     pub prefetching: bool,
+    /// Bytes the token shards' indexes hold (packing plans, record offsets) for the stream's
+    /// life.
+    pub token_plans: u64,
 }
 
 /// The terms of the bound, each in bytes.
@@ -126,6 +129,8 @@ pub struct MemoryBound {
     pub readers: u64,
     /// Decoders' working memory: per decode thread, the largest any shard needs for one job.
     pub decode_scratch: u64,
+    /// Token shards' packing plans and record offsets, held while the stream runs.
+    pub token_plans: u64,
     /// The limit it was checked against.
     pub limit: u64,
 }
@@ -141,7 +146,7 @@ fn product(factors: &[u64]) -> Result<u64> {
 impl MemoryBound {
     /// Sum of the terms (checked to fit when the bound was computed).
     pub fn total(&self) -> u64 {
-        self.batches + self.decode_units + self.readers + self.decode_scratch
+        self.batches + self.decode_units + self.readers + self.decode_scratch + self.token_plans
     }
 
     /// Computes the bound and refuses a config that exceeds its limit or 64 bits.
@@ -168,12 +173,18 @@ impl MemoryBound {
             decode_units: product(&[shape.max_jobs, MAX_JOB_ROWS, row_bytes])?,
             readers: product(&[shape.threads, READERS_PER_WORKER, READER_BYTES])?,
             decode_scratch: product(&[scratch_holders, scratch.largest])?,
+            token_plans: scratch.token_plans,
             limit: shape.limit,
         };
-        let total = [bound.decode_units, bound.readers, bound.decode_scratch]
-            .iter()
-            .try_fold(bound.batches, |acc, &t| acc.checked_add(t))
-            .ok_or_else(too_large)?;
+        let total = [
+            bound.decode_units,
+            bound.readers,
+            bound.decode_scratch,
+            bound.token_plans,
+        ]
+        .iter()
+        .try_fold(bound.batches, |acc, &t| acc.checked_add(t))
+        .ok_or_else(too_large)?;
         if total > bound.limit {
             return Err(Error::config("memory_limit_bytes", format!("the stream's working set is bounded at {bound}, above the limit of {} bytes; lower batch_size, prefetch_batches, threads or the field shapes, or raise memory_limit_bytes", bound.limit)));
         }
@@ -185,13 +196,17 @@ impl fmt::Display for MemoryBound {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "{} bytes (batches {}, decode units {}, shard readers {}, decode scratch {})",
+            "{} bytes (batches {}, decode units {}, shard readers {}, decode scratch {}",
             self.total(),
             self.batches,
             self.decode_units,
             self.readers,
             self.decode_scratch
-        )
+        )?;
+        if self.token_plans > 0 {
+            write!(f, ", token plans {}", self.token_plans)?;
+        }
+        write!(f, ")")
     }
 }
 

@@ -13,11 +13,11 @@ use std::sync::{Arc, OnceLock};
 use arrow_schema::SchemaRef;
 
 use crate::columns::{batch_schema, Chunk};
-use crate::config::ResolvedConfig;
+use crate::config::{ResolvedConfig, TokenLayout};
 use crate::encoding::Encoding;
 use crate::error::{Error, Result};
 use crate::fields::{ProjectedColumn, Projection, Synthetic};
-use crate::formats::{self, Prefetch, Promise, PromiseOrigin, ShardMeta};
+use crate::formats::{self, Prefetch, Promise, PromiseOrigin, ShardMeta, TokenIndex};
 use crate::memory::{MemoryBound, ShardScratch, MAX_JOB_ROWS};
 use crate::metrics::{DecodeMeter, Meter};
 use crate::order::{LayoutCache, Order, Segment, Slot};
@@ -35,6 +35,8 @@ pub struct ShardEntry {
     pub promise: Promise,
     /// The source it belongs to: an index into [`Plan::meters`].
     pub source: usize,
+    /// How the shard's stage reads tokens: its rows are then windows.
+    pub layout: Option<Arc<TokenLayout>>,
     /// Row count, read index and version, from open or from the shard's first read (boxed:
     /// most of a million-shard corpus is never inspected by one rank).
     meta: OnceLock<Box<ShardMeta>>,
@@ -115,13 +117,16 @@ impl Plan {
         let mut shard_ids = Vec::new();
         let mut meters = Vec::new();
         let mut encodings = Vec::new();
+        let mut token_plans = 0u64;
         for (stage, stage_metas) in config.stages.iter().zip(metas) {
             let mut ids = Vec::new();
+            let layout = stage.token_layout().map(Arc::new);
             for (source, source_metas) in stage.sources.iter().zip(stage_metas) {
                 let origin = match (resumed, &source.manifest) {
                     (true, _) => PromiseOrigin::Checkpoint,
-                    (false, Some(_)) => PromiseOrigin::Manifest,
-                    (false, None) => PromiseOrigin::Listing,
+                    // A token shard's rows are the windows open counted, not the manifest's.
+                    (false, Some(_)) if layout.is_none() => PromiseOrigin::Manifest,
+                    (false, _) => PromiseOrigin::Listing,
                 };
                 let mut source_ids = Vec::new();
                 let meter = meters.len();
@@ -131,6 +136,10 @@ impl Plan {
                         encodings.push(shard.encoding);
                     }
                     source_ids.push(shards.len());
+                    token_plans += meta
+                        .as_deref()
+                        .and_then(ShardMeta::tokens)
+                        .map_or(0, TokenIndex::bytes);
                     shards.push(ShardEntry {
                         path: shard.path.clone(),
                         encoding: shard.encoding,
@@ -142,6 +151,7 @@ impl Plan {
                             version: shard.version.clone(),
                             sha256: shard.sha256.clone(),
                         },
+                        layout: layout.clone(),
                         meta: meta.map(OnceLock::from).unwrap_or_default(),
                     });
                 }
@@ -157,6 +167,7 @@ impl Plan {
             ShardScratch {
                 largest: scratch.largest,
                 prefetching,
+                token_plans,
             },
         )?;
         let scratch_reserved = if scratch.complete {
@@ -181,6 +192,7 @@ impl Plan {
             ShardScratch {
                 largest: scratch_reserved,
                 prefetching,
+                token_plans,
             },
         )?;
         Ok(Plan {
@@ -217,6 +229,31 @@ impl Plan {
         storage.with_meter(self.meters[self.shards[shard].source].clone())
     }
 
+    /// What the token stages' windows hold, per stage (`None` for a stage of records), from
+    /// the shards' inspections at open.
+    pub fn token_stats(&self) -> Vec<Option<TokenStats>> {
+        self.resolved
+            .stages
+            .iter()
+            .zip(&self.shard_ids)
+            .map(|(stage, sources)| {
+                let layout = stage.token_layout()?;
+                let mut stats = TokenStats {
+                    tokens: 0,
+                    windows: 0,
+                    row_tokens: layout.row_tokens(),
+                };
+                for &k in sources.iter().flatten() {
+                    if let Some(index) = self.shards[k].inspected().and_then(ShardMeta::tokens) {
+                        stats.tokens += index.placed();
+                        stats.windows += index.windows();
+                    }
+                }
+                Some(stats)
+            })
+            .collect()
+    }
+
     /// The number of ranks.
     pub fn world(&self) -> u64 {
         self.resolved.world_size as u64
@@ -235,12 +272,16 @@ impl Plan {
         if let Some(meta) = entry.meta.get() {
             return Ok(meta.as_ref());
         }
-        let meta = formats::inspect(
+        let meta = formats::inspect_shard(
             &self.metered(storage, shard),
             &entry.path,
             entry.encoding,
+            entry.layout.as_deref(),
             &self.records,
-            self.scratch_reserved.min(formats::MAX_RECORD_BYTES),
+            (
+                self.scratch_reserved.min(formats::MAX_RECORD_BYTES),
+                self.bound.limit - self.bound.total(),
+            ),
             Some(&entry.promise),
         )?;
         if meta.scratch_bytes > self.scratch_reserved {
@@ -279,6 +320,29 @@ impl Plan {
             let _ =
                 crate::resolve::parallel(&todo, threads, |&k| self.meta(storage, k).map(|_| ()));
         }
+    }
+}
+
+/// What one epoch of a token stage's windows holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TokenStats {
+    /// Tokens in the windows, padding excluded (a stream window's overlapping token counts in
+    /// both windows).
+    pub tokens: u64,
+    /// Windows (rows) over all the stage's shards.
+    pub windows: u64,
+    /// Tokens per window, padding included.
+    pub row_tokens: u64,
+}
+
+impl TokenStats {
+    /// The share of the windows' tokens that is padding.
+    pub fn padding_fraction(&self) -> f64 {
+        let slots = self.windows * self.row_tokens;
+        if slots == 0 {
+            return 0.0;
+        }
+        (slots - self.tokens) as f64 / slots as f64
     }
 }
 

@@ -10,11 +10,11 @@
 use std::collections::HashMap;
 use std::path::Path;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use crate::config::{
     FieldSpec, ManifestSelection, ResolvedConfig, ResolvedShard, ResolvedSource, ResolvedStage,
-    SourceSpec, StreamConfig, RESOLVED_CONFIG_VERSION,
+    SourceSpec, StreamConfig, TokenLayout, RESOLVED_CONFIG_VERSION,
 };
 use crate::encoding::Encoding;
 use crate::error::{Error, Result};
@@ -63,10 +63,12 @@ pub fn reopen(config: ResolvedConfig, storage: &Storage) -> Result<Resolved> {
     let setup = Setup::new(&config.fields, config.pipeline_shape())?;
     let mut jobs = Vec::new();
     for (s, stage) in config.stages.iter().enumerate() {
+        let layout = stage.token_layout().map(Arc::new);
         for (j, source) in stage.sources.iter().enumerate() {
             for shard in &source.shards {
                 storage.check(&shard.path)?;
                 jobs.push(Job {
+                    layout: layout.clone(),
                     stage: s,
                     source: j,
                     path: shard.path.clone(),
@@ -78,7 +80,7 @@ pub fn reopen(config: ResolvedConfig, storage: &Storage) -> Result<Resolved> {
                         version: shard.version.clone(),
                         sha256: shard.sha256.clone(),
                     }),
-                    listed: source.manifest.is_none(),
+                    listed: source.manifest.is_none() || layout.is_some(),
                 });
             }
         }
@@ -104,8 +106,11 @@ struct Job {
     encoding: Encoding,
     /// What a manifest or checkpoint says of the shard.
     promise: Option<Promise>,
-    /// A plain file list's shard: counted through the inspection cache.
+    /// A plain file list's shard: counted through the inspection cache. Token shards are
+    /// listed too, and inspected (their windows are not in any manifest or cache).
     listed: bool,
+    /// How the shard's stage reads tokens, if it does.
+    layout: Option<Arc<TokenLayout>>,
 }
 
 /// A shard's metadata where open inspected it; boxed, as most shards have none.
@@ -126,8 +131,57 @@ struct Settled {
 /// Appends the shards `source` (stage `s`, index `j`) reads to `jobs`.
 fn source_jobs(
     source: &SourceSpec,
-    s: usize,
-    j: usize,
+    (s, j): (usize, usize),
+    layout: Option<&Arc<TokenLayout>>,
+    manifests: &mut HashMap<String, Manifest>,
+    jobs: &mut Vec<Job>,
+    storage: &Storage,
+) -> Result<()> {
+    let option = format!("stages[{s}].sources[{j}]");
+    let before = jobs.len();
+    source_jobs_of(source, (s, j), layout, manifests, jobs, storage)?;
+    if layout.is_none() {
+        if let Some((k, job)) = jobs[before..]
+            .iter()
+            .enumerate()
+            .find(|(_, job)| job.encoding == Encoding::Bin)
+        {
+            let at = match source {
+                SourceSpec::Files { .. } => format!("{option}.files[{k}]"),
+                SourceSpec::Manifest { .. } => option.clone(),
+            };
+            return Err(Error::config(
+                at,
+                format!(
+                    "{} is a .bin token stream, which only a stage with packing or windows reads",
+                    job.path
+                ),
+            ));
+        }
+    }
+    if layout.is_some() {
+        for (k, job) in jobs[before..].iter_mut().enumerate() {
+            if !matches!(job.encoding, Encoding::Bin | Encoding::Parquet) {
+                return Err(Error::config(
+                    format!("{option}.encoding"),
+                    format!(
+                        "stages[{s}] packs or windows tokens, which come from .bin or Parquet \
+                         shards; shard {k} ({}) is {}",
+                        job.path,
+                        job.encoding.name()
+                    ),
+                ));
+            }
+            job.listed = true;
+        }
+    }
+    Ok(())
+}
+
+fn source_jobs_of(
+    source: &SourceSpec,
+    (s, j): (usize, usize),
+    layout: Option<&Arc<TokenLayout>>,
     manifests: &mut HashMap<String, Manifest>,
     jobs: &mut Vec<Job>,
     storage: &Storage,
@@ -146,6 +200,7 @@ fn source_jobs(
                     .check(file)
                     .map_err(|e| renamed(e, &format!("{option}.files[{f}]")))?;
                 jobs.push(Job {
+                    layout: layout.cloned(),
                     stage: s,
                     source: j,
                     path: absolute(file),
@@ -172,6 +227,7 @@ fn source_jobs(
             let locations = ShardLocations::new(&uri);
             for shard in manifest.select(split, curriculum_stages.as_deref(), &option)? {
                 jobs.push(Job {
+                    layout: layout.cloned(),
                     stage: s,
                     source: j,
                     path: locations.path(&shard.location),
@@ -318,8 +374,10 @@ fn settle(storage: &Storage, jobs: &[Job], setup: &Setup<'_>) -> Result<Vec<Sett
         if let Some(promise) = &job.promise {
             promise.check_pin(&job.path, job.encoding, &pin)?;
         }
+        // A token shard's rows are its windows, which the cache does not know.
         let cached = cache
             .as_ref()
+            .filter(|_| job.layout.is_none())
             .and_then(|c| c.lookup(&job.path, job.encoding, &pin, &key));
         if let (Some(promise), Some(cached)) = (&job.promise, &cached) {
             promise.check_rows(&job.path, job.encoding, cached.rows)?;
@@ -333,6 +391,8 @@ fn settle(storage: &Storage, jobs: &[Job], setup: &Setup<'_>) -> Result<Vec<Sett
         seen.insert(i, probe?);
     }
     let known_rows = |i: usize| match (seen.get(&i), &jobs[i].promise) {
+        // Every token shard is inspected: its windows and their plan are needed at open.
+        _ if jobs[i].layout.is_some() => None,
         (Some((_, Some(cached))), _) => Some(cached.rows),
         (_, Some(promise)) => Some(promise.rows),
         _ => None,
@@ -353,16 +413,18 @@ fn settle(storage: &Storage, jobs: &[Job], setup: &Setup<'_>) -> Result<Vec<Sett
     }
     inspect.sort_unstable();
     let max_record = max_record(&setup.bound, threads, inspect.len());
+    let max_plan = setup.bound.limit - setup.bound.total();
     let (records, _) = setup.projection.record_columns();
     let inspected = parallel(&inspect, threads, |&i| {
         let job = &jobs[i];
         storage.cancel().check(&job.path)?;
-        formats::inspect(
+        formats::inspect_shard(
             storage,
             &job.path,
             job.encoding,
+            job.layout.as_deref(),
             &records,
-            max_record,
+            (max_record, max_plan),
             job.promise.as_ref(),
         )
     });
@@ -370,7 +432,7 @@ fn settle(storage: &Storage, jobs: &[Job], setup: &Setup<'_>) -> Result<Vec<Sett
     for (&i, meta) in inspect.iter().zip(inspected) {
         let meta = meta?;
         let job = &jobs[i];
-        if let (true, Some(cache)) = (job.listed, &cache) {
+        if let (true, None, Some(cache)) = (job.listed, &job.layout, &cache) {
             let cached = Cached {
                 rows: meta.rows,
                 scratch_bytes: Some(meta.scratch_bytes),
@@ -514,9 +576,17 @@ pub fn resolve(config: &StreamConfig, storage: &Storage) -> Result<Resolved> {
     let mut counts: Vec<Vec<usize>> = Vec::with_capacity(config.stages.len());
     for (s, stage) in config.stages.iter().enumerate() {
         let mut stage_counts = Vec::with_capacity(stage.sources.len());
+        let layout = stage.token_layout().map(Arc::new);
         for (j, source) in stage.sources.iter().enumerate() {
             let before = jobs.len();
-            source_jobs(source, s, j, &mut manifests, &mut jobs, storage)?;
+            source_jobs(
+                source,
+                (s, j),
+                layout.as_ref(),
+                &mut manifests,
+                &mut jobs,
+                storage,
+            )?;
             stage_counts.push(jobs.len() - before);
         }
         counts.push(stage_counts);
@@ -563,6 +633,8 @@ pub fn resolve(config: &StreamConfig, storage: &Storage) -> Result<Resolved> {
             shuffle: stage.shuffle,
             infinite: stage.infinite,
             ramp: stage.ramp,
+            packing: stage.packing.clone(),
+            windows: stage.windows.clone(),
         });
     }
     let config = ResolvedConfig {
@@ -663,6 +735,8 @@ fn first_difference(resolved: &ResolvedConfig, config: &StreamConfig) -> Result<
             )
         })
         .or_else(|| differs(&format!("{option}.ramp"), &theirs.ramp, &ours.ramp))
+        .or_else(|| differs(&format!("{option}.packing"), &theirs.packing, &ours.packing))
+        .or_else(|| differs(&format!("{option}.windows"), &theirs.windows, &ours.windows))
         .or_else(|| {
             differs(
                 &format!("the number of {option}.sources"),

@@ -626,6 +626,12 @@ impl BatchStream {
         &self.plan.bound
     }
 
+    /// What each token stage's windows hold (`None` for a stage of records): tokens, windows
+    /// and the padding fraction of one epoch.
+    pub fn token_stats(&self) -> Vec<Option<crate::plan::TokenStats>> {
+        self.plan.token_stats()
+    }
+
     /// The active stage.
     pub fn stage(&self) -> usize {
         lock(&self.state).segment.stage

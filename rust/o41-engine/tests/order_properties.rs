@@ -44,6 +44,8 @@ fn stage(
         }),
         infinite,
         ramp: None,
+        packing: None,
+        windows: None,
     }
 }
 

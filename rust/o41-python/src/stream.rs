@@ -234,6 +234,26 @@ impl Stream {
         Ok(d)
     }
 
+    /// Per stage, what a token stage's windows hold (`None` for a stage of records).
+    fn token_stats<'py>(&self, py: Python<'py>) -> PyResult<Vec<Option<Bound<'py, PyDict>>>> {
+        let stats = self.open(py)?.token_stats();
+        stats
+            .into_iter()
+            .map(|stage| {
+                stage
+                    .map(|s| {
+                        let d = PyDict::new(py);
+                        d.set_item("tokens", s.tokens)?;
+                        d.set_item("windows", s.windows)?;
+                        d.set_item("row_tokens", s.row_tokens)?;
+                        d.set_item("padding_fraction", s.padding_fraction())?;
+                        Ok(d)
+                    })
+                    .transpose()
+            })
+            .collect()
+    }
+
     /// The working-set bound computed at open, by term, in bytes.
     fn memory_bound<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         let bound = *self.open(py)?.memory_bound();
@@ -242,6 +262,7 @@ impl Stream {
         d.set_item("decode_units", bound.decode_units)?;
         d.set_item("readers", bound.readers)?;
         d.set_item("decode_scratch", bound.decode_scratch)?;
+        d.set_item("token_plans", bound.token_plans)?;
         d.set_item("total", bound.total())?;
         d.set_item("limit", bound.limit)?;
         Ok(d)

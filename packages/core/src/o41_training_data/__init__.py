@@ -25,10 +25,12 @@ from ._config import (
     Encoding,
     FileSource,
     ManifestSource,
+    Packing,
     ProjectedField,
     Ramp,
     Shuffle,
     Stage,
+    TokenWindows,
 )
 from ._core import __version__
 from ._errors import (
@@ -60,6 +62,7 @@ from ._stream import (
     Position,
     Segment,
     StreamStats,
+    TokenStats,
     open_batch_stream,
     resolve_batch_stream_config,
     resume_batch_stream,
@@ -95,6 +98,7 @@ __all__ = [
     "O41Error",
     "ObjectConflictError",
     "ObjectNotFoundError",
+    "Packing",
     "Position",
     "ProjectedField",
     "ProjectionError",
@@ -111,6 +115,8 @@ __all__ = [
     "StreamClosedError",
     "StreamStats",
     "TextTokenizer",
+    "TokenStats",
+    "TokenWindows",
     "TokenizedDataset",
     "TokenizerIdentity",
     "TrainingData",

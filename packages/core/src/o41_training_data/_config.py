@@ -26,20 +26,24 @@ __all__ = [
     "Encoding",
     "FileSource",
     "ManifestSource",
+    "Packing",
     "ProjectedField",
     "Ramp",
     "Shuffle",
     "Stage",
+    "TokenWindows",
 ]
 
 DType = Literal["i32", "i64", "f32", "f64", "bool"]
 """Element type of a projected column; ``bool`` is delivered as ``uint8`` 0/1."""
 
-Encoding = Literal["parquet", "jsonl", "jsonl.gz", "msgpack"]
-"""Shard encoding; framed MessagePack is specified in ``docs/formats.md``."""
+Encoding = Literal["parquet", "jsonl", "jsonl.gz", "msgpack", "bin"]
+"""Shard encoding; framed MessagePack and ``.bin`` token streams are specified in
+``docs/formats.md``. ``bin`` shards are read only by stages with ``packing`` or ``windows``."""
 
 DTYPES: tuple[str, ...] = ("i32", "i64", "f32", "f64", "bool")
 ENCODINGS: tuple[str, ...] = ("parquet", "jsonl", "jsonl.gz", "msgpack")
+_SOURCE_ENCODINGS: tuple[str, ...] = (*ENCODINGS, "bin")
 
 _U64 = 2**64
 
@@ -95,10 +99,10 @@ def _check_source(option: str, source: FileSource | ManifestSource) -> None:
     if isinstance(source, FileSource):
         if not source.files:
             raise _invalid(f"{option}.files", "at least one file is required")
-        if source.encoding is not None and source.encoding not in ENCODINGS:
+        if source.encoding is not None and source.encoding not in _SOURCE_ENCODINGS:
             raise _invalid(
                 f"{option}.encoding",
-                f"unknown encoding {source.encoding!r}; expected one of {', '.join(ENCODINGS)}",
+                f"unknown encoding {source.encoding!r}; expected one of {', '.join(_SOURCE_ENCODINGS)}",
             )
     elif not isinstance(source, ManifestSource):
         raise _invalid(option, f"expected a FileSource or a ManifestSource, got {type(source).__name__}")
@@ -126,6 +130,36 @@ def _check_stage(option: str, stage: Stage) -> None:
         raise _invalid(f"{option}.sources", "at least one source is required")
     for j, source in enumerate(stage.sources):
         _check_source(f"{option}.sources[{j}]", source)
+    _check_tokens(option, stage)
+
+
+def _check_tokens(option: str, stage: Stage) -> None:
+    if stage.packing is not None and stage.windows is not None:
+        raise _invalid(f"{option}.windows", "a stage either packs documents or cuts windows, not both")
+    if stage.packing is not None:
+        packing = stage.packing
+        if not isinstance(packing, Packing):
+            raise _invalid(f"{option}.packing", f"expected a Packing, got {type(packing).__name__}")
+        _check_token_field(f"{option}.packing.field", packing.field)
+        _integer(f"{option}.packing.seq_len", packing.seq_len, minimum=1, maximum=_MAX_SEQ_LEN)
+        _integer(f"{option}.packing.bins", packing.bins, minimum=1, maximum=_MAX_BINS)
+        if packing.eos_id is not None:
+            _integer(f"{option}.packing.eos_id", packing.eos_id, minimum=0)
+    if stage.windows is not None:
+        windows = stage.windows
+        if not isinstance(windows, TokenWindows):
+            raise _invalid(f"{option}.windows", f"expected a TokenWindows, got {type(windows).__name__}")
+        _check_token_field(f"{option}.windows.field", windows.field)
+        _integer(f"{option}.windows.seq_len", windows.seq_len, minimum=1, maximum=_MAX_SEQ_LEN)
+
+
+def _check_token_field(option: str, field: object) -> None:
+    if not isinstance(field, str) or not field or field.startswith("@"):
+        raise _invalid(option, f"expected the name of a record field, got {field!r}")
+
+
+_MAX_SEQ_LEN = 2**30
+_MAX_BINS = 4096
 
 
 @dataclass(frozen=True)
@@ -306,13 +340,82 @@ class Ramp:
 
 
 @dataclass(frozen=True)
+class Packing:
+    """Whole documents of a token corpus packed into windows of ``seq_len`` tokens.
+
+    Documents are the records of a Parquet column of token lists (``field``), or the spans of a
+    token stream that end at ``eos_id`` (the eos token included): a ``.bin`` shard always, and a
+    Parquet column when ``eos_id`` is given. Each document goes into the first of ``bins`` open
+    windows with room for it; one longer than a window is cut into full windows and a tail.
+    Every row is then one window, and three projected fields describe it, each an ``i32`` or
+    ``i64`` of length ``seq_len``: the tokens (``source=field``), ``source="@segment_ids"``
+    (which document of the window each token is from: 1, 2, ..., and the pad for padding) and
+    ``source="@positions"`` (each token's position within its document).
+
+    The windows are planned per shard from its documents alone, so they are the same on every
+    rank count and after every resume; ``Shuffle`` then orders windows like any rows. See
+    ``docs/order.md`` ("Token corpora").
+
+    Examples:
+        >>> Packing(field="tokens", seq_len=2048).bins
+        8
+
+    """
+
+    field: str
+    seq_len: int
+    bins: int = 8
+    eos_id: int | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("seq_len", "bins", "eos_id"):
+            object.__setattr__(self, name, _as_int(getattr(self, name)))
+
+    def to_dict(self) -> dict[str, Any]:
+        """The packing as the engine's JSON document expects it."""
+        out: dict[str, Any] = {"field": self.field, "seq_len": self.seq_len, "bins": self.bins}
+        if self.eos_id is not None:
+            out["eos_id"] = self.eos_id
+        return out
+
+
+@dataclass(frozen=True)
+class TokenWindows:
+    """A token corpus read as windows of ``seq_len + 1`` tokens, one every ``seq_len`` tokens.
+
+    Each shard's stream (a ``.bin`` file, or a Parquet column of token lists read as one
+    stream) is cut so that the last token of a window is the first of the next: every
+    transition is in exactly one window, and a shard's last window is padded. The token field
+    (``source=field``) is an ``i32`` or ``i64`` of length ``seq_len + 1``; ``@segment_ids`` and
+    ``@positions`` may be projected too (one segment per window).
+
+    Examples:
+        >>> TokenWindows(field="tokens", seq_len=2048).seq_len
+        2048
+
+    """
+
+    field: str
+    seq_len: int
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "seq_len", _as_int(self.seq_len))
+
+    def to_dict(self) -> dict[str, Any]:
+        """The windows as the engine's JSON document expects them."""
+        return {"field": self.field, "seq_len": self.seq_len}
+
+
+@dataclass(frozen=True)
 class Stage:
     """One curriculum stage: a weighted mix of sources cut into global batches.
 
     A finite stage (``infinite=False``) reads each source once and then ends the stream; an
     infinite stage repeats its sources in epochs. ``ramp`` grows the global batch to
     ``batch_size`` over the stage's first rows (:class:`Ramp`); a ramped stage's global batches
-    are shared by all ranks instead of handed to them in turn.
+    are shared by all ranks instead of handed to them in turn. ``packing`` or
+    ``windows`` make it read token corpora (``.bin`` or Parquet token lists) as rows of token
+    windows.
 
     Examples:
         >>> Stage(sources=[FileSource(files=["a.parquet"])], batch_size=32).infinite
@@ -325,6 +428,8 @@ class Stage:
     shuffle: Shuffle | None = None
     infinite: bool = False
     ramp: Ramp | None = None
+    packing: Packing | None = None
+    windows: TokenWindows | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "sources", tuple(self.sources))
@@ -339,6 +444,10 @@ class Stage:
         }
         if self.ramp is not None:
             out["ramp"] = self.ramp.to_dict()
+        if self.packing is not None:
+            out["packing"] = self.packing.to_dict()
+        if self.windows is not None:
+            out["windows"] = self.windows.to_dict()
         return out
 
 

@@ -200,6 +200,8 @@ class Stream:
         prefetch_capacity, sources (a list of dicts with stage, source, bytes_read,
         read_wait_seconds, rows_read, shards_opened, retries), open (the same keys) and decode
         (encoding name to (rows, seconds))."""
+    def token_stats(self) -> list[dict[str, Any] | None]:
+        """Per stage, a token stage's tokens, windows, row_tokens and padding_fraction."""
     def memory_bound(self) -> dict[str, Any]:
         """The working-set bound computed at open, by term, in bytes."""
 

@@ -26,6 +26,7 @@ __all__ = [
     "Position",
     "Segment",
     "StreamStats",
+    "TokenStats",
     "open_batch_stream",
     "resolve_batch_stream_config",
     "resume_batch_stream",
@@ -308,6 +309,27 @@ class StreamStats:
 
 
 @dataclass(frozen=True)
+class TokenStats:
+    """What one epoch of a token stage's windows holds (``Stage(packing=...)`` or ``windows=``).
+
+    Example:
+        >>> TokenStats(tokens=3, windows=1, row_tokens=4, padding_fraction=0.25).padding_fraction
+        0.25
+
+    """
+
+    tokens: int
+    """Tokens in the windows, padding excluded (a stream window's overlapping token counts in
+    both windows it is in)."""
+    windows: int
+    """Windows (rows) over all the stage's shards."""
+    row_tokens: int
+    """Tokens per window, padding included."""
+    padding_fraction: float
+    """The share of the windows' token slots that is padding."""
+
+
+@dataclass(frozen=True)
 class MemoryBound:
     """The stream's working-set bound in bytes, by term, and the limit it was checked against."""
 
@@ -319,6 +341,8 @@ class MemoryBound:
     """Open shard readers' buffers."""
     decode_scratch: int
     """Decoders' working memory (Parquet column chunks, the longest line or frame)."""
+    token_plans: int
+    """Token shards' packing plans and record offsets, held while the stream runs."""
     total: int
     """The bound: the sum of the terms."""
     limit: int
@@ -420,6 +444,15 @@ class BatchStream:
     def stats(self) -> StreamStats:
         """Counters and timings (:class:`StreamStats`), read without waiting for any batch."""
         return StreamStats._from_core(self._core.stats())
+
+    @property
+    def token_stats(self) -> list[TokenStats | None]:
+        """Per stage, what its token windows hold (``None`` for a stage of records).
+
+        Counted from the shards' packing plans at open: the padding fraction of a packed stage
+        is that of the corpus, not of the batches delivered so far.
+        """
+        return [None if s is None else TokenStats(**s) for s in self._core.token_stats()]
 
     @property
     def memory_bound(self) -> MemoryBound:

@@ -13,6 +13,7 @@ mod jsonl;
 mod msgpack;
 mod parquet;
 mod records;
+mod tokens;
 mod value;
 
 use std::fs::File;
@@ -32,6 +33,7 @@ use crate::storage::{Pin, Storage};
 
 pub use msgpack::FRAME_HEADER_BYTES;
 pub use records::{RecordChunk, ShardRecords};
+pub use tokens::{TokenIndex, META_FILE as TOKEN_META_FILE};
 pub use value::{Record, Value};
 
 /// The longest JSON line or `MessagePack` frame any reader holds, whatever the memory limit
@@ -73,6 +75,14 @@ impl ShardMeta {
             _ => 0,
         }
     }
+
+    /// A token shard's index (its stream and windows); `None` for a shard of records.
+    pub fn tokens(&self) -> Option<&TokenIndex> {
+        match &self.index {
+            ShardIndex::Tokens(index) => Some(index),
+            _ => None,
+        }
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -84,6 +94,8 @@ enum ShardIndex {
     Members(Arc<gz_members::MemberIndex>),
     /// Compressed streams without a member index can only be read forward.
     Sequential,
+    /// A token shard read as windows.
+    Tokens(Arc<tokens::TokenIndex>),
 }
 
 /// What a stream was told about a shard before reading it: by a manifest (rows, size) or by a
@@ -234,6 +246,36 @@ impl Promise {
     }
 }
 
+/// Inspects a shard as a stage reads it: [`inspect`] for records, or, in a stage that packs or
+/// windows tokens (`layout`), the shard's windows; their plan may hold at most `max_plan` bytes.
+pub fn inspect_shard(
+    storage: &Storage,
+    path: &str,
+    encoding: Encoding,
+    layout: Option<&crate::config::TokenLayout>,
+    projection: &Projection,
+    limits: (u64, u64),
+    promise: Option<&Promise>,
+) -> Result<ShardMeta> {
+    let (max_record, max_plan) = limits;
+    let Some(layout) = layout else {
+        return inspect(storage, path, encoding, projection, max_record, promise);
+    };
+    let object = Arc::new(storage.open(path)?);
+    let pin = object.pin();
+    if let Some(promise) = promise {
+        promise.check_pin(path, encoding, &pin)?;
+        promise.check_stored_sha256(path, encoding, object.stored_sha256())?;
+    }
+    let mut meta = tokens::inspect(storage, &object, encoding, layout, max_plan)?;
+    // A manifest counts records; a checkpoint or an open stream, the windows they became.
+    if let Some(promise) = promise.filter(|p| p.origin != PromiseOrigin::Manifest) {
+        promise.check_rows(path, encoding, meta.rows)?;
+    }
+    meta.pin = pin;
+    Ok(meta)
+}
+
 /// Counts a shard's rows, indexes it, and checks the projection against its first record. A line
 /// or frame longer than `max_record` bytes is an error, not an allocation. A shard that breaks
 /// `promise` fails closed: its size and version before any byte is read, its rows after.
@@ -257,6 +299,13 @@ pub fn inspect(
             jsonl::inspect(object, encoding, projection, max_record)
         }
         Encoding::Msgpack => msgpack::inspect(object, projection, max_record),
+        Encoding::Bin => Err(Error::config(
+            "encoding",
+            format!(
+                "{path} is a .bin token stream, read only by stages that pack or window tokens \
+                 (Stage packing= or windows=)"
+            ),
+        )),
     }?;
     if let Some(promise) = promise {
         promise.check_rows(path, encoding, meta.rows)?;
@@ -399,6 +448,11 @@ pub fn open(
             index.clone(),
             meta.longest_record,
         )),
+        (ShardIndex::Tokens(index), _) => Box::new(tokens::Reader::open(
+            object.clone(),
+            index.clone(),
+            encoding,
+        )),
         (ShardIndex::Sequential, _) => Box::new(jsonl::Reader::open(
             object.clone(),
             encoding,
@@ -474,6 +528,15 @@ pub fn write_shard(
         }
         (Encoding::Msgpack, ShardData::Records(records)) => {
             msgpack::write(&mut out, records, name)?;
+        }
+        (Encoding::Bin, _) => {
+            return Err(Error::config(
+                "data_format",
+                format!(
+                    "{name}: .bin token streams are written by a tokenizer, not the dataset saver; \
+                     save records with a token list field as parquet"
+                ),
+            ))
         }
         (encoding, _) => {
             return Err(Error::config(

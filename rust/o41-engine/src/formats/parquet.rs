@@ -9,8 +9,12 @@ use std::sync::{Arc, Mutex};
 
 use bytes::{Buf, Bytes};
 
-use arrow_array::RecordBatch;
-use arrow_schema::SchemaRef;
+use arrow_array::cast::AsArray;
+use arrow_array::types::{
+    Int16Type, Int32Type, Int64Type, Int8Type, UInt16Type, UInt32Type, UInt64Type, UInt8Type,
+};
+use arrow_array::{Array, RecordBatch};
+use arrow_schema::{DataType, SchemaRef};
 use parquet::arrow::arrow_reader::{
     ArrowReaderMetadata, ArrowReaderOptions, ParquetRecordBatchReader,
     ParquetRecordBatchReaderBuilder, RowSelection, RowSelectionPolicy, RowSelector,
@@ -788,6 +792,165 @@ fn read_ranges<R: ChunkReader + 'static>(
         });
     }
     Ok(())
+}
+
+/// The index of a shard inspected with `projection`, for readers of whole lists (token shards).
+pub(super) fn index_of(meta: &ShardMeta) -> Option<Arc<ParquetIndex>> {
+    match &meta.index {
+        ShardIndex::Parquet(index) => Some(index.clone()),
+        _ => None,
+    }
+}
+
+/// What [`for_each_list`] calls with each record: its number, its list's length, and its ids
+/// (empty unless they were asked for).
+pub(super) type EachList<'a> = dyn FnMut(u64, u64, &[i64]) -> Result<()> + 'a;
+
+/// Reads records `ranges` (sorted, disjoint) of the one list column `index` projects, handing
+/// `each(record, length, values)` every record's list length and, when `values` is set, its
+/// whole list as `i64`s (else nothing), in record order. Token shards read their streams
+/// through this; `projection` is the one the index was inspected with.
+pub(super) fn for_each_list(
+    object: &Arc<Object>,
+    index: &ParquetIndex,
+    (ranges, values): (&[Range<u64>], bool),
+    projection: &Projection,
+    each: &mut EachList<'_>,
+) -> Result<()> {
+    let path = object.uri().to_owned();
+    let first = ranges.first().map(|r| r.start);
+    guarded(&path, first, || {
+        if ranges.iter().all(Range::is_empty) {
+            return Ok(());
+        }
+        if let Some(file) = object.local_file() {
+            let file = file.try_clone().map_err(|e| Error::io(&path, e))?;
+            return lists(file, index, (ranges, values), &path, each);
+        }
+        let pieces = object.read_pieces(&index.fetch_ranges(ranges, projection))?;
+        let fetched = Arc::new(Fetched::from_pieces(object.clone(), pieces));
+        lists(
+            ArcReader(fetched.clone()),
+            index,
+            (ranges, values),
+            &path,
+            each,
+        )
+        .map_err(|e| fetched.take_failure().unwrap_or(e))
+    })?
+}
+
+fn lists<R: ChunkReader + 'static>(
+    file: R,
+    index: &ParquetIndex,
+    (ranges, want_values): (&[Range<u64>], bool),
+    path: &str,
+    each: &mut EachList<'_>,
+) -> Result<()> {
+    let (groups, selection) = selection(&index.group_starts, ranges);
+    let first_row = ranges[0].start;
+    let mask = ProjectionMask::roots(
+        index.metadata.metadata().file_metadata().schema_descr(),
+        index.roots.iter().copied(),
+    );
+    let reader = ParquetRecordBatchReaderBuilder::new_with_metadata(file, index.metadata.clone())
+        .with_row_groups(groups)
+        .with_row_selection(selection)
+        .with_row_selection_policy(RowSelectionPolicy::Selectors)
+        .with_projection(mask)
+        .with_batch_size(index.batch_rows as usize)
+        .build()
+        .map_err(|e| decode_error(path, Some(first_row), &e))?;
+    let mut records = ranges.iter().flat_map(Clone::clone);
+    let mut values: Vec<i64> = Vec::new();
+    for batch in reader {
+        let batch = batch.map_err(|e| decode_error(path, Some(first_row), e))?;
+        let column = batch.column(0);
+        for i in 0..batch.num_rows() {
+            let record = records.next().ok_or_else(|| {
+                format_error(path, None, "the decoder returned more rows than selected")
+            })?;
+            values.clear();
+            let len = list_as_i64(column.as_ref(), i, want_values.then_some(&mut values))
+                .map_err(|message| format_error(path, Some(record), message))?;
+            each(record, len, &values)?;
+        }
+    }
+    if let Some(record) = records.next() {
+        return Err(format_error(
+            path,
+            Some(record),
+            "the decoder returned fewer rows than selected",
+        ));
+    }
+    Ok(())
+}
+
+/// The length of list `i` of `array`; its integers are appended to `out` when one is given.
+fn list_as_i64(
+    array: &dyn Array,
+    i: usize,
+    out: Option<&mut Vec<i64>>,
+) -> std::result::Result<u64, String> {
+    if array.is_null(i) {
+        return Err("the token list is null".to_owned());
+    }
+    let (child, range): (&dyn Array, Range<usize>) = match array.data_type() {
+        DataType::List(_) => {
+            let l = array.as_list::<i32>();
+            let o = l.value_offsets();
+            (l.values().as_ref(), o[i] as usize..o[i + 1] as usize)
+        }
+        DataType::LargeList(_) => {
+            let l = array.as_list::<i64>();
+            let o = l.value_offsets();
+            (l.values().as_ref(), o[i] as usize..o[i + 1] as usize)
+        }
+        DataType::FixedSizeList(_, size) => {
+            let size = *size as usize;
+            (
+                array.as_fixed_size_list().values().as_ref(),
+                i * size..(i + 1) * size,
+            )
+        }
+        other => return Err(format!("expected a list of token ids, found {other}")),
+    };
+    let len = range.len() as u64;
+    let Some(out) = out.filter(|_| !range.is_empty()) else {
+        return Ok(len);
+    };
+    if let Some(nulls) = child.logical_nulls() {
+        if nulls.slice(range.start, range.len()).null_count() > 0 {
+            return Err("a token id is null".to_owned());
+        }
+    }
+    macro_rules! widen {
+        ($t:ty) => {
+            out.extend(
+                child.as_primitive::<$t>().values()[range]
+                    .iter()
+                    .map(|&v| i64::from(v)),
+            )
+        };
+    }
+    match child.data_type() {
+        DataType::Int8 => widen!(Int8Type),
+        DataType::Int16 => widen!(Int16Type),
+        DataType::Int32 => widen!(Int32Type),
+        DataType::Int64 => widen!(Int64Type),
+        DataType::UInt8 => widen!(UInt8Type),
+        DataType::UInt16 => widen!(UInt16Type),
+        DataType::UInt32 => widen!(UInt32Type),
+        DataType::UInt64 => {
+            for &v in &child.as_primitive::<UInt64Type>().values()[range] {
+                out.push(i64::try_from(v).map_err(|_| format!("token id {v} does not fit i64"))?);
+            }
+        }
+        // Writers infer `list<null>` for a column whose lists are all empty.
+        DataType::Null => {}
+        other => return Err(format!("expected integer token ids, found {other}")),
+    }
+    Ok(len)
 }
 
 /// Every column of a shard, in record batches of up to a given number of rows: what

@@ -57,6 +57,15 @@ impl ShardRecords {
                 Arc::new(vec![0]),
                 MAX_RECORD_BYTES,
             )?),
+            Encoding::Bin => {
+                return Err(Error::Unsupported {
+                    path: path.to_owned(),
+                    encoding: encoding.name(),
+                    message: "a .bin shard is a stream of token ids, not records; read it with \
+                              a stage's packing or windows"
+                        .to_owned(),
+                })
+            }
         };
         Ok(ShardRecords {
             source,

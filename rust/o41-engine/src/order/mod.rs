@@ -7,11 +7,14 @@
 //! - `mix`: the deterministic weighted interleave of a stage's sources;
 //! - `stage`: the shuffle window over a stage's mixed rows;
 //! - `ramp`: how a stage's rows are cut into global batches (one size, or a batch ramp);
+//! - `pack`: the windows a token shard's rows are (packed documents, or the stream cut into
+//!   overlapping windows), planned per shard before the rest of the order sees them;
 //! - this module: stages joined by `advance` into segments, global batches, the end of a
 //!   finite stage, and the rank partition.
 
 mod keyed;
 mod mix;
+pub mod pack;
 mod ramp;
 mod source;
 mod stage;

@@ -1,0 +1,860 @@
+//! Token shards: a `.bin` file of token ids (its dtype and eos id in a sibling `meta.json`), or
+//! a Parquet column of token lists read as one stream. A stage that packs or windows tokens
+//! reads such a shard as rows of windows (`order::pack`): inspection reads the shard's document
+//! boundaries and plans its windows, and the reader fills each window's tokens, segment ids and
+//! positions.
+//!
+//! `.bin` shards are read with positional reads through the storage layer (ranged requests for
+//! `s3://`), not a memory map: the stream's files may be replaced or truncated while it runs,
+//! which a mapping would turn into a `SIGBUS`, while a read returns an error that the pinned
+//! reader reports. The page cache makes repeated local reads as cheap as a mapping's.
+
+use std::io::Read;
+use std::ops::Range;
+use std::sync::Arc;
+
+use serde::Deserialize;
+
+use super::{parquet, ReadFailure, ShardIndex, ShardMeta, ShardReader};
+use crate::columns::{Chunk, ColumnBuf};
+use crate::config::{FieldSpec, TokenLayout, POSITIONS, SEGMENT_IDS};
+use crate::dtype::DType;
+use crate::encoding::Encoding;
+use crate::error::{Error, Result};
+use crate::fields::Projection;
+use crate::order::pack::{stream_window, stream_windows, PackPlan, Packer, Piece};
+use crate::storage::{sibling, Object, Storage};
+
+/// The file beside a `.bin` shard that describes it.
+pub const META_FILE: &str = "meta.json";
+/// A `meta.json` larger than this is not one.
+const MAX_META_BYTES: u64 = 1 << 20;
+/// Bytes read at a time when a `.bin` shard is scanned for document ends.
+const SCAN_BYTES: usize = 1 << 20;
+/// Most rows one read job decodes (the planner's job size).
+const JOB_ROWS: u64 = crate::memory::MAX_JOB_ROWS;
+
+/// What a `.bin` shard's `meta.json` says.
+#[derive(Debug, Deserialize)]
+struct BinMeta {
+    /// `uint16` or `uint32`.
+    dtype: String,
+    /// The id that ends each document, if the corpus marks them.
+    #[serde(default)]
+    eos_id: Option<u64>,
+}
+
+/// Where a shard's tokens are.
+#[derive(Debug)]
+enum TokenFile {
+    /// Little-endian ids of `width` bytes.
+    Bin { width: u64 },
+    /// Records of one list column; record `r` holds tokens `record_starts[r]..record_starts[r + 1]`.
+    Parquet {
+        index: Arc<parquet::ParquetIndex>,
+        projection: Projection,
+        record_starts: Vec<u64>,
+    },
+}
+
+/// A token shard as a stage reads it: its stream, and its windows.
+#[derive(Debug)]
+pub struct TokenIndex {
+    layout: TokenLayout,
+    file: TokenFile,
+    /// Tokens in the shard's stream.
+    tokens: u64,
+    /// Windows of a packed layout; stream windows are computed.
+    plan: Option<PackPlan>,
+}
+
+impl TokenIndex {
+    /// Rows (windows) of the shard.
+    pub fn windows(&self) -> u64 {
+        match &self.plan {
+            Some(plan) => plan.windows(),
+            None => stream_windows(self.tokens, self.layout.row_tokens() - 1),
+        }
+    }
+
+    /// Tokens of the shard's stream.
+    pub fn tokens(&self) -> u64 {
+        self.tokens
+    }
+
+    /// Tokens the windows hold, padding excluded: every token of a packing once; a stream
+    /// window's overlapping token twice.
+    pub fn placed(&self) -> u64 {
+        match &self.plan {
+            Some(plan) => plan.tokens(),
+            None => match self.tokens {
+                0 | 1 => self.tokens,
+                t => t + self.windows() - 1,
+            },
+        }
+    }
+
+    /// Tokens in one window, padding included.
+    pub fn row_tokens(&self) -> u64 {
+        self.layout.row_tokens()
+    }
+
+    /// Bytes the index holds for as long as the stream runs: the packing plan and a Parquet
+    /// shard's record offsets.
+    pub fn bytes(&self) -> u64 {
+        let records = match &self.file {
+            TokenFile::Parquet { record_starts, .. } => 8 * record_starts.len() as u64,
+            TokenFile::Bin { .. } => 0,
+        };
+        records + self.plan.as_ref().map_or(0, PackPlan::bytes)
+    }
+
+    /// Window `w`'s pieces, appended to `out`.
+    fn pieces(&self, w: u64, out: &mut Vec<Piece>) {
+        match &self.plan {
+            Some(plan) => out.extend_from_slice(plan.window(w)),
+            None => out.push(stream_window(self.tokens, self.layout.row_tokens() - 1, w)),
+        }
+    }
+}
+
+fn malformed(path: &str, encoding: Encoding, row: Option<u64>, message: String) -> Error {
+    Error::Format {
+        path: path.to_owned(),
+        encoding: encoding.name(),
+        row,
+        message,
+    }
+}
+
+/// Reads `path`'s `meta.json`: the width of its ids and its eos id.
+fn bin_meta(storage: &Storage, path: &str) -> Result<(u64, Option<u64>)> {
+    let meta_path = sibling(path, META_FILE);
+    let object = storage.open(&meta_path).map_err(|e| match e {
+        e @ Error::Cancelled { .. } => e,
+        other => malformed(
+            path,
+            Encoding::Bin,
+            None,
+            format!(
+                "a .bin shard is described by {meta_path} (its dtype and eos id), which cannot \
+                 be read: {other}"
+            ),
+        ),
+    })?;
+    let bad = |message: String| malformed(&meta_path, Encoding::Bin, None, message);
+    if object.size() > MAX_META_BYTES {
+        return Err(bad(format!(
+            "{} bytes is not a meta.json (at most {MAX_META_BYTES})",
+            object.size()
+        )));
+    }
+    let text = object.read_range(0..object.size())?;
+    let meta: BinMeta = serde_json::from_slice(&text)
+        .map_err(|e| bad(format!("not a token corpus description: {e}")))?;
+    let width = match meta.dtype.as_str() {
+        "uint16" | "u16" => 2,
+        "uint32" | "u32" => 4,
+        other => {
+            return Err(bad(format!(
+                "dtype '{other}' is not a token id type; expected uint16 or uint32"
+            )))
+        }
+    };
+    Ok((width, meta.eos_id))
+}
+
+/// The one-column projection a Parquet token shard is inspected with.
+fn token_projection(field: &str) -> Result<Projection> {
+    Projection::new(&[FieldSpec {
+        name: field.to_owned(),
+        source: field.to_owned(),
+        dtype: DType::I64,
+        shape: vec![1],
+        pad: serde_json::Value::from(0),
+    }])
+}
+
+/// Inspects a token shard for `layout`: counts its tokens, reads its document boundaries where
+/// the layout packs, and plans its windows. A plan needing more than `max_plan` bytes is
+/// refused before it grows past them.
+pub fn inspect(
+    storage: &Storage,
+    object: &Arc<Object>,
+    encoding: Encoding,
+    layout: &TokenLayout,
+    max_plan: u64,
+) -> Result<ShardMeta> {
+    let path = object.uri().to_owned();
+    let eos = match layout {
+        TokenLayout::Packed(p) => p.eos_id,
+        TokenLayout::Windows(_) => None,
+    };
+    let mut packer = match layout {
+        TokenLayout::Packed(p) => Some(Packer::new(p.seq_len, p.bins as usize)),
+        TokenLayout::Windows(_) => None,
+    };
+    let too_large = |bytes: u64| {
+        Error::config(
+            "memory_limit_bytes",
+            format!(
+                "{path}: its window plan needs more than {bytes} bytes (24 per placed document \
+                 piece, 8 per record), more than the stream's memory limit leaves; raise \
+                 memory_limit_bytes or split the corpus into more shards"
+            ),
+        )
+    };
+    let row_tokens = layout.row_tokens();
+    let (file, tokens, scratch) = match encoding {
+        Encoding::Bin => {
+            let (width, meta_eos) = bin_meta(storage, &path)?;
+            if !object.size().is_multiple_of(width) {
+                return Err(malformed(
+                    &path,
+                    encoding,
+                    None,
+                    format!(
+                        "{} bytes is not a whole number of {width}-byte token ids",
+                        object.size()
+                    ),
+                ));
+            }
+            let tokens = object.size() / width;
+            if let Some(packer) = packer.as_mut() {
+                let Some(eos) = eos.or(meta_eos) else {
+                    return Err(Error::config(
+                        "packing.eos_id",
+                        format!(
+                            "{path}: packing a .bin shard cuts its stream at an eos id, and \
+                             neither its meta.json nor the packing names one"
+                        ),
+                    ));
+                };
+                scan_bin(object, width, eos, packer, max_plan, &too_large)?;
+            }
+            // A job fetches its windows' bytes, and at most as many again in the gaps it reads
+            // through to save requests.
+            let scratch = 2 * JOB_ROWS * row_tokens * width;
+            (TokenFile::Bin { width }, tokens, scratch)
+        }
+        Encoding::Parquet => {
+            let projection = token_projection(layout.field())?;
+            let meta = parquet::inspect(object.clone(), &projection)?;
+            let index = parquet::index_of(&meta).ok_or_else(|| Error::Internal {
+                message: "a Parquet inspection without its index".to_owned(),
+            })?;
+            // Record offsets are held for the stream's life: a shard of many (empty) records
+            // must not reserve more than the limit leaves.
+            if (meta.rows + 1).saturating_mul(8) > max_plan {
+                return Err(too_large(max_plan));
+            }
+            let mut record_starts = Vec::with_capacity(meta.rows as usize + 1);
+            let mut tokens = 0u64;
+            let mut longest = 0u64;
+            let mut doc_start = 0u64;
+            // Only an eos cut needs the ids; counts and record documents need the lengths.
+            let values = eos.is_some() && packer.is_some();
+            let rows = (meta.rows, values);
+            for_each_record(object, &index, rows, &projection, &mut |_, len, values| {
+                record_starts.push(tokens);
+                longest = longest.max(len);
+                if let Some(packer) = packer.as_mut() {
+                    match eos {
+                        // Documents are cut at eos ids in the stream of all records.
+                        Some(eos) => {
+                            for (k, &v) in values.iter().enumerate() {
+                                if u64::try_from(v) == Ok(eos) {
+                                    let end = tokens + k as u64 + 1;
+                                    packer.push(doc_start, end - doc_start);
+                                    doc_start = end;
+                                }
+                            }
+                        }
+                        None => packer.push(tokens, len),
+                    }
+                    let bytes = packer.bytes() + 8 * record_starts.len() as u64;
+                    if bytes > max_plan {
+                        return Err(too_large(max_plan));
+                    }
+                }
+                tokens += len;
+                Ok(())
+            })?;
+            record_starts.push(tokens);
+            if let (Some(packer), Some(_)) = (packer.as_mut(), eos) {
+                if doc_start < tokens {
+                    packer.push(doc_start, tokens - doc_start);
+                }
+            }
+            // The Parquet decoder's own, one record of the longest list and a decode batch of
+            // lists widened to i64, and the job's tokens.
+            let scratch =
+                meta.scratch_bytes + 8 * longest + 8 * (1 << 20) + 8 * JOB_ROWS * row_tokens;
+            (
+                TokenFile::Parquet {
+                    index,
+                    projection,
+                    record_starts,
+                },
+                tokens,
+                scratch,
+            )
+        }
+        other => {
+            return Err(Error::config(
+                "encoding",
+                format!(
+                "{path}: stages that pack or window tokens read .bin and Parquet shards, not {}",
+                other.name()
+            ),
+            ))
+        }
+    };
+    let index = TokenIndex {
+        layout: layout.clone(),
+        file,
+        tokens,
+        plan: packer.map(Packer::finish),
+    };
+    // A job also lists where each of its windows' pieces goes, and widens a piece's ids.
+    let pieces = index.plan.as_ref().map_or(1, PackPlan::most_pieces);
+    let listing = JOB_ROWS * pieces * std::mem::size_of::<Need>() as u64 + 8 * row_tokens;
+    Ok(ShardMeta {
+        rows: index.windows(),
+        scratch_bytes: scratch + listing,
+        pin: crate::storage::Pin::default(),
+        longest_record: 0,
+        index: ShardIndex::Tokens(Arc::new(index)),
+    })
+}
+
+/// Every record of a Parquet token shard, in order.
+fn for_each_record(
+    object: &Arc<Object>,
+    index: &parquet::ParquetIndex,
+    (rows, values): (u64, bool),
+    projection: &Projection,
+    each: &mut parquet::EachList<'_>,
+) -> Result<()> {
+    if rows == 0 {
+        return Ok(());
+    }
+    let all = 0..rows;
+    let all = std::slice::from_ref(&all);
+    parquet::for_each_list(object, index, (all, values), projection, each)
+}
+
+/// Scans a `.bin` stream for `eos`, placing each document it closes (and the tail after the
+/// last) with `packer`.
+fn scan_bin(
+    object: &Object,
+    width: u64,
+    eos: u64,
+    packer: &mut Packer,
+    max_plan: u64,
+    too_large: &dyn Fn(u64) -> Error,
+) -> Result<()> {
+    let path = object.uri();
+    let mut reader = object.reader(0)?;
+    let mut buf = vec![0u8; SCAN_BYTES];
+    let mut filled = 0usize;
+    let mut token = 0u64;
+    let mut doc_start = 0u64;
+    loop {
+        let n = reader
+            .read(&mut buf[filled..])
+            .map_err(|e| crate::storage::from_io(e, |e| Error::io(path, e)))?;
+        filled += n;
+        let whole = filled - filled % width as usize;
+        for id in buf[..whole].chunks_exact(width as usize) {
+            if read_id(id) == eos {
+                packer.push(doc_start, token + 1 - doc_start);
+                doc_start = token + 1;
+            }
+            token += 1;
+        }
+        if packer.bytes() > max_plan {
+            return Err(too_large(max_plan));
+        }
+        buf.copy_within(whole..filled, 0);
+        filled -= whole;
+        if n == 0 {
+            break;
+        }
+    }
+    if token * width != object.size() {
+        return Err(malformed(
+            path,
+            Encoding::Bin,
+            None,
+            format!(
+                "read {} bytes of a {}-byte shard",
+                token * width + filled as u64,
+                object.size()
+            ),
+        ));
+    }
+    if doc_start < token {
+        packer.push(doc_start, token - doc_start);
+    }
+    Ok(())
+}
+
+/// A little-endian id of 2 or 4 bytes.
+fn read_id(bytes: &[u8]) -> u64 {
+    match *bytes {
+        [a, b] => u64::from(u16::from_le_bytes([a, b])),
+        [a, b, c, d] => u64::from(u32::from_le_bytes([a, b, c, d])),
+        _ => 0,
+    }
+}
+
+/// What a projected column of a token stage receives.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Role {
+    Tokens,
+    Segments,
+    Positions,
+}
+
+/// Where a piece of a window goes: tokens `start..start + len` of the stream into element
+/// `out` of the token column, for row `row` (the shard's window, for errors).
+struct Need {
+    start: u64,
+    len: u64,
+    out: usize,
+    row: u64,
+}
+
+/// Reads windows of a token shard.
+pub struct Reader {
+    object: Arc<Object>,
+    index: Arc<TokenIndex>,
+    encoding: Encoding,
+}
+
+impl Reader {
+    /// A reader of the shard `object` that `index` describes.
+    pub fn open(object: Arc<Object>, index: Arc<TokenIndex>, encoding: Encoding) -> Self {
+        Reader {
+            object,
+            index,
+            encoding,
+        }
+    }
+
+    fn read(
+        &self,
+        ranges: &[Range<u64>],
+        projection: &Projection,
+        chunk: &mut Chunk,
+    ) -> Result<()> {
+        let path = self.object.uri();
+        let field = self.index.layout.field();
+        let roles: Vec<Option<Role>> = projection
+            .columns
+            .iter()
+            .map(|c| match c.source.as_str() {
+                s if s == field => Some(Role::Tokens),
+                SEGMENT_IDS => Some(Role::Segments),
+                POSITIONS => Some(Role::Positions),
+                _ => None,
+            })
+            .collect();
+        let tokens_column = roles.iter().position(|r| *r == Some(Role::Tokens));
+        let mut needs: Vec<Need> = Vec::new();
+        let mut pieces: Vec<Piece> = Vec::new();
+        let mut out_row = 0usize;
+        for range in ranges {
+            for w in range.clone() {
+                if w >= self.index.windows() {
+                    return Err(malformed(
+                        path,
+                        self.encoding,
+                        Some(w),
+                        format!("the shard has {} windows", self.index.windows()),
+                    ));
+                }
+                pieces.clear();
+                self.index.pieces(w, &mut pieces);
+                let mut at = 0usize;
+                for (i, piece) in pieces.iter().enumerate() {
+                    let len = piece.len as usize;
+                    for (k, role) in roles.iter().enumerate() {
+                        let width = projection.columns[k].width;
+                        let first = out_row * width + at;
+                        let column = &projection.columns[k];
+                        let fits = |v: u64| Error::Projection {
+                            path: path.to_owned(),
+                            row: w,
+                            field: column.name.clone(),
+                            source_field: column.source.clone(),
+                            message: format!(
+                                "value {v} does not fit dtype {}",
+                                column.dtype.name()
+                            ),
+                        };
+                        match role {
+                            Some(Role::Segments) => {
+                                let id = i as u64 + 1;
+                                fill(&mut chunk.columns[k], first..first + len, id, 0)
+                                    .map_err(fits)?;
+                            }
+                            Some(Role::Positions) => {
+                                let p = piece.position;
+                                fill(&mut chunk.columns[k], first..first + len, p, 1)
+                                    .map_err(fits)?;
+                            }
+                            _ => {}
+                        }
+                    }
+                    if let Some(k) = tokens_column {
+                        needs.push(Need {
+                            start: piece.start,
+                            len: piece.len.into(),
+                            out: out_row * projection.columns[k].width + at,
+                            row: w,
+                        });
+                    }
+                    at += len;
+                }
+                out_row += 1;
+            }
+        }
+        let Some(k) = tokens_column else {
+            return Ok(());
+        };
+        needs.sort_by_key(|n| n.start);
+        let column = &projection.columns[k];
+        let out = &mut chunk.columns[k];
+        let fits = |row: u64, v: i64| Error::Projection {
+            path: path.to_owned(),
+            row,
+            field: column.name.clone(),
+            source_field: column.source.clone(),
+            message: format!("token id {v} does not fit dtype {}", column.dtype.name()),
+        };
+        match &self.index.file {
+            TokenFile::Bin { width } => self.read_bin(*width, &needs, out, &fits),
+            TokenFile::Parquet {
+                index,
+                projection,
+                record_starts,
+            } => self.read_parquet(index, projection, record_starts, &needs, out, &fits),
+        }
+    }
+
+    fn read_bin(
+        &self,
+        width: u64,
+        needs: &[Need],
+        out: &mut ColumnBuf,
+        fits: &dyn Fn(u64, i64) -> Error,
+    ) -> Result<()> {
+        // Byte ranges, merged through a gap no longer than the piece after it: fewer requests,
+        // and never more than twice the bytes the windows need.
+        let mut ranges: Vec<Range<u64>> = Vec::new();
+        for need in needs {
+            let r = need.start * width..(need.start + need.len) * width;
+            match ranges.last_mut() {
+                Some(last) if r.start <= last.end + (r.end - r.start) => {
+                    last.end = last.end.max(r.end);
+                }
+                _ => ranges.push(r),
+            }
+        }
+        let pieces = self.object.read_pieces(&ranges)?;
+        let mut bytes: Vec<u8> = Vec::new();
+        let mut ids: Vec<i64> = Vec::new();
+        for need in needs {
+            let (from, to) = (need.start * width, (need.start + need.len) * width);
+            bytes.clear();
+            gather(&pieces, from..to, &mut bytes);
+            if bytes.len() as u64 != to - from {
+                return Err(malformed(
+                    self.object.uri(),
+                    self.encoding,
+                    Some(need.row),
+                    format!("bytes {from}..{to} were not read"),
+                ));
+            }
+            ids.clear();
+            if width == 2 {
+                ids.extend(
+                    bytes
+                        .chunks_exact(2)
+                        .map(|b| i64::from(u16::from_le_bytes([b[0], b[1]]))),
+                );
+            } else {
+                ids.extend(
+                    bytes
+                        .chunks_exact(4)
+                        .map(|b| i64::from(u32::from_le_bytes([b[0], b[1], b[2], b[3]]))),
+                );
+            }
+            put(out, need.out, &ids).map_err(|v| fits(need.row, v))?;
+        }
+        Ok(())
+    }
+
+    fn read_parquet(
+        &self,
+        index: &parquet::ParquetIndex,
+        projection: &Projection,
+        record_starts: &[u64],
+        needs: &[Need],
+        out: &mut ColumnBuf,
+        fits: &dyn Fn(u64, i64) -> Error,
+    ) -> Result<()> {
+        let record_of = |token: u64| record_starts.partition_point(|&s| s <= token) - 1;
+        let mut records: Vec<Range<u64>> = Vec::new();
+        for need in needs.iter().filter(|n| n.len > 0) {
+            let r = record_of(need.start) as u64..record_of(need.start + need.len - 1) as u64 + 1;
+            match records.last_mut() {
+                Some(last) if r.start <= last.end => last.end = last.end.max(r.end),
+                _ => records.push(r),
+            }
+        }
+        let path = self.object.uri();
+        let mut lo = 0usize;
+        parquet::for_each_list(
+            &self.object,
+            index,
+            (&records, true),
+            projection,
+            &mut |record, _, values| {
+                let (rs, re) = (
+                    record_starts[record as usize],
+                    record_starts[record as usize + 1],
+                );
+                if values.len() as u64 != re - rs {
+                    return Err(malformed(
+                        path,
+                        Encoding::Parquet,
+                        Some(record),
+                        format!(
+                            "the record holds {} tokens, {} when the shard was inspected",
+                            values.len(),
+                            re - rs
+                        ),
+                    ));
+                }
+                while lo < needs.len() && needs[lo].start + needs[lo].len <= rs {
+                    lo += 1;
+                }
+                for need in needs[lo..].iter().take_while(|n| n.start < re) {
+                    let (from, to) = (need.start.max(rs), (need.start + need.len).min(re));
+                    if from >= to {
+                        continue;
+                    }
+                    let ids = &values[(from - rs) as usize..(to - rs) as usize];
+                    put(out, need.out + (from - need.start) as usize, ids)
+                        .map_err(|v| fits(need.row, v))?;
+                }
+                Ok(())
+            },
+        )
+    }
+}
+
+/// Appends the bytes `range` of the object, found in `pieces` (sorted, as read), to `out`.
+fn gather(pieces: &[(u64, bytes::Bytes)], range: Range<u64>, out: &mut Vec<u8>) {
+    let k = pieces.partition_point(|(at, _)| *at <= range.start);
+    let mut next = range.start;
+    for (at, piece) in &pieces[k.saturating_sub(1)..] {
+        let end = at + piece.len() as u64;
+        if *at > next || next >= range.end {
+            break;
+        }
+        if end <= next {
+            continue;
+        }
+        let take = end.min(range.end);
+        out.extend_from_slice(&piece[(next - at) as usize..(take - at) as usize]);
+        next = take;
+    }
+}
+
+/// Copies `values` into an integer column from element `at`; the first value that does not fit
+/// the column's dtype is the error. The range is checked once, so the copy vectorises.
+fn put(column: &mut ColumnBuf, at: usize, values: &[i64]) -> std::result::Result<(), i64> {
+    match column {
+        ColumnBuf::I32(buf) => {
+            let (lo, hi) = values
+                .iter()
+                .fold((0i64, 0i64), |(lo, hi), &v| (lo.min(v), hi.max(v)));
+            if lo < i64::from(i32::MIN) || hi > i64::from(i32::MAX) {
+                let bad = values.iter().find(|&&v| i32::try_from(v).is_err());
+                return Err(bad.copied().unwrap_or(hi));
+            }
+            for (o, &v) in buf[at..at + values.len()].iter_mut().zip(values) {
+                *o = v as i32;
+            }
+        }
+        ColumnBuf::I64(buf) => buf[at..at + values.len()].copy_from_slice(values),
+        // Token columns are declared i32 or i64 (checked with the config).
+        ColumnBuf::F32(_) | ColumnBuf::F64(_) | ColumnBuf::Bool(_) => {}
+    }
+    Ok(())
+}
+
+/// Writes `first, first + step, ...` into elements `range` of an integer column; the largest
+/// value, when it does not fit the dtype, is the error.
+fn fill(
+    column: &mut ColumnBuf,
+    range: Range<usize>,
+    first: u64,
+    step: u64,
+) -> std::result::Result<(), u64> {
+    let last = first.saturating_add(step.saturating_mul(range.len().saturating_sub(1) as u64));
+    match column {
+        ColumnBuf::I32(buf) => {
+            let start = i32::try_from(last)
+                .map(|_| first as i32)
+                .map_err(|_| last)?;
+            for (j, o) in buf[range].iter_mut().enumerate() {
+                *o = start + (step as i32) * j as i32;
+            }
+        }
+        ColumnBuf::I64(buf) => {
+            let start = i64::try_from(last)
+                .map(|_| first as i64)
+                .map_err(|_| last)?;
+            for (j, o) in buf[range].iter_mut().enumerate() {
+                *o = start + (step as i64) * j as i64;
+            }
+        }
+        ColumnBuf::F32(_) | ColumnBuf::F64(_) | ColumnBuf::Bool(_) => {}
+    }
+    Ok(())
+}
+
+impl ShardReader for Reader {
+    fn read_ranges(
+        &mut self,
+        ranges: &[Range<u64>],
+        projection: &Projection,
+        chunk: &mut Chunk,
+        _prefetched: Option<super::Prefetch>,
+    ) -> std::result::Result<(), ReadFailure> {
+        Ok(self.read(ranges, projection, chunk)?)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::{PackingSpec, WindowsSpec};
+
+    /// A `.bin` of `ids` (uint16) with its `meta.json`, in a directory of its own.
+    fn bin(name: &str, ids: &[u16], meta: &str) -> String {
+        let dir = std::env::temp_dir().join(format!("o41-tokens-{}-{name}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join(META_FILE), meta).unwrap();
+        let path = dir.join("t.bin");
+        let bytes: Vec<u8> = ids.iter().flat_map(|id| id.to_le_bytes()).collect();
+        std::fs::write(&path, bytes).unwrap();
+        path.to_string_lossy().into_owned()
+    }
+
+    fn projection(row: usize) -> Projection {
+        let field = |source: &str| FieldSpec {
+            name: source.trim_start_matches('@').to_owned(),
+            source: source.to_owned(),
+            dtype: DType::I32,
+            shape: vec![row],
+            pad: serde_json::Value::from(0),
+        };
+        Projection::new(&[field("t"), field(SEGMENT_IDS), field(POSITIONS)]).unwrap()
+    }
+
+    /// Every window of the shard at `uri`, as (tokens, segments, positions) rows.
+    fn windows(uri: &str, layout: &TokenLayout) -> Result<Vec<[Vec<i32>; 3]>> {
+        let storage = Storage::local();
+        let object = Arc::new(storage.open(uri)?);
+        let meta = inspect(&storage, &object, Encoding::Bin, layout, 1 << 20)?;
+        let p = projection(layout.row_tokens() as usize);
+        let mut chunk = Chunk::padded(&p, meta.rows as usize);
+        let ShardIndex::Tokens(index) = &meta.index else {
+            unreachable!("a token index")
+        };
+        let mut reader = Reader::open(object, index.clone(), Encoding::Bin);
+        reader
+            .read_ranges(std::slice::from_ref(&(0..meta.rows)), &p, &mut chunk, None)
+            .map_err(|f| f.error)?;
+        let width = layout.row_tokens() as usize;
+        let column = |k: usize, w: usize| match &chunk.columns[k] {
+            ColumnBuf::I32(v) => v[w * width..(w + 1) * width].to_vec(),
+            _ => unreachable!("i32 columns"),
+        };
+        Ok((0..meta.rows as usize)
+            .map(|w| [column(0, w), column(1, w), column(2, w)])
+            .collect())
+    }
+
+    #[test]
+    fn a_bin_shard_packs_its_eos_cut_documents() {
+        // Documents [5 6 0] [7 0] [8 9 10 11 12 0]; windows of 4, two open.
+        let uri = bin(
+            "pack",
+            &[5, 6, 0, 7, 0, 8, 9, 10, 11, 12, 0],
+            r#"{"dtype": "uint16", "eos_id": 0, "vocab": 13}"#,
+        );
+        let layout = TokenLayout::Packed(PackingSpec {
+            field: "t".to_owned(),
+            seq_len: 4,
+            bins: 2,
+            eos_id: None,
+        });
+        let rows = windows(&uri, &layout).unwrap();
+        assert_eq!(
+            rows[0],
+            [vec![8, 9, 10, 11], vec![1, 1, 1, 1], vec![0, 1, 2, 3]]
+        );
+        // The tail [12 0] fills the window of [7 0], which closes full before [5 6 0]'s.
+        assert_eq!(
+            rows[1],
+            [vec![7, 0, 12, 0], vec![1, 1, 2, 2], vec![0, 1, 4, 5]]
+        );
+        assert_eq!(
+            rows[2],
+            [vec![5, 6, 0, 0], vec![1, 1, 1, 0], vec![0, 1, 2, 0]]
+        );
+        assert_eq!(rows.len(), 3);
+    }
+
+    #[test]
+    fn stream_windows_overlap_by_one_token() {
+        let uri = bin("windows", &[1, 2, 3, 4, 5, 6], r#"{"dtype": "uint16"}"#);
+        let layout = TokenLayout::Windows(WindowsSpec {
+            field: "t".to_owned(),
+            seq_len: 2,
+        });
+        let tokens: Vec<Vec<i32>> = windows(&uri, &layout)
+            .unwrap()
+            .into_iter()
+            .map(|[t, _, _]| t)
+            .collect();
+        assert_eq!(tokens, vec![vec![1, 2, 3], vec![3, 4, 5], vec![5, 6, 0]]);
+    }
+
+    #[test]
+    fn a_bad_meta_json_is_a_malformed_shard_naming_it() {
+        let layout = TokenLayout::Windows(WindowsSpec {
+            field: "t".to_owned(),
+            seq_len: 2,
+        });
+        for (name, meta) in [
+            ("dtype", r#"{"dtype": "int8"}"#),
+            ("json", "{not json"),
+            ("missing", r#"{"eos_id": 3}"#),
+        ] {
+            let uri = bin(name, &[1, 2, 3], meta);
+            let err = windows(&uri, &layout).unwrap_err();
+            assert!(
+                matches!(&err, Error::Format { path, .. } if path.ends_with(META_FILE)),
+                "{name}: {err}"
+            );
+        }
+    }
+}

@@ -1,0 +1,457 @@
+"""Token corpora: documents packed into windows, stream windows, `.bin` and Parquet token shards.
+
+Every token written here is unique (a running counter), except eos ids, so a delivered token
+names the document and position it came from and the properties can be checked exactly.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import polars as pl
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from o41_training_data import (
+    BatchStreamConfig,
+    ConfigError,
+    FileSource,
+    MalformedShardError,
+    ManifestSource,
+    Packing,
+    ProjectedField,
+    ProjectionError,
+    Shuffle,
+    Stage,
+    TokenWindows,
+    TrainingData,
+    open_batch_stream,
+    resume_batch_stream,
+)
+from o41_training_data.testing import LocalS3Server, assert_resumable
+
+from helpers import data_for, upload
+
+EOS = 0
+
+Docs = list[list[int]]
+
+
+def corpus(lengths: list[int], first: int = 1) -> Docs:
+    """Documents of the given lengths holding unique ids from ``first`` on."""
+    docs, next_id = [], first
+    for n in lengths:
+        docs.append(list(range(next_id, next_id + n)))
+        next_id += n
+    return docs
+
+
+def write_bin(path: Path, docs: Docs, dtype: str = "uint16", eos: int | None = EOS) -> Path:
+    """A ``.bin`` shard: each document followed by ``eos``, and its ``meta.json``."""
+    stream = [t for doc in docs for t in ([*doc, eos] if eos is not None else doc)]
+    np.asarray(stream, dtype=np.dtype(dtype).newbyteorder("<")).tofile(path)
+    meta = {"dtype": dtype, "eos_id": eos}
+    (path.parent / "meta.json").write_text(json.dumps(meta))
+    return path
+
+
+def write_lists(path: Path, docs: Docs, writer: str = "pyarrow") -> Path:
+    """A Parquet shard of one record per document, its tokens in a list column ``tokens``."""
+    if writer == "polars":
+        pl.DataFrame({"tokens": docs, "n": [len(d) for d in docs]}).write_parquet(path)
+    else:
+        table = pa.table({"tokens": pa.array(docs, pa.list_(pa.int32())), "n": [len(d) for d in docs]})
+        pq.write_table(table, path, row_group_size=7)
+    return path
+
+
+def fields(length: int, dtype: str = "i32") -> list[ProjectedField]:
+    return [
+        ProjectedField(name="tokens", source="tokens", dtype=dtype, length=length),  # type: ignore[arg-type]
+        ProjectedField(name="segment_ids", source="@segment_ids", dtype="i32", length=length),
+        ProjectedField(name="positions", source="@positions", dtype="i32", length=length),
+    ]
+
+
+def packed(
+    files: list[Path], seq_len: int, bins: int = 8, batch_size: int = 1, **stage: object
+) -> BatchStreamConfig:
+    return BatchStreamConfig(
+        fields=fields(seq_len),
+        stages=[
+            Stage(
+                sources=[FileSource(files=[str(f) for f in files])],
+                batch_size=batch_size,
+                packing=Packing(field="tokens", seq_len=seq_len, bins=bins),
+                **stage,  # type: ignore[arg-type]
+            )
+        ],
+        threads=2,
+    )
+
+
+def rows(config: BatchStreamConfig, limit: int | None = None) -> list[dict[str, np.ndarray]]:
+    out = []
+    with open_batch_stream(config) as stream:
+        for i, batch in enumerate(stream):
+            if limit is not None and i >= limit:
+                break
+            arrays = batch.arrays()
+            out.extend({k: v[r].copy() for k, v in arrays.items()} for r in range(batch.num_rows))
+    return out
+
+
+def check_packed(delivered: list[dict[str, np.ndarray]], docs: Docs, seq_len: int, eos: bool) -> None:
+    """Every document token exactly once, documents split only to fit, ids and positions
+    consistent, padding exactly where the segment id is 0.
+
+    With ``eos`` every document ends in an eos id. A document of a whole number of windows
+    leaves a tail of its eos alone, which names no document: those tails are counted by the
+    position they carry.
+    """
+    where = {t: (d, p) for d, doc in enumerate(docs) for p, t in enumerate(doc)}
+    seen: Counter[tuple[int, int]] = Counter()
+    pieces: Counter[int] = Counter()
+    lone_eos: Counter[int] = Counter()
+    for row in delivered:
+        tokens, segments, positions = row["tokens"], row["segment_ids"], row["positions"]
+        assert len(tokens) == seq_len
+        used = int(np.count_nonzero(segments))
+        # Documents fill the window from its start; the rest is padding (pad 0 everywhere).
+        assert (segments[:used] > 0).all()
+        assert (segments[used:] == 0).all()
+        assert (tokens[used:] == 0).all()
+        assert (positions[used:] == 0).all()
+        # Segment ids count the window's documents 1, 2, ... in order.
+        runs = np.split(np.arange(used), np.flatnonzero(np.diff(segments[:used])) + 1) if used else []
+        assert [int(segments[r[0]]) for r in runs] == list(range(1, len(runs) + 1))
+        for run in runs:
+            if eos and len(run) == 1 and int(tokens[run[0]]) == EOS:
+                lone_eos[int(positions[run[0]])] += 1
+                continue
+            doc = None
+            for k, i in enumerate(run):
+                token, position = int(tokens[i]), int(positions[i])
+                if eos and k == len(run) - 1 and token == EOS and position > 0 and doc is not None:
+                    assert position == len(docs[doc]), "eos ends its document"
+                    seen[(doc, position)] += 1
+                    continue
+                d, p = where[token]
+                assert p == position, "the position is the token's place in its document"
+                assert doc in (None, d), "a segment holds one document"
+                doc = d
+                seen[(d, p)] += 1
+            assert doc is not None
+            pieces[doc] += 1
+    expected_seen: Counter[tuple[int, int]] = Counter()
+    expected_lone: Counter[int] = Counter()
+    for d, doc in enumerate(docs):
+        n = len(doc)
+        expected_seen.update((d, p) for p in range(n))
+        whole = n + 1 if eos else n
+        lone = eos and n % seq_len == 0
+        if eos and not lone:
+            expected_seen[(d, n)] += 1
+        if lone:
+            expected_lone[n] += 1
+        # Split only to fit: a document of w windows or less is at most w pieces, each a full
+        # window but the last.
+        assert pieces[d] == -(-whole // seq_len) - int(lone), f"document {d} ({whole} tokens)"
+    assert seen == expected_seen, "every token of the corpus exactly once per epoch"
+    assert lone_eos == expected_lone
+
+
+lengths_strategy = st.lists(st.integers(0, 40), min_size=1, max_size=30)
+
+
+@given(lengths=lengths_strategy, seq_len=st.integers(4, 24), bins=st.integers(1, 6))
+def test_bin_packing_keeps_documents_whole_and_every_token_once(
+    tmp_path_factory: pytest.TempPathFactory, lengths: list[int], seq_len: int, bins: int
+) -> None:
+    docs = corpus(lengths)
+    path = write_bin(tmp_path_factory.mktemp("bin") / "corpus.bin", docs)
+    check_packed(rows(packed([path], seq_len, bins)), docs, seq_len, eos=True)
+
+
+@given(
+    lengths=st.lists(st.integers(0, 40), min_size=1, max_size=30).filter(any),
+    seq_len=st.integers(4, 24),
+    bins=st.integers(1, 6),
+)
+def test_parquet_records_pack_as_documents(
+    tmp_path_factory: pytest.TempPathFactory, lengths: list[int], seq_len: int, bins: int
+) -> None:
+    docs = corpus(lengths)
+    path = write_lists(tmp_path_factory.mktemp("pq") / "corpus.parquet", docs)
+    check_packed(rows(packed([path], seq_len, bins)), docs, seq_len, eos=False)
+
+
+def test_parquet_written_by_polars_and_split_at_eos_reads_as_one_stream(tmp_path: Path) -> None:
+    docs = corpus([5, 9, 3, 12])
+    # Records that are not documents: the stream cut at eos ids makes the documents.
+    stream = [t for doc in docs for t in [*doc, EOS]]
+    records = [stream[i : i + 4] for i in range(0, len(stream), 4)]
+    path = tmp_path / "lists.parquet"
+    pl.DataFrame({"tokens": records}).write_parquet(path)
+    config = BatchStreamConfig(
+        fields=fields(8),
+        stages=[
+            Stage(
+                sources=[FileSource(files=[str(path)])],
+                batch_size=1,
+                packing=Packing(field="tokens", seq_len=8, bins=2, eos_id=EOS),
+            )
+        ],
+    )
+    check_packed(rows(config), docs, 8, eos=True)
+
+
+def test_saver_written_token_records_pack_through_a_manifest(tmp_path: Path) -> None:
+    docs = corpus([3, 17, 6, 1, 9, 4])
+    saver = TrainingData().dataset_saver(tmp_path / "data" / "data-manifest-v1.json")
+    saver.save("train", None, [{"tokens": d} for d in docs[:3]], shard_id="0")
+    saver.save("train", None, [{"tokens": d} for d in docs[3:]], shard_id="1")
+    saver.commit_manifest()
+    config = BatchStreamConfig(
+        fields=fields(8, dtype="i64"),
+        stages=[
+            Stage(
+                sources=[ManifestSource(manifest_uri=str(saver.manifest_uri), split="train")],
+                batch_size=1,
+                packing=Packing(field="tokens", seq_len=8, bins=4),
+            )
+        ],
+    )
+    check_packed(rows(config), docs, 8, eos=False)
+
+
+def test_packing_resumes_and_changes_rank_count_with_the_same_windows(tmp_path: Path) -> None:
+    docs = corpus([13, 2, 7, 30, 5, 5, 9, 1, 22, 4, 8, 3] * 3)
+    path = write_bin(tmp_path / "corpus.bin", docs)
+    config = packed(
+        [path], 16, bins=3, batch_size=2, shuffle=Shuffle(buffer_rows=6, unit_rows=1), infinite=True
+    )
+    assert_resumable(config, batches=12)
+    single = rows(config, limit=12)
+
+    def rank(r: int) -> list[dict[str, np.ndarray]]:
+        return rows(replace(config, rank=r, world_size=2), limit=6)
+
+    ranks = [rank(0), rank(1)]
+    # Rank r holds global batches r, r + 2, ...: interleaved they are the single-rank run.
+    together = [row for g in range(12) for row in ranks[g % 2][(g // 2) * 2 : (g // 2) * 2 + 2]]
+    assert len(together) == len(single) == 24
+    for a, b in zip(together, single, strict=True):
+        for name in a:
+            np.testing.assert_array_equal(a[name], b[name])
+    # A checkpoint of the two-rank run resumes on one rank exactly where the ranks stopped.
+    with open_batch_stream(replace(config, rank=0, world_size=2)) as stream:
+        for _ in range(3):
+            next(stream)
+        checkpoint = stream.checkpoint().for_world(rank=0, world_size=1)
+    with resume_batch_stream(checkpoint, rank=0, world_size=1) as resumed:
+        batch = next(resumed)
+        np.testing.assert_array_equal(batch.arrays()["tokens"][0], single[12]["tokens"])
+
+
+def test_stream_windows_see_every_transition_once(tmp_path: Path) -> None:
+    ids = np.arange(1, 100, dtype=np.uint32)
+    path = tmp_path / "stream.bin"
+    ids.tofile(path)
+    (tmp_path / "meta.json").write_text(json.dumps({"dtype": "uint32"}))
+    config = BatchStreamConfig(
+        fields=fields(11),
+        stages=[
+            Stage(sources=[FileSource(files=[str(path)])], batch_size=1, windows=TokenWindows("tokens", 10))
+        ],
+    )
+    delivered = rows(config)
+    assert len(delivered) == 10  # 98 transitions, 10 per window
+    transitions = Counter()
+    for w, row in enumerate(delivered):
+        n = int(np.count_nonzero(row["segment_ids"]))
+        assert row["tokens"][0] == 1 + 10 * w
+        assert row["positions"][:n].tolist() == list(range(10 * w, 10 * w + n))
+        transitions.update(zip(row["tokens"][: n - 1].tolist(), row["tokens"][1:n].tolist(), strict=True))
+    assert transitions == Counter((t, t + 1) for t in range(1, 99))
+
+
+def test_token_stats_report_the_padding_of_the_delivered_windows(tmp_path: Path) -> None:
+    docs = corpus([5, 30, 12, 7, 3, 19, 26, 2])
+    path = write_bin(tmp_path / "corpus.bin", docs)
+    config = packed([path], 16, bins=4)
+    delivered = rows(config)
+    with open_batch_stream(config) as stream:
+        (stats,) = stream.token_stats
+        assert stream.memory_bound.token_plans > 0
+    assert stats is not None
+    padding = sum(int((r["segment_ids"] == 0).sum()) for r in delivered)
+    assert stats.windows == len(delivered)
+    assert stats.tokens == sum(len(d) + 1 for d in docs)
+    assert stats.padding_fraction == pytest.approx(padding / (len(delivered) * 16))
+
+
+# -- Refusals: each names the file, field or option at fault.
+
+
+def test_a_bin_shard_without_meta_json_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "corpus.bin"
+    np.arange(10, dtype=np.uint16).tofile(path)
+    with pytest.raises(MalformedShardError, match=r"meta\.json"):
+        open_batch_stream(packed([path], 8))
+
+
+def test_a_bin_shard_of_part_of_an_id_is_refused(tmp_path: Path) -> None:
+    path = write_bin(tmp_path / "corpus.bin", corpus([4]), dtype="uint32")
+    with path.open("ab") as out:
+        out.write(b"\x01")
+    with pytest.raises(MalformedShardError, match=r"corpus\.bin.*whole number of 4-byte"):
+        open_batch_stream(packed([path], 8))
+
+
+def test_a_meta_json_with_another_dtype_is_refused(tmp_path: Path) -> None:
+    path = write_bin(tmp_path / "corpus.bin", corpus([4]))
+    (tmp_path / "meta.json").write_text(json.dumps({"dtype": "float32", "eos_id": 0}))
+    with pytest.raises(MalformedShardError, match=r"meta\.json.*float32"):
+        open_batch_stream(packed([path], 8))
+
+
+def test_packing_a_bin_without_an_eos_id_is_refused(tmp_path: Path) -> None:
+    path = write_bin(tmp_path / "corpus.bin", corpus([4]), eos=None)
+    with pytest.raises(ConfigError, match=r"packing\.eos_id"):
+        open_batch_stream(packed([path], 8))
+
+
+def test_an_id_beyond_the_declared_dtype_is_a_projection_error(tmp_path: Path) -> None:
+    path = write_bin(tmp_path / "corpus.bin", [[2**31 + 5, 1]], dtype="uint32")
+    with pytest.raises(ProjectionError, match=r"corpus\.bin.*2147483653"):
+        rows(packed([path], 8))
+
+
+def test_a_record_encoding_in_a_token_stage_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "records.jsonl"
+    path.write_text('{"tokens": [1, 2]}\n')
+    with pytest.raises(ConfigError, match=r"stages\[0\]\.sources\[0\]\.encoding"):
+        open_batch_stream(packed([path], 8))
+
+
+def test_token_fields_must_match_the_window(tmp_path: Path) -> None:
+    path = write_bin(tmp_path / "corpus.bin", corpus([4]))
+    wrong = BatchStreamConfig(
+        fields=[*fields(8)[:2], ProjectedField(name="positions", source="@positions", dtype="i32", length=9)],
+        stages=packed([path], 8).stages,
+    )
+    with pytest.raises(ConfigError, match=r"fields\[2\].*length 8"):
+        open_batch_stream(wrong)
+    windows = BatchStreamConfig(
+        fields=fields(8),
+        stages=[
+            Stage(sources=[FileSource(files=[str(path)])], batch_size=1, windows=TokenWindows("tokens", 8))
+        ],
+    )
+    with pytest.raises(ConfigError, match=r"fields\[0\].*length 9"):
+        open_batch_stream(windows)
+
+
+def test_segment_ids_need_a_token_stage(tmp_path: Path) -> None:
+    path = write_lists(tmp_path / "lists.parquet", corpus([3]))
+    config = BatchStreamConfig(
+        fields=fields(4), stages=[Stage(sources=[FileSource(files=[str(path)])], batch_size=1)]
+    )
+    with pytest.raises(ConfigError, match=r"fields\[1\]\.source.*stages\[0\]"):
+        open_batch_stream(config)
+
+
+def test_a_token_stage_delivers_no_other_record_field(tmp_path: Path) -> None:
+    path = write_lists(tmp_path / "lists.parquet", corpus([3]))
+    config = BatchStreamConfig(
+        fields=[*fields(4), ProjectedField(name="n", source="n", dtype="i32")],
+        stages=packed([path], 4).stages,
+    )
+    with pytest.raises(ConfigError, match=r"fields\[3\]\.source.*'n'"):
+        open_batch_stream(config)
+
+
+@given(
+    option=st.sampled_from(["seq_len", "bins"]),
+    value=st.one_of(
+        st.integers(max_value=0), st.integers(min_value=2**30 + 1), st.text(max_size=3), st.none()
+    ),
+)
+def test_packing_options_are_checked_with_their_path(option: str, value: object) -> None:
+    kwargs: dict[str, object] = {"field": "tokens", "seq_len": 8, "bins": 8, option: value}
+    with pytest.raises(ConfigError, match=rf"stages\[0\]\.packing\.{option}"):
+        BatchStreamConfig(
+            fields=fields(8),
+            stages=[Stage(sources=[FileSource(files=["a.bin"])], batch_size=1, packing=Packing(**kwargs))],  # type: ignore[arg-type]
+        )
+
+
+def test_a_plan_beyond_the_memory_limit_is_refused_while_it_is_planned(tmp_path: Path) -> None:
+    path = write_bin(tmp_path / "corpus.bin", corpus([1] * 100_000), dtype="uint32")
+    config = packed([path], 8)
+    with open_batch_stream(config) as stream:
+        bound = stream.memory_bound
+    assert bound.token_plans > 2_400_000  # 24 bytes for each of the 100,000 documents
+    # Room for everything but the plan.
+    tight = replace(config, memory_limit_bytes=bound.total - bound.token_plans + 100_000)
+    with pytest.raises(ConfigError, match=r"memory_limit_bytes.*corpus\.bin.*window plan"):
+        open_batch_stream(tight)
+
+
+def test_bin_and_parquet_token_shards_read_from_s3_as_from_local_disk(
+    tmp_path: Path, s3_server: LocalS3Server, boto3_client: Any, s3_prefix: str
+) -> None:
+    docs = corpus([13, 2, 7, 30, 5, 5, 9, 1, 22])
+    local_bin = write_bin(tmp_path / "corpus.bin", docs)
+    local_parquet = write_lists(tmp_path / "lists.parquet", docs)
+    remote = [
+        upload(boto3_client, local_bin, f"{s3_prefix}corpus.bin"),
+        upload(boto3_client, local_parquet, f"{s3_prefix}lists.parquet"),
+    ]
+    upload(boto3_client, tmp_path / "meta.json", f"{s3_prefix}meta.json")
+    training_data = data_for(s3_server)
+    for local_path, uri in zip([local_bin, local_parquet], remote, strict=True):
+        expected = rows(packed([local_path], 8, bins=2))
+        config = packed([Path("placeholder")], 8, bins=2)
+        config = replace(config, stages=[replace(config.stages[0], sources=[FileSource(files=[uri])])])
+        got = []
+        with training_data.batch_stream(config) as stream:
+            for batch in stream:
+                got.extend({k: v[r].copy() for k, v in batch.arrays().items()} for r in range(batch.num_rows))
+        assert len(got) == len(expected) > 0
+        for a, b in zip(got, expected, strict=True):
+            for name in a:
+                np.testing.assert_array_equal(a[name], b[name])
+
+
+def test_stream_windows_read_a_parquet_column_of_lists_as_one_stream(tmp_path: Path) -> None:
+    docs = corpus([5, 0, 9, 3, 14, 1])  # records of ids 1..32, one of them empty
+    path = write_lists(tmp_path / "lists.parquet", docs, writer="polars")
+    config = BatchStreamConfig(
+        fields=fields(8, dtype="i64"),
+        stages=[
+            Stage(sources=[FileSource(files=[str(path)])], batch_size=1, windows=TokenWindows("tokens", 7))
+        ],
+    )
+    windows = [row["tokens"][: int(np.count_nonzero(row["segment_ids"]))].tolist() for row in rows(config)]
+    # Windows cross record boundaries: the records' lists are one stream of 32 ids.
+    assert windows == [list(range(1 + 7 * w, min(9 + 7 * w, 33))) for w in range(5)]
+
+
+def test_a_bin_shard_in_a_stage_of_records_is_refused_naming_the_file(tmp_path: Path) -> None:
+    path = write_bin(tmp_path / "corpus.bin", corpus([4]))
+    config = BatchStreamConfig(
+        fields=[ProjectedField(name="t", source="tokens", dtype="i32", length=4)],
+        stages=[Stage(sources=[FileSource(files=[str(path)])], batch_size=1)],
+    )
+    with pytest.raises(ConfigError, match=r"corpus\.bin.*packing or windows") as info:
+        open_batch_stream(config)
+    assert info.value.option == "stages[0].sources[0].files[0]"
