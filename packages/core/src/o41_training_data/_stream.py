@@ -312,7 +312,7 @@ class StreamStats:
 class TokenStats:
     """What one epoch of a token stage's windows holds (``Stage(packing=...)`` or ``windows=``).
 
-    Example:
+    Examples:
         >>> TokenStats(tokens=3, windows=1, row_tokens=4, padding_fraction=0.25).padding_fraction
         0.25
 
