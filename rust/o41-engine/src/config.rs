@@ -329,7 +329,7 @@ fn validate_tokens(
             return Err(Error::config(
                 format!("fields[{i}].source"),
                 format!(
-                    "{option} reads its rows as token windows, which carry '{}', '{SEGMENT_IDS}',                      '{POSITIONS}' and the reserved scalars, not '{}'",
+                    "{option} reads its rows as token windows, which carry '{}', '{SEGMENT_IDS}', '{POSITIONS}' and the reserved scalars, not '{}'",
                     layout.field(),
                     f.source
                 ),
