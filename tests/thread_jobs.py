@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import signal
 import sys
 import threading
 import time
@@ -118,6 +119,10 @@ def two_consumers(directory: Path) -> None:
 
 def interrupt(op: str, uris: list[str]) -> None:
     """Runs ``op`` against storage the parent makes slow; Ctrl-C (SIGINT) must stop it promptly."""
+    # A process started in the background of a shell without job control (a CI script's `cmd &`)
+    # inherits SIGINT ignored, and Python then installs no KeyboardInterrupt handler: the test
+    # would measure how the runner was launched, not the library.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     training_data = TrainingData(retry=RetryPolicy(initial_backoff_s=0.05, max_backoff_s=0.2))
     stages = [
         Stage(sources=[FileSource(files=uris[:1])], batch_size=4, infinite=True),
