@@ -222,19 +222,3 @@ pub fn host_memory_bytes() -> Option<u64> {
     let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
     kib.checked_mul(1024)
 }
-/// Hands the pages of freed memory back to the system. Called between planned groups.
-///
-/// glibc keeps freed blocks in per-thread arenas for reuse, and after the first large block is
-/// freed it serves blocks of that size from the arenas rather than from fresh mappings. Decode
-/// buffers are megabytes each and freed by other threads than the ones that allocate them, so
-/// without this the process holds tens of MiB beyond [`MemoryBound`] that the stream no longer
-/// uses. Trimming once per group (thousands of rows) costs a walk of the arenas, not a system
-/// call per block, and leaves the allocator's policy for the rest of the process alone.
-#[allow(unsafe_code)]
-pub fn return_free_memory() {
-    #[cfg(all(target_os = "linux", target_env = "gnu"))]
-    // SAFETY: malloc_trim takes no pointers and only releases pages no block occupies.
-    unsafe {
-        libc::malloc_trim(0);
-    }
-}

@@ -289,8 +289,6 @@ impl Assembler {
                 && pending.len() + group_batches <= 2 * group_batches
                 && queued.len() < plan.max_jobs
             {
-                // The group before the last one delivered has been freed by now.
-                crate::memory::return_free_memory();
                 planning = self.planner.plan_group(
                     &self.storage,
                     &mut pending,
