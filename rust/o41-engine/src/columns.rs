@@ -15,38 +15,90 @@ use arrow_schema::{DataType, Field, Schema, SchemaRef};
 use crate::dtype::{DType, Element, Scalar};
 use crate::error::Result;
 use crate::fields::{ProjectedColumn, Projection};
+use crate::pool::BufferPool;
 
 /// A fixed-length run of elements in memory aligned as Arrow recommends (64 bytes or more).
 ///
 /// A `Vec<T>` is only aligned to `T`. Consumers that can alias host memory, such as JAX's CPU
 /// client, copy a batch whose columns do not start on an aligned address and view one that
 /// does, so batches are built in Arrow's own allocations.
+///
+/// A buffer taken from a [`BufferPool`] goes back to it when dropped, or, once moved into an
+/// Arrow array, when the last array using it is dropped (in whichever thread that happens).
 pub struct Aligned<T: Element> {
     buffer: MutableBuffer,
+    pool: Option<Arc<BufferPool>>,
     elements: PhantomData<T>,
 }
 
 impl<T: Element> Aligned<T> {
     /// `len` copies of `value`.
     pub fn filled(value: T, len: usize) -> Self {
+        Self::filled_from(None, value, len)
+    }
+
+    /// `len` copies of `value`, in a buffer from `pool` when one is given.
+    pub fn filled_from(pool: Option<&Arc<BufferPool>>, value: T, len: usize) -> Self {
         let bytes = len
             .checked_mul(std::mem::size_of::<T>())
             .expect("column sizes are checked against the memory bound first");
+        let pool = pool.filter(|_| bytes > 0);
         // Zeroed memory comes from the allocator already cleared (as `vec![0; n]` does).
-        let mut buffer = MutableBuffer::from_len_zeroed(bytes);
+        let mut buffer = match pool {
+            Some(pool) => pool.take(bytes),
+            None => MutableBuffer::from_len_zeroed(bytes),
+        };
         if value.to_byte_slice().iter().any(|&b| b != 0) {
             buffer.typed_data_mut::<T>().fill(value);
         }
         Aligned {
             buffer,
+            pool: pool.cloned(),
             elements: PhantomData,
         }
     }
 
     /// Moves the elements into an Arrow buffer without copying them.
-    pub fn into_scalar_buffer(self) -> ScalarBuffer<T> {
+    pub fn into_scalar_buffer(mut self) -> ScalarBuffer<T> {
         let len = self.len();
-        ScalarBuffer::new(Buffer::from(self.buffer), 0, len)
+        let buffer = std::mem::take(&mut self.buffer);
+        let buffer = match self.pool.take() {
+            None => Buffer::from(buffer),
+            // `Bytes::from_owner` keeps the buffer, unmoved, until the last array is dropped.
+            Some(pool) => Buffer::from(bytes::Bytes::from_owner(Lent {
+                buffer: Some(buffer),
+                pool,
+            })),
+        };
+        ScalarBuffer::new(buffer, 0, len)
+    }
+}
+
+impl<T: Element> Drop for Aligned<T> {
+    fn drop(&mut self) {
+        if let Some(pool) = self.pool.take() {
+            pool.give(std::mem::take(&mut self.buffer));
+        }
+    }
+}
+
+/// A pooled buffer lent to Arrow arrays: back to its pool when the last of them is dropped.
+struct Lent {
+    buffer: Option<MutableBuffer>,
+    pool: Arc<BufferPool>,
+}
+
+impl AsRef<[u8]> for Lent {
+    fn as_ref(&self) -> &[u8] {
+        self.buffer.as_ref().map_or(&[], |b| b.as_slice())
+    }
+}
+
+impl Drop for Lent {
+    fn drop(&mut self) {
+        if let Some(buffer) = self.buffer.take() {
+            self.pool.give(buffer);
+        }
     }
 }
 
@@ -56,6 +108,7 @@ impl<T: Element> From<&[T]> for Aligned<T> {
         buffer.extend_from_slice(values);
         Aligned {
             buffer,
+            pool: None,
             elements: PhantomData,
         }
     }
@@ -117,21 +170,30 @@ macro_rules! with_column {
     };
 }
 
-fn filled<T: Element>(pad: Scalar, len: usize) -> Aligned<T> {
+fn filled<T: Element>(pool: Option<&Arc<BufferPool>>, pad: Scalar, len: usize) -> Aligned<T> {
     // The pad was validated against the dtype when the config was checked.
-    Aligned::filled(T::from_scalar(pad).unwrap_or_default(), len)
+    Aligned::filled_from(pool, T::from_scalar(pad).unwrap_or_default(), len)
 }
 
 impl ColumnBuf {
     /// A buffer of `rows` rows, every element set to the column's pad.
     pub fn padded(column: &ProjectedColumn, rows: usize) -> Self {
+        Self::padded_from(None, column, rows)
+    }
+
+    /// [`ColumnBuf::padded`], in a buffer from `pool` when one is given.
+    pub fn padded_from(
+        pool: Option<&Arc<BufferPool>>,
+        column: &ProjectedColumn,
+        rows: usize,
+    ) -> Self {
         let len = rows * column.width;
         match column.dtype {
-            DType::I32 => ColumnBuf::I32(filled(column.pad, len)),
-            DType::I64 => ColumnBuf::I64(filled(column.pad, len)),
-            DType::F32 => ColumnBuf::F32(filled(column.pad, len)),
-            DType::F64 => ColumnBuf::F64(filled(column.pad, len)),
-            DType::Bool => ColumnBuf::Bool(filled(column.pad, len)),
+            DType::I32 => ColumnBuf::I32(filled(pool, column.pad, len)),
+            DType::I64 => ColumnBuf::I64(filled(pool, column.pad, len)),
+            DType::F32 => ColumnBuf::F32(filled(pool, column.pad, len)),
+            DType::F64 => ColumnBuf::F64(filled(pool, column.pad, len)),
+            DType::Bool => ColumnBuf::Bool(filled(pool, column.pad, len)),
         }
     }
 
@@ -244,12 +306,21 @@ pub struct Chunk {
 impl Chunk {
     /// A chunk of `rows` rows, every element padded.
     pub fn padded(projection: &Projection, rows: usize) -> Self {
+        Self::padded_from(None, projection, rows)
+    }
+
+    /// [`Chunk::padded`], its buffers from `pool` when one is given.
+    pub fn padded_from(
+        pool: Option<&Arc<BufferPool>>,
+        projection: &Projection,
+        rows: usize,
+    ) -> Self {
         Chunk {
             rows,
             columns: projection
                 .columns
                 .iter()
-                .map(|c| ColumnBuf::padded(c, rows))
+                .map(|c| ColumnBuf::padded_from(pool, c, rows))
                 .collect(),
         }
     }
@@ -317,6 +388,29 @@ mod tests {
         let arr = buf.into_arrow(&c);
         let list = arr.as_any().downcast_ref::<FixedSizeListArray>().unwrap();
         assert_eq!(list.values().to_data().buffers()[0].as_ptr(), ptr);
+    }
+
+    #[test]
+    fn a_pooled_column_goes_back_to_its_pool_when_its_array_is_dropped() {
+        let c = column(vec![4]);
+        let pool = BufferPool::new(1 << 20);
+        let buf = ColumnBuf::padded_from(Some(&pool), &c, 8);
+        let ptr = with_column!(&buf, v => v.as_ptr().cast::<u8>());
+        let arr = buf.into_arrow(&c);
+        let list = arr.as_any().downcast_ref::<FixedSizeListArray>().unwrap();
+        assert_eq!(list.values().to_data().buffers()[0].as_ptr(), ptr);
+        assert_eq!(pool.held(), (128, 0));
+        drop(arr);
+        assert_eq!(pool.held(), (0, 128));
+        // Taken again, padded again: the pad of the next request, not the old contents.
+        let again = ColumnBuf::padded_from(Some(&pool), &c, 8);
+        let ColumnBuf::I32(values) = &again else {
+            panic!("an i32 column")
+        };
+        assert_eq!(values.as_ptr().cast::<u8>(), ptr);
+        assert!(values.iter().all(|&x| x == -1));
+        drop(again);
+        assert_eq!(pool.held(), (0, 128));
     }
 
     #[test]

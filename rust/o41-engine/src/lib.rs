@@ -20,6 +20,7 @@ pub mod metrics;
 pub mod order;
 pub mod pipeline;
 pub mod plan;
+pub mod pool;
 pub mod record;
 pub mod resolve;
 pub mod storage;

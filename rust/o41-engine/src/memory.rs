@@ -19,13 +19,19 @@ const READER_BYTES: u64 = 3 << 20;
 pub const READERS_PER_WORKER: u64 = 4;
 /// Most unique rows one read job decodes.
 pub const MAX_JOB_ROWS: u64 = 1024;
-/// Rows planned together at least (a group reads each shard range once).
+/// Rows planned together at least (a group reads each shard range once), for narrow rows.
 const MIN_GROUP_ROWS: u64 = 4096;
+/// Bytes of rows planned together at least, for rows too wide for `MIN_GROUP_ROWS` of them to
+/// stay small: a group's batches are filled while the one before is delivered, so a larger
+/// group only holds more memory, never yet in reuse (token windows of 24 KiB a row read 1.7x
+/// faster in groups of 4 MiB than of 4,096 rows, `benchmarks/RESULTS.md`, section `pack`).
+const MIN_GROUP_BYTES: u64 = 4 << 20;
 
 /// What a stream's pipeline looks like, from the config alone.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PipelineShape {
-    /// Rows planned together: at least one shuffle window and 4,096 rows, in whole batches.
+    /// Rows planned together: at least one shuffle window, and 4,096 rows or 4 MiB of rows
+    /// (whichever is fewer rows), in whole batches.
     pub group_rows: u64,
     /// Rows of the largest batch.
     pub largest_batch: u64,
@@ -48,10 +54,11 @@ fn too_large() -> Error {
 }
 
 impl PipelineShape {
-    /// The shape for stages of `(batch_size, shuffle)`, `threads` decode threads,
-    /// `prefetch_batches` and `memory_limit_bytes`.
+    /// The shape for stages of `(batch_size, shuffle)`, rows of `row_bytes`, `threads` decode
+    /// threads, `prefetch_batches` and `memory_limit_bytes`.
     pub fn new(
         stages: impl IntoIterator<Item = (usize, Option<ShuffleSpec>)>,
+        row_bytes: u64,
         threads: usize,
         prefetch_batches: usize,
         memory_limit_bytes: Option<u64>,
@@ -63,7 +70,7 @@ impl PipelineShape {
             largest_batch = largest_batch.max(batch_size as u64);
         }
         let group_rows = largest_window
-            .max(MIN_GROUP_ROWS)
+            .max(group_floor(row_bytes))
             .div_ceil(largest_batch)
             .checked_mul(largest_batch)
             .ok_or_else(too_large)?;
@@ -78,12 +85,27 @@ impl PipelineShape {
     }
 }
 
+/// The fewest rows a group plans, for rows of `row_bytes`.
+fn group_floor(row_bytes: u64) -> u64 {
+    match row_bytes {
+        0 => MIN_GROUP_ROWS,
+        b => (MIN_GROUP_BYTES / b).clamp(1, MIN_GROUP_ROWS),
+    }
+}
+
+/// Bytes of one row of `fields` as declared (synthetic columns included; a validation pass's
+/// mask is not counted, which only sizes groups).
+fn declared_row_bytes(fields: &[crate::config::FieldSpec]) -> Result<u64> {
+    Ok(Projection::new(fields)?.row_bytes() as u64)
+}
+
 impl crate::config::StreamConfig {
     /// The pipeline this config runs.
     pub fn pipeline_shape(&self) -> Result<PipelineShape> {
         let stages = self.stages.iter().map(|s| (s.batch_size, s.shuffle));
         PipelineShape::new(
             stages,
+            declared_row_bytes(&self.fields)?,
             self.threads,
             self.prefetch_batches,
             self.memory_limit_bytes,
@@ -97,6 +119,7 @@ impl crate::config::ResolvedConfig {
         let stages = self.stages.iter().map(|s| (s.batch_size, s.shuffle));
         PipelineShape::new(
             stages,
+            declared_row_bytes(&self.fields)?,
             self.threads,
             self.prefetch_batches,
             self.memory_limit_bytes,
@@ -221,4 +244,30 @@ pub fn host_memory_bytes() -> Option<u64> {
     let line = text.lines().find(|l| l.starts_with("MemTotal:"))?;
     let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
     kib.checked_mul(1024)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn group_rows(batch: usize, row_bytes: u64) -> u64 {
+        PipelineShape::new([(batch, None)], row_bytes, 2, 4, Some(u64::MAX))
+            .unwrap()
+            .group_rows
+    }
+
+    #[test]
+    fn narrow_rows_are_planned_4096_at_a_time() {
+        assert_eq!(group_rows(32, 32), 4096);
+        assert_eq!(group_rows(1000, 32), 5000);
+        assert_eq!(group_rows(32, 0), 4096);
+    }
+
+    #[test]
+    fn wide_rows_are_planned_4_mib_at_a_time_in_whole_batches() {
+        // Three i32 columns of 2,048 tokens: 24 KiB a row, 170 rows in 4 MiB, 6 batches of 32.
+        assert_eq!(group_rows(32, 3 * 2048 * 4), 192);
+        // A row wider than 4 MiB still plans a whole batch.
+        assert_eq!(group_rows(2, 8 << 20), 2);
+    }
 }

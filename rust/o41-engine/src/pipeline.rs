@@ -166,7 +166,7 @@ fn decode_worker(
             return;
         }
         let rows: u64 = job.ranges.iter().map(|r| r.end - r.start).sum();
-        let mut chunk = Chunk::padded(&plan.records, rows as usize);
+        let mut chunk = Chunk::padded_from(Some(&plan.job_buffers), &plan.records, rows as usize);
         let outcome = std::panic::catch_unwind(AssertUnwindSafe(|| {
             decode(plan, storage, &mut readers, &mut job, &mut chunk)
         }))

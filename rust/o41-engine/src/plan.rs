@@ -21,6 +21,7 @@ use crate::formats::{self, Prefetch, Promise, PromiseOrigin, ShardMeta, TokenInd
 use crate::memory::{MemoryBound, ShardScratch, MAX_JOB_ROWS};
 use crate::metrics::{DecodeMeter, Meter};
 use crate::order::{LayoutCache, Order, Segment, Slot};
+use crate::pool::BufferPool;
 use crate::resolve::Resolved;
 use crate::storage::{self, Storage};
 
@@ -94,6 +95,10 @@ pub struct Plan {
     pub decode: DecodeMeter,
     /// The encodings of the stream's shards, in first-seen order.
     pub encodings: Vec<Encoding>,
+    /// Buffers of batches being filled and delivered, within the bound's batches term.
+    pub batch_buffers: Arc<BufferPool>,
+    /// Buffers of read jobs' decoded rows, within the bound's decode units term.
+    pub job_buffers: Arc<BufferPool>,
 }
 
 impl Plan {
@@ -216,6 +221,8 @@ impl Plan {
             meters,
             decode: DecodeMeter::default(),
             encodings,
+            batch_buffers: BufferPool::new(bound.batches),
+            job_buffers: BufferPool::new(bound.decode_units),
         })
     }
 
@@ -444,7 +451,11 @@ impl Planner {
             }
             let seq = self.next_seq;
             let rows = order.rank_rows(&self.segment, global, plan.rank(), plan.world());
-            let mut buffer = Chunk::padded(&plan.projection, (rows.end - rows.start) as usize);
+            let mut buffer = Chunk::padded_from(
+                Some(&plan.batch_buffers),
+                &plan.projection,
+                (rows.end - rows.start) as usize,
+            );
             let mut missing = 0;
             for (slot, t) in rows.clone().enumerate() {
                 if order.padding(&self.segment, t) {
