@@ -7,6 +7,7 @@ names the document and position it came from and the properties can be checked e
 from __future__ import annotations
 
 import json
+import os
 from collections import Counter
 from dataclasses import replace
 from pathlib import Path
@@ -455,3 +456,56 @@ def test_a_bin_shard_in_a_stage_of_records_is_refused_naming_the_file(tmp_path: 
     with pytest.raises(ConfigError, match=r"corpus\.bin.*packing or windows") as info:
         open_batch_stream(config)
     assert info.value.option == "stages[0].sources[0].files[0]"
+
+
+def test_a_second_open_plans_parquet_packing_from_cached_lengths(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cache = tmp_path / "inspect-cache"
+    monkeypatch.setenv("O41_INSPECT_CACHE", str(cache))
+    docs = corpus([5 + (37 * i) % 200 for i in range(1000)])
+    path = write_lists(tmp_path / "corpus.parquet", docs)
+    config = packed([path], 64)
+    first = rows(config)
+    assert len(list(cache.glob("*.lengths"))) == 1
+    second = rows(config)
+    assert all(all(np.array_equal(a[k], b[k]) for k in a) for a, b in zip(first, second, strict=True))
+    check_packed(second, docs, 64, eos=False)
+    # The last row groups' pages zeroed in place, the footer, size, time and inode kept: an
+    # open that decoded the token column would fail; this one plans from the cached lengths
+    # (open reads the first record only), and the read fails.
+    before = path.stat()
+    footer = int.from_bytes(path.read_bytes()[-8:-4], "little")
+    with path.open("r+b") as file:
+        file.seek(before.st_size - 8 - footer - 4000)
+        file.write(bytes(4000))
+    os.utime(path, ns=(before.st_atime_ns, before.st_mtime_ns))
+    with open_batch_stream(config) as stream, pytest.raises(MalformedShardError, match=r"corpus\.parquet"):
+        for _ in stream:
+            pass
+    monkeypatch.setenv("O41_INSPECT_CACHE", "off")
+    with pytest.raises(MalformedShardError, match=r"corpus\.parquet"):
+        open_batch_stream(config)
+
+
+def test_cached_lengths_the_shard_does_not_hold_fail_closed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cache = tmp_path / "inspect-cache"
+    monkeypatch.setenv("O41_INSPECT_CACHE", str(cache))
+    path = write_lists(tmp_path / "corpus.parquet", corpus([6] * 40))
+    config = packed([path], 16, batch_size=4)
+    rows(config)
+    # An entry that disagrees with the file it names (as a file rewritten behind the cache's
+    # back with its size, time and inode kept would): the first record one token longer, the
+    # second one shorter. The plan is made from it, and the reader holds each record to it.
+    (entry,) = cache.glob("*.lengths")
+    data = bytearray(entry.read_bytes())
+    header = int.from_bytes(data[8:12], "little")
+    first = 12 + header + 8
+    lengths = np.frombuffer(data[first:], dtype="<u4").copy()
+    lengths[0] += 1
+    lengths[1] -= 1
+    entry.write_bytes(bytes(data[:first]) + lengths.tobytes())
+    with pytest.raises(MalformedShardError, match=r"corpus\.parquet.*when the shard was inspected"):
+        rows(config)

@@ -8,7 +8,9 @@
 //! the rows an entry gives are a promise the shard is held to when it is first read.
 //!
 //! One small JSON file per entry, written atomically (temporary file, then rename); a corrupt or
-//! unreadable entry is ignored and rewritten. The directory is `$O41_INSPECT_CACHE`, or
+//! unreadable entry is ignored and rewritten. A Parquet token shard also gets the lengths of its
+//! token lists (`<digest>.lengths`: a header naming the key and column, then one little-endian
+//! `u32` per record), from which a packing or windows stage plans the shard without decoding it. The directory is `$O41_INSPECT_CACHE`, or
 //! `o41/inspect` under `$XDG_CACHE_HOME` or `~/.cache`; `O41_INSPECT_CACHE=off` turns it off.
 //! Failing to write an entry never fails a stream: the cache only saves work.
 
@@ -26,6 +28,10 @@ const CACHE_FORMAT: &str = "o41-inspect-cache";
 const CACHE_VERSION: u32 = 1;
 /// Entries larger than this are not ours (an entry is a few hundred bytes).
 const MAX_ENTRY_BYTES: u64 = 64 << 10;
+/// The first bytes of a lengths file, its layout's version included.
+const LENGTHS_MAGIC: &[u8; 8] = b"o41len01";
+/// A lengths file's header (the key and column, as JSON) is at most this long.
+const MAX_LENGTHS_HEADER: usize = 64 << 10;
 
 /// What identifies one object's content.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -75,6 +81,41 @@ fn entry_path(dir: &std::path::Path, key: &Key) -> PathBuf {
         "{}.json",
         crate::storage::hex(&digest.as_ref()[..16])
     ))
+}
+
+/// The header of a lengths file: whose lists it holds.
+#[derive(Debug, PartialEq, Eq, Serialize, Deserialize)]
+struct LengthsHeader {
+    key: Key,
+    column: String,
+}
+
+fn lengths_path(dir: &std::path::Path, header: &[u8]) -> PathBuf {
+    let digest = ring::digest::digest(&ring::digest::SHA256, header);
+    dir.join(format!(
+        "{}.lengths",
+        crate::storage::hex(&digest.as_ref()[..16])
+    ))
+}
+
+/// The list lengths a lengths file holds, if it is one and is `header`'s.
+fn parse_lengths(bytes: &[u8], header: &[u8]) -> Option<Vec<u64>> {
+    let rest = bytes.strip_prefix(LENGTHS_MAGIC)?;
+    let (len, rest) = rest.split_first_chunk::<4>()?;
+    let len = u32::from_le_bytes(*len) as usize;
+    if len > MAX_LENGTHS_HEADER || rest.get(..len)? != header {
+        return None;
+    }
+    let (count, values) = rest[len..].split_first_chunk::<8>()?;
+    if Some(values.len() as u64) != u64::from_le_bytes(*count).checked_mul(4) {
+        return None;
+    }
+    Some(
+        values
+            .chunks_exact(4)
+            .map(|b| u64::from(u32::from_le_bytes([b[0], b[1], b[2], b[3]])))
+            .collect(),
+    )
 }
 
 /// A cache directory.
@@ -152,14 +193,81 @@ impl InspectCache {
             key,
         };
         let path = entry_path(&self.dir, &entry.key);
-        let _ = write_atomically(&self.dir, &path, &entry);
+        if let Ok(json) = serde_json::to_vec(&entry) {
+            let _ = write_atomically(&self.dir, &path, &json);
+        }
+    }
+
+    fn lengths_header(
+        location: &str,
+        encoding: Encoding,
+        pin: &Pin,
+        column: &str,
+    ) -> Option<Vec<u8>> {
+        let header = LengthsHeader {
+            key: key(location, encoding, pin)?,
+            column: column.to_owned(),
+        };
+        serde_json::to_vec(&header)
+            .ok()
+            .filter(|h| h.len() <= MAX_LENGTHS_HEADER)
+    }
+
+    /// The lengths of the lists in column `column` of every record of the object `pin`
+    /// describes, if they were stored; None as well when reading them would take more than
+    /// `max_bytes` (a file is read whole and becomes `u64`s).
+    pub fn lookup_lengths(
+        &self,
+        location: &str,
+        encoding: Encoding,
+        pin: &Pin,
+        column: &str,
+        max_bytes: u64,
+    ) -> Option<Vec<u64>> {
+        let header = Self::lengths_header(location, encoding, pin, column)?;
+        let path = lengths_path(&self.dir, &header);
+        let file = std::fs::File::open(&path).ok()?;
+        if file.metadata().ok()?.len().saturating_mul(3) > max_bytes {
+            return None;
+        }
+        let mut bytes = Vec::new();
+        std::io::Read::read_to_end(&mut std::io::BufReader::new(file), &mut bytes).ok()?;
+        parse_lengths(&bytes, &header)
+    }
+
+    /// Records the list lengths of column `column` of every record of the object `pin`
+    /// describes. Best effort, like [`InspectCache::store`]; lengths past `u32` are not stored.
+    pub fn store_lengths(
+        &self,
+        location: &str,
+        encoding: Encoding,
+        pin: &Pin,
+        column: &str,
+        lengths: &[u64],
+    ) {
+        let Some(header) = Self::lengths_header(location, encoding, pin, column) else {
+            return;
+        };
+        let mut bytes =
+            Vec::with_capacity(LENGTHS_MAGIC.len() + 12 + header.len() + 4 * lengths.len());
+        bytes.extend_from_slice(LENGTHS_MAGIC);
+        bytes.extend_from_slice(&(header.len() as u32).to_le_bytes());
+        bytes.extend_from_slice(&header);
+        bytes.extend_from_slice(&(lengths.len() as u64).to_le_bytes());
+        for &len in lengths {
+            let Ok(len) = u32::try_from(len) else {
+                return;
+            };
+            bytes.extend_from_slice(&len.to_le_bytes());
+        }
+        let _ = write_atomically(&self.dir, &lengths_path(&self.dir, &header), &bytes);
     }
 }
 
 fn write_atomically(
     dir: &std::path::Path,
     path: &std::path::Path,
-    entry: &Entry,
+    bytes: &[u8],
 ) -> std::io::Result<()> {
     std::fs::create_dir_all(dir)?;
     // A name no other process or thread uses, so concurrent writers never share a file.
@@ -175,7 +283,7 @@ fn write_atomically(
     let tmp = dir.join(unique);
     let result = (|| {
         let mut file = std::fs::File::create(&tmp)?;
-        file.write_all(&serde_json::to_vec(entry).map_err(std::io::Error::other)?)?;
+        file.write_all(bytes)?;
         file.sync_all()?;
         std::fs::rename(&tmp, path)
     })();
@@ -286,6 +394,37 @@ mod tests {
             cache.lookup("/d/c.parquet", Encoding::Parquet, &unversioned, "p1"),
             None
         );
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn list_lengths_are_found_only_for_the_same_object_and_column() {
+        let dir = std::env::temp_dir().join(format!("o41-lengths-test-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let cache = InspectCache::new(&dir);
+        let lengths = [3, 0, 70_000, 1];
+        let (at, parquet) = ("/d/t.parquet", Encoding::Parquet);
+        cache.store_lengths(at, parquet, &pin(10, "mtime:1"), "tokens", &lengths);
+        let lookup =
+            |pin: &Pin, column: &str, max: u64| cache.lookup_lengths(at, parquet, pin, column, max);
+        assert_eq!(
+            lookup(&pin(10, "mtime:1"), "tokens", 1 << 20),
+            Some(lengths.to_vec())
+        );
+        assert_eq!(lookup(&pin(10, "mtime:1"), "ids", 1 << 20), None);
+        assert_eq!(lookup(&pin(10, "mtime:2"), "tokens", 1 << 20), None);
+        // Within the memory it may take only.
+        assert_eq!(lookup(&pin(10, "mtime:1"), "tokens", 16), None);
+        // A truncated or foreign file is a miss.
+        for file in std::fs::read_dir(&dir).unwrap() {
+            let path = file.unwrap().path();
+            let bytes = std::fs::read(&path).unwrap();
+            std::fs::write(&path, &bytes[..bytes.len() - 1]).unwrap();
+        }
+        assert_eq!(lookup(&pin(10, "mtime:1"), "tokens", 1 << 20), None);
+        // Lengths past u32 are not stored.
+        cache.store_lengths(at, parquet, &pin(10, "mtime:3"), "tokens", &[1 << 33]);
+        assert_eq!(lookup(&pin(10, "mtime:3"), "tokens", 1 << 20), None);
         let _ = std::fs::remove_dir_all(&dir);
     }
 }

@@ -283,7 +283,13 @@ impl Plan {
             &self.metered(storage, shard),
             &entry.path,
             entry.encoding,
-            entry.layout.as_deref(),
+            entry
+                .layout
+                .as_deref()
+                .map(|layout| formats::TokenInspection {
+                    layout,
+                    cache: None,
+                }),
             &self.records,
             (
                 self.scratch_reserved.min(formats::MAX_RECORD_BYTES),

@@ -422,7 +422,12 @@ fn settle(storage: &Storage, jobs: &[Job], setup: &Setup<'_>) -> Result<Vec<Sett
             storage,
             &job.path,
             job.encoding,
-            job.layout.as_deref(),
+            job.layout
+                .as_deref()
+                .map(|layout| formats::TokenInspection {
+                    layout,
+                    cache: cache.as_ref(),
+                }),
             &records,
             (max_record, max_plan),
             job.promise.as_ref(),

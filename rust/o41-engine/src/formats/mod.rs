@@ -246,19 +246,29 @@ impl Promise {
     }
 }
 
+/// How a stage that packs or windows tokens inspects its shards: its layout, and the cache of
+/// list lengths that can spare decoding a Parquet token column.
+#[derive(Clone, Copy)]
+pub struct TokenInspection<'a> {
+    /// The stage's token layout.
+    pub layout: &'a crate::config::TokenLayout,
+    /// Where list lengths are looked up and stored.
+    pub cache: Option<&'a crate::inspect_cache::InspectCache>,
+}
+
 /// Inspects a shard as a stage reads it: [`inspect`] for records, or, in a stage that packs or
-/// windows tokens (`layout`), the shard's windows; their plan may hold at most `max_plan` bytes.
+/// windows tokens (`tokens`), the shard's windows; their plan may hold at most `max_plan` bytes.
 pub fn inspect_shard(
     storage: &Storage,
     path: &str,
     encoding: Encoding,
-    layout: Option<&crate::config::TokenLayout>,
+    tokens: Option<TokenInspection<'_>>,
     projection: &Projection,
     limits: (u64, u64),
     promise: Option<&Promise>,
 ) -> Result<ShardMeta> {
     let (max_record, max_plan) = limits;
-    let Some(layout) = layout else {
+    let Some(TokenInspection { layout, cache }) = tokens else {
         return inspect(storage, path, encoding, projection, max_record, promise);
     };
     let object = Arc::new(storage.open(path)?);
@@ -267,7 +277,7 @@ pub fn inspect_shard(
         promise.check_pin(path, encoding, &pin)?;
         promise.check_stored_sha256(path, encoding, object.stored_sha256())?;
     }
-    let mut meta = tokens::inspect(storage, &object, encoding, layout, max_plan)?;
+    let mut meta = tokens::inspect(storage, &object, encoding, layout, max_plan, cache)?;
     // A manifest counts records; a checkpoint or an open stream, the windows they became.
     if let Some(promise) = promise.filter(|p| p.origin != PromiseOrigin::Manifest) {
         promise.check_rows(path, encoding, meta.rows)?;

@@ -22,6 +22,7 @@ use crate::dtype::DType;
 use crate::encoding::Encoding;
 use crate::error::{Error, Result};
 use crate::fields::Projection;
+use crate::inspect_cache::InspectCache;
 use crate::order::pack::{stream_window, stream_windows, PackPlan, Packer, Piece};
 use crate::storage::{sibling, Object, Storage};
 
@@ -177,13 +178,16 @@ fn token_projection(field: &str) -> Result<Projection> {
 
 /// Inspects a token shard for `layout`: counts its tokens, reads its document boundaries where
 /// the layout packs, and plans its windows. A plan needing more than `max_plan` bytes is
-/// refused before it grows past them.
+/// refused before it grows past them. A Parquet shard whose documents are its records is
+/// planned from its list lengths in `cache` when they are there (they are stored there when
+/// not), without decoding its token column; the reader holds every record to those lengths.
 pub fn inspect(
     storage: &Storage,
     object: &Arc<Object>,
     encoding: Encoding,
     layout: &TokenLayout,
     max_plan: u64,
+    cache: Option<&InspectCache>,
 ) -> Result<ShardMeta> {
     let path = object.uri().to_owned();
     let eos = match layout {
@@ -254,8 +258,13 @@ pub fn inspect(
             let mut doc_start = 0u64;
             // Only an eos cut needs the ids; counts and record documents need the lengths.
             let values = eos.is_some() && packer.is_some();
-            let rows = (meta.rows, values);
-            for_each_record(object, &index, rows, &projection, &mut |_, len, values| {
+            // Record lengths plan a shard whose documents are its records.
+            let pin = object.pin();
+            let cache = cache.filter(|_| eos.is_none() || packer.is_none());
+            let known = cache
+                .and_then(|c| c.lookup_lengths(&path, encoding, &pin, layout.field(), max_plan))
+                .filter(|lengths| lengths.len() as u64 == meta.rows);
+            let mut each = |_, len, values: &[i64]| -> Result<()> {
                 record_starts.push(tokens);
                 longest = longest.max(len);
                 if let Some(packer) = packer.as_mut() {
@@ -279,8 +288,19 @@ pub fn inspect(
                 }
                 tokens += len;
                 Ok(())
-            })?;
+            };
+            if let Some(lengths) = &known {
+                for (record, &len) in lengths.iter().enumerate() {
+                    each(record as u64, len, &[])?;
+                }
+            } else {
+                for_each_record(object, &index, (meta.rows, values), &projection, &mut each)?;
+            }
             record_starts.push(tokens);
+            if let (Some(cache), None) = (cache, &known) {
+                let lengths: Vec<u64> = record_starts.windows(2).map(|w| w[1] - w[0]).collect();
+                cache.store_lengths(&path, encoding, &pin, layout.field(), &lengths);
+            }
             if let (Some(packer), Some(_)) = (packer.as_mut(), eos) {
                 if doc_start < tokens {
                     packer.push(doc_start, tokens - doc_start);
@@ -772,7 +792,7 @@ mod tests {
     fn windows(uri: &str, layout: &TokenLayout) -> Result<Vec<[Vec<i32>; 3]>> {
         let storage = Storage::local();
         let object = Arc::new(storage.open(uri)?);
-        let meta = inspect(&storage, &object, Encoding::Bin, layout, 1 << 20)?;
+        let meta = inspect(&storage, &object, Encoding::Bin, layout, 1 << 20, None)?;
         let p = projection(layout.row_tokens() as usize);
         let mut chunk = Chunk::padded(&p, meta.rows as usize);
         let ShardIndex::Tokens(index) = &meta.index else {
