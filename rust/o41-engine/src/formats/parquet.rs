@@ -802,9 +802,45 @@ pub(super) fn index_of(meta: &ShardMeta) -> Option<Arc<ParquetIndex>> {
     }
 }
 
+/// A record's token ids as the file stores them: `i32` and `i64` lists are lent as they were
+/// decoded, other integer types widened to `i64`.
+#[derive(Clone, Copy)]
+pub(super) enum Ids<'a> {
+    /// 32-bit ids.
+    I32(&'a [i32]),
+    /// 64-bit ids, stored so or widened.
+    I64(&'a [i64]),
+}
+
+impl Ids<'_> {
+    /// Number of ids.
+    pub(super) fn len(&self) -> usize {
+        match self {
+            Ids::I32(v) => v.len(),
+            Ids::I64(v) => v.len(),
+        }
+    }
+
+    /// Ids `range`.
+    pub(super) fn slice(&self, range: Range<usize>) -> Self {
+        match self {
+            Ids::I32(v) => Ids::I32(&v[range]),
+            Ids::I64(v) => Ids::I64(&v[range]),
+        }
+    }
+
+    /// Every id, as `i64`.
+    pub(super) fn iter(&self) -> Box<dyn Iterator<Item = i64> + '_> {
+        match self {
+            Ids::I32(v) => Box::new(v.iter().map(|&x| i64::from(x))),
+            Ids::I64(v) => Box::new(v.iter().copied()),
+        }
+    }
+}
+
 /// What [`for_each_list`] calls with each record: its number, its list's length, and its ids
 /// (empty unless they were asked for).
-pub(super) type EachList<'a> = dyn FnMut(u64, u64, &[i64]) -> Result<()> + 'a;
+pub(super) type EachList<'a> = dyn FnMut(u64, u64, Ids<'_>) -> Result<()> + 'a;
 
 /// Reads records `ranges` (sorted, disjoint) of the one list column `index` projects, handing
 /// `each(record, length, values)` every record's list length and, when `values` is set, its
@@ -871,9 +907,9 @@ fn lists<R: ChunkReader + 'static>(
                 format_error(path, None, "the decoder returned more rows than selected")
             })?;
             values.clear();
-            let len = list_as_i64(column.as_ref(), i, want_values.then_some(&mut values))
+            let (len, ids) = list_ids(column.as_ref(), i, want_values, &mut values)
                 .map_err(|message| format_error(path, Some(record), message))?;
-            each(record, len, &values)?;
+            each(record, len, ids.unwrap_or(Ids::I64(&values)))?;
         }
     }
     if let Some(record) = records.next() {
@@ -886,12 +922,14 @@ fn lists<R: ChunkReader + 'static>(
     Ok(())
 }
 
-/// The length of list `i` of `array`; its integers are appended to `out` when one is given.
-fn list_as_i64(
-    array: &dyn Array,
+/// The length of list `i` of `array` and, when `want` is set, its ids: lent when the file
+/// stores `i32` or `i64` (`Some`), else widened into `out` (`None`).
+fn list_ids<'a>(
+    array: &'a dyn Array,
     i: usize,
-    out: Option<&mut Vec<i64>>,
-) -> std::result::Result<u64, String> {
+    want: bool,
+    out: &mut Vec<i64>,
+) -> std::result::Result<(u64, Option<Ids<'a>>), String> {
     if array.is_null(i) {
         return Err("the token list is null".to_owned());
     }
@@ -916,13 +954,24 @@ fn list_as_i64(
         other => return Err(format!("expected a list of token ids, found {other}")),
     };
     let len = range.len() as u64;
-    let Some(out) = out.filter(|_| !range.is_empty()) else {
-        return Ok(len);
-    };
+    if !want || range.is_empty() {
+        return Ok((len, None));
+    }
     if let Some(nulls) = child.logical_nulls() {
         if nulls.slice(range.start, range.len()).null_count() > 0 {
             return Err("a token id is null".to_owned());
         }
+    }
+    match child.data_type() {
+        DataType::Int32 => {
+            let ids = &child.as_primitive::<Int32Type>().values()[range];
+            return Ok((len, Some(Ids::I32(ids))));
+        }
+        DataType::Int64 => {
+            let ids = &child.as_primitive::<Int64Type>().values()[range];
+            return Ok((len, Some(Ids::I64(ids))));
+        }
+        _ => {}
     }
     macro_rules! widen {
         ($t:ty) => {
@@ -950,7 +999,7 @@ fn list_as_i64(
         DataType::Null => {}
         other => return Err(format!("expected integer token ids, found {other}")),
     }
-    Ok(len)
+    Ok((len, None))
 }
 
 /// Every column of a shard, in record batches of up to a given number of rows: what

@@ -264,14 +264,14 @@ pub fn inspect(
             let known = cache
                 .and_then(|c| c.lookup_lengths(&path, encoding, &pin, layout.field(), max_plan))
                 .filter(|lengths| lengths.len() as u64 == meta.rows);
-            let mut each = |_, len, values: &[i64]| -> Result<()> {
+            let mut each = |_, len, values: parquet::Ids<'_>| -> Result<()> {
                 record_starts.push(tokens);
                 longest = longest.max(len);
                 if let Some(packer) = packer.as_mut() {
                     match eos {
                         // Documents are cut at eos ids in the stream of all records.
                         Some(eos) => {
-                            for (k, &v) in values.iter().enumerate() {
+                            for (k, v) in values.iter().enumerate() {
                                 if u64::try_from(v) == Ok(eos) {
                                     let end = tokens + k as u64 + 1;
                                     packer.push(doc_start, end - doc_start);
@@ -291,7 +291,7 @@ pub fn inspect(
             };
             if let Some(lengths) = &known {
                 for (record, &len) in lengths.iter().enumerate() {
-                    each(record as u64, len, &[])?;
+                    each(record as u64, len, parquet::Ids::I64(&[]))?;
                 }
             } else {
                 for_each_record(object, &index, (meta.rows, values), &projection, &mut each)?;
@@ -598,6 +598,14 @@ impl Reader {
                     format!("bytes {from}..{to} were not read"),
                 ));
             }
+            if let (2, ColumnBuf::I32(buf)) = (width, &mut *out) {
+                // Every 16-bit id fits: straight into the column.
+                let span = &mut buf[need.out..need.out + bytes.len() / 2];
+                for (o, b) in span.iter_mut().zip(bytes.chunks_exact(2)) {
+                    *o = i32::from(u16::from_le_bytes([b[0], b[1]]));
+                }
+                continue;
+            }
             ids.clear();
             if width == 2 {
                 ids.extend(
@@ -612,7 +620,7 @@ impl Reader {
                         .map(|b| i64::from(u32::from_le_bytes([b[0], b[1], b[2], b[3]]))),
                 );
             }
-            put(out, need.out, &ids).map_err(|v| fits(need.row, v))?;
+            put_wide(out, need.out, &ids).map_err(|v| fits(need.row, v))?;
         }
         Ok(())
     }
@@ -667,7 +675,7 @@ impl Reader {
                     if from >= to {
                         continue;
                     }
-                    let ids = &values[(from - rs) as usize..(to - rs) as usize];
+                    let ids = values.slice((from - rs) as usize..(to - rs) as usize);
                     put(out, need.out + (from - need.start) as usize, ids)
                         .map_err(|v| fits(need.row, v))?;
                 }
@@ -695,9 +703,32 @@ fn gather(pieces: &[(u64, bytes::Bytes)], range: Range<u64>, out: &mut Vec<u8>) 
     }
 }
 
+/// Copies `ids` into an integer column from element `at`; the first value that does not fit
+/// the column's dtype is the error. Ids of the column's own width are copied as they are.
+fn put(column: &mut ColumnBuf, at: usize, ids: parquet::Ids<'_>) -> std::result::Result<(), i64> {
+    let values = match (column, ids) {
+        (ColumnBuf::I32(buf), parquet::Ids::I32(ids)) => {
+            buf[at..at + ids.len()].copy_from_slice(ids);
+            return Ok(());
+        }
+        (ColumnBuf::I64(buf), parquet::Ids::I32(ids)) => {
+            for (o, &v) in buf[at..at + ids.len()].iter_mut().zip(ids) {
+                *o = i64::from(v);
+            }
+            return Ok(());
+        }
+        (column, parquet::Ids::I64(values)) => (column, values),
+        // Token columns are declared i32 or i64 (checked with the config).
+        (ColumnBuf::F32(_) | ColumnBuf::F64(_) | ColumnBuf::Bool(_), parquet::Ids::I32(_)) => {
+            return Ok(())
+        }
+    };
+    put_wide(values.0, at, values.1)
+}
+
 /// Copies `values` into an integer column from element `at`; the first value that does not fit
 /// the column's dtype is the error. The range is checked once, so the copy vectorises.
-fn put(column: &mut ColumnBuf, at: usize, values: &[i64]) -> std::result::Result<(), i64> {
+fn put_wide(column: &mut ColumnBuf, at: usize, values: &[i64]) -> std::result::Result<(), i64> {
     match column {
         ColumnBuf::I32(buf) => {
             let (lo, hi) = values
