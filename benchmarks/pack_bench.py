@@ -325,7 +325,7 @@ reading each job's records through a list reader built for the job, which decode
 start of the first page the job's records are in (a row group is decoded again by each job
 that needs part of it); the per-token columns themselves now cost
 little (packed `.bin` with all three columns went from 0.78x unpacked's document tokens/s to
-the table's figure when batch and job buffers were pooled and wide rows planned in 4 MiB
+the table's figure when batch and job buffers were pooled and wide rows planned in 16 MiB
 groups). The `.bin` copy of the corpus
 meets the goal with all three columns; Parquet token lists do not yet. Next: keep a worker's
 decoded row group of token lists for the jobs that follow it.
