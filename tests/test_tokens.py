@@ -509,3 +509,29 @@ def test_cached_lengths_the_shard_does_not_hold_fail_closed(
     entry.write_bytes(bytes(data[:first]) + lengths.tobytes())
     with pytest.raises(MalformedShardError, match=r"corpus\.parquet.*when the shard was inspected"):
         rows(config)
+
+
+def test_positions_a_document_outgrows_in_i32_are_refused_at_open(tmp_path: Path) -> None:
+    """A position past i32 is refused at open, naming the field and the shard, not wrapped."""
+    # A .bin of one document of 2^31 + 2 tokens would be 4 GiB; the check reads the plan, so a
+    # stream windows stage (positions up to the stream's length) over a sparse file shows it.
+    path = tmp_path / "huge.bin"
+    with path.open("wb") as file:
+        file.truncate(2 * (2**31 + 2))
+    (tmp_path / "meta.json").write_text(json.dumps({"dtype": "uint16"}))
+    config = BatchStreamConfig(
+        fields=[
+            ProjectedField(name="tokens", source="tokens", dtype="i32", length=9),
+            ProjectedField(name="positions", source="@positions", dtype="i32", length=9),
+        ],
+        stages=[
+            Stage(sources=[FileSource(files=[str(path)])], batch_size=1, windows=TokenWindows("tokens", 8))
+        ],
+    )
+    with pytest.raises(ConfigError, match=r"fields\[1\]\.dtype.*huge\.bin.*i64"):
+        open_batch_stream(config)
+    wide_positions = ProjectedField(name="positions", source="@positions", dtype="i64", length=9)
+    wide = replace(config, fields=[config.fields[0], wide_positions])
+    with open_batch_stream(wide) as stream:
+        first = next(iter(stream)).arrays()
+    assert first["positions"][0].tolist() == list(range(9))

@@ -181,13 +181,17 @@ impl Projection {
             .expect("row bytes were checked at construction")
     }
 
-    /// The columns read from records (no synthetic ones), and for each its index here.
+    /// The columns read from records, and for each its index here: not the synthetic ones, nor
+    /// a token stage's `@segment_ids` and `@positions`, which the planner fills from the
+    /// windows' plan (`formats::fill_window`).
     pub fn record_columns(&self) -> (Projection, Vec<usize>) {
         let (map, columns): (Vec<usize>, Vec<ProjectedColumn>) = self
             .columns
             .iter()
             .enumerate()
-            .filter(|(_, c)| c.synthetic.is_none())
+            .filter(|(_, c)| {
+                c.synthetic.is_none() && crate::formats::WindowColumn::of(&c.source).is_none()
+            })
             .map(|(i, c)| (i, c.clone()))
             .unzip();
         (Projection { columns }, map)

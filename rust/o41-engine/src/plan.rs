@@ -14,10 +14,13 @@ use arrow_schema::SchemaRef;
 
 use crate::columns::{batch_schema, Chunk};
 use crate::config::{ResolvedConfig, TokenLayout};
+use crate::dtype::DType;
 use crate::encoding::Encoding;
 use crate::error::{Error, Result};
 use crate::fields::{ProjectedColumn, Projection, Synthetic};
-use crate::formats::{self, Prefetch, Promise, PromiseOrigin, ShardMeta, TokenIndex};
+use crate::formats::{
+    self, fill_window, Prefetch, Promise, PromiseOrigin, ShardMeta, TokenIndex, WindowColumn,
+};
 use crate::memory::{MemoryBound, ShardScratch, MAX_JOB_ROWS};
 use crate::metrics::{DecodeMeter, Meter};
 use crate::order::{LayoutCache, Order, Segment, Slot};
@@ -95,6 +98,9 @@ pub struct Plan {
     pub decode: DecodeMeter,
     /// The encodings of the stream's shards, in first-seen order.
     pub encodings: Vec<Encoding>,
+    /// The token stages' per-token columns the planner fills (`@segment_ids`, `@positions`),
+    /// by batch column.
+    pub window_columns: Vec<(usize, WindowColumn)>,
     /// Buffers of batches being filled and delivered, within the bound's batches term.
     pub batch_buffers: Arc<BufferPool>,
     /// Buffers of read jobs' decoded rows, within the bound's decode units term.
@@ -118,6 +124,12 @@ impl Plan {
             projection.columns.push(ProjectedColumn::valid_mask());
         }
         let (records, record_map) = projection.record_columns();
+        let window_columns: Vec<(usize, WindowColumn)> = projection
+            .columns
+            .iter()
+            .enumerate()
+            .filter_map(|(k, c)| WindowColumn::of(&c.source).map(|kind| (k, kind)))
+            .collect();
         let mut shards = Vec::new();
         let mut shard_ids = Vec::new();
         let mut meters = Vec::new();
@@ -164,6 +176,7 @@ impl Plan {
             }
             shard_ids.push(ids);
         }
+        check_positions(&projection, &shards)?;
         let shape = config.pipeline_shape()?;
         let prefetching = shards.iter().any(|s| storage::is_remote(&s.path));
         let known = MemoryBound::compute(
@@ -221,6 +234,7 @@ impl Plan {
             meters,
             decode: DecodeMeter::default(),
             encodings,
+            window_columns,
             batch_buffers: BufferPool::new(bound.batches),
             job_buffers: BufferPool::new(bound.decode_units),
         })
@@ -444,6 +458,7 @@ impl Planner {
         let split = order.split(&self.segment);
         let reads = !plan.records.columns.is_empty();
         let mut wanted: Vec<(usize, u64, u64, u32)> = Vec::new();
+        let mut pieces = Vec::new();
         let mut planned_rows = 0;
         while planned_rows < plan.group_rows {
             let (first_local, round) = self.span;
@@ -471,6 +486,12 @@ impl Planner {
                 let at = order.slot_at(&self.segment, t, &mut self.layouts);
                 fill_synthetic(&plan, &mut buffer, slot, &at);
                 let shard = plan.shard_ids[at.stage][at.row.source][at.row.at.shard];
+                fill_windows(
+                    &plan,
+                    &mut buffer,
+                    (slot, shard, at.row.at.row),
+                    &mut pieces,
+                );
                 wanted.push((shard, at.row.at.row, seq, slot as u32));
                 missing += usize::from(reads);
             }
@@ -560,6 +581,57 @@ fn split_jobs(
         ));
         *next_job += 1;
     }
+}
+
+/// Fills the token stages' per-token columns of batch slot `slot`, which holds window `window`
+/// of shard `shard`. Token shards are inspected at open, and their positions checked against
+/// the columns' dtypes there ([`check_positions`]), so nothing here can fail.
+fn fill_windows(
+    plan: &Plan,
+    buffer: &mut Chunk,
+    (slot, shard, window): (usize, usize, u64),
+    pieces: &mut Vec<crate::order::pack::Piece>,
+) {
+    if plan.window_columns.is_empty() {
+        return;
+    }
+    let Some(index) = plan.shards[shard].inspected().and_then(ShardMeta::tokens) else {
+        return;
+    };
+    for &(k, kind) in &plan.window_columns {
+        let at = slot * plan.projection.columns[k].width;
+        let filled = fill_window(index, window, kind, (&mut buffer.columns[k], at), pieces);
+        debug_assert!(filled.is_ok(), "positions are checked at open");
+    }
+}
+
+/// Refuses an `@positions` column whose dtype cannot hold a position some token shard's
+/// windows reach (a document of more than 2^31 tokens in an `i32` column).
+fn check_positions(projection: &Projection, shards: &[ShardEntry]) -> Result<()> {
+    for (k, column) in projection.columns.iter().enumerate() {
+        if WindowColumn::of(&column.source) != Some(WindowColumn::Positions)
+            || column.dtype != DType::I32
+        {
+            continue;
+        }
+        for shard in shards {
+            let Some(index) = shard.inspected().and_then(ShardMeta::tokens) else {
+                continue;
+            };
+            let largest = index.largest_position();
+            if largest > i32::MAX as u64 {
+                return Err(Error::config(
+                    format!("fields[{k}].dtype"),
+                    format!(
+                        "{}: a document reaches position {largest}, which i32 cannot hold; \
+                         declare '{}' as i64",
+                        shard.path, column.name
+                    ),
+                ));
+            }
+        }
+    }
+    Ok(())
 }
 
 fn fill_synthetic(plan: &Plan, buffer: &mut Chunk, slot: usize, at: &Slot) {

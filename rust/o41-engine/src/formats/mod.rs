@@ -33,7 +33,7 @@ use crate::storage::{Pin, Storage};
 
 pub use msgpack::FRAME_HEADER_BYTES;
 pub use records::{RecordChunk, ShardRecords};
-pub use tokens::{TokenIndex, META_FILE as TOKEN_META_FILE};
+pub use tokens::{fill_window, TokenIndex, WindowColumn, META_FILE as TOKEN_META_FILE};
 pub use value::{Record, Value};
 
 /// The longest JSON line or `MessagePack` frame any reader holds, whatever the memory limit

@@ -110,6 +110,15 @@ impl TokenIndex {
         records + self.plan.as_ref().map_or(0, PackPlan::bytes)
     }
 
+    /// The largest position within its document of any token the windows hold (0 for none):
+    /// what an `@positions` column must be able to hold.
+    pub fn largest_position(&self) -> u64 {
+        match &self.plan {
+            Some(plan) => plan.largest_position(),
+            None => self.tokens.saturating_sub(1),
+        }
+    }
+
     /// Window `w`'s pieces, appended to `out`.
     fn pieces(&self, w: u64, out: &mut Vec<Piece>) {
         match &self.plan {
@@ -429,12 +438,49 @@ fn read_id(bytes: &[u8]) -> u64 {
     }
 }
 
-/// What a projected column of a token stage receives.
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Role {
-    Tokens,
+/// A per-token column that a token stage derives from its windows' pieces rather than reads:
+/// the planner fills it straight into the batch (`plan::Planner`), readers never see it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WindowColumn {
+    /// `@segment_ids`: which piece of the window a token is from (from 1), 0 for padding.
     Segments,
+    /// `@positions`: a token's position within its document, 0 for padding.
     Positions,
+}
+
+impl WindowColumn {
+    /// The window column a field's source names, if any.
+    pub fn of(source: &str) -> Option<Self> {
+        match source {
+            SEGMENT_IDS => Some(WindowColumn::Segments),
+            POSITIONS => Some(WindowColumn::Positions),
+            _ => None,
+        }
+    }
+}
+
+/// Writes window `w`'s `kind` column into `out` from element `at` (one window wide): the pieces'
+/// values, the padding after them left as it is. The value that does not fit the column's
+/// dtype is the error (checked for every shard at open, see [`TokenIndex::largest_position`]).
+pub fn fill_window(
+    index: &TokenIndex,
+    w: u64,
+    kind: WindowColumn,
+    (out, at): (&mut ColumnBuf, usize),
+    pieces: &mut Vec<Piece>,
+) -> std::result::Result<(), u64> {
+    pieces.clear();
+    index.pieces(w, pieces);
+    let mut first = at;
+    for (i, piece) in pieces.iter().enumerate() {
+        let len = piece.len as usize;
+        match kind {
+            WindowColumn::Segments => fill(out, first..first + len, i as u64 + 1, 0)?,
+            WindowColumn::Positions => fill(out, first..first + len, piece.position, 1)?,
+        }
+        first += len;
+    }
+    Ok(())
 }
 
 /// Where a piece of a window goes: tokens `start..start + len` of the stream into element
@@ -471,17 +517,13 @@ impl Reader {
     ) -> Result<()> {
         let path = self.object.uri();
         let field = self.index.layout.field();
-        let roles: Vec<Option<Role>> = projection
+        let tokens_column = projection.columns.iter().position(|c| c.source == field);
+        let windows: Vec<(usize, WindowColumn)> = projection
             .columns
             .iter()
-            .map(|c| match c.source.as_str() {
-                s if s == field => Some(Role::Tokens),
-                SEGMENT_IDS => Some(Role::Segments),
-                POSITIONS => Some(Role::Positions),
-                _ => None,
-            })
+            .enumerate()
+            .filter_map(|(k, c)| WindowColumn::of(&c.source).map(|kind| (k, kind)))
             .collect();
-        let tokens_column = roles.iter().position(|r| *r == Some(Role::Tokens));
         let mut needs: Vec<Need> = Vec::new();
         let mut pieces: Vec<Piece> = Vec::new();
         let mut out_row = 0usize;
@@ -495,16 +537,11 @@ impl Reader {
                         format!("the shard has {} windows", self.index.windows()),
                     ));
                 }
-                pieces.clear();
-                self.index.pieces(w, &mut pieces);
-                let mut at = 0usize;
-                for (i, piece) in pieces.iter().enumerate() {
-                    let len = piece.len as usize;
-                    for (k, role) in roles.iter().enumerate() {
-                        let width = projection.columns[k].width;
-                        let first = out_row * width + at;
-                        let column = &projection.columns[k];
-                        let fits = |v: u64| Error::Projection {
+                for &(k, kind) in &windows {
+                    let column = &projection.columns[k];
+                    let out = (&mut chunk.columns[k], out_row * column.width);
+                    fill_window(&self.index, w, kind, out, &mut pieces).map_err(|v| {
+                        Error::Projection {
                             path: path.to_owned(),
                             row: w,
                             field: column.name.clone(),
@@ -513,30 +550,22 @@ impl Reader {
                                 "value {v} does not fit dtype {}",
                                 column.dtype.name()
                             ),
-                        };
-                        match role {
-                            Some(Role::Segments) => {
-                                let id = i as u64 + 1;
-                                fill(&mut chunk.columns[k], first..first + len, id, 0)
-                                    .map_err(fits)?;
-                            }
-                            Some(Role::Positions) => {
-                                let p = piece.position;
-                                fill(&mut chunk.columns[k], first..first + len, p, 1)
-                                    .map_err(fits)?;
-                            }
-                            _ => {}
                         }
-                    }
-                    if let Some(k) = tokens_column {
+                    })?;
+                }
+                if let Some(k) = tokens_column {
+                    pieces.clear();
+                    self.index.pieces(w, &mut pieces);
+                    let mut at = 0usize;
+                    for piece in &pieces {
                         needs.push(Need {
                             start: piece.start,
                             len: piece.len.into(),
                             out: out_row * projection.columns[k].width + at,
                             row: w,
                         });
+                        at += piece.len as usize;
                     }
-                    at += len;
                 }
                 out_row += 1;
             }

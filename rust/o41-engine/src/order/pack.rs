@@ -59,6 +59,15 @@ impl PackPlan {
             .unwrap_or(0)
     }
 
+    /// The largest position within its document of any placed token (0 for none).
+    pub fn largest_position(&self) -> u64 {
+        self.pieces
+            .iter()
+            .map(|p| (p.position + u64::from(p.len)).saturating_sub(1))
+            .max()
+            .unwrap_or(0)
+    }
+
     /// Document tokens placed (padding excluded).
     pub fn tokens(&self) -> u64 {
         self.tokens
