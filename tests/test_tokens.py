@@ -535,3 +535,32 @@ def test_positions_a_document_outgrows_in_i32_are_refused_at_open(tmp_path: Path
     with open_batch_stream(wide) as stream:
         first = next(iter(stream)).arrays()
     assert first["positions"][0].tolist() == list(range(9))
+
+
+def test_window_columns_keep_their_pad_in_every_reused_batch(tmp_path: Path) -> None:
+    """Batch buffers are reused; each window's segment ids and positions are written whole."""
+    docs = corpus([3, 9, 1, 7, 2, 8, 5, 4] * 40)
+    path = write_bin(tmp_path / "c.bin", docs)
+    config = BatchStreamConfig(
+        fields=[
+            ProjectedField(name="tokens", source="tokens", dtype="i32", length=8),
+            ProjectedField(name="segment_ids", source="@segment_ids", dtype="i32", length=8, pad=-1),
+            ProjectedField(name="positions", source="@positions", dtype="i64", length=8, pad=-7),
+        ],
+        stages=[
+            Stage(
+                sources=[FileSource(files=[str(path)])],
+                batch_size=2,
+                packing=Packing(field="tokens", seq_len=8, bins=2),
+            )
+        ],
+        threads=2,
+    )
+    windows = 0
+    for row in rows(config):
+        used = int((row["segment_ids"] > 0).sum())
+        assert (row["segment_ids"][used:] == -1).all()
+        assert (row["positions"][used:] == -7).all()
+        assert (row["segment_ids"][:used] >= 1).all()
+        windows += 1
+    assert windows > 100

@@ -58,6 +58,22 @@ impl<T: Element> Aligned<T> {
         }
     }
 
+    /// `len` elements whose values are undefined (a previous batch's, or zeros), for a caller
+    /// that writes every one of them: a buffer from `pool` is not cleared first.
+    pub fn dirty_from(pool: &Arc<BufferPool>, len: usize) -> Self {
+        let bytes = len
+            .checked_mul(std::mem::size_of::<T>())
+            .expect("column sizes are checked against the memory bound first");
+        if bytes == 0 {
+            return Self::filled(T::default(), 0);
+        }
+        Aligned {
+            buffer: pool.take_dirty(bytes),
+            pool: Some(pool.clone()),
+            elements: PhantomData,
+        }
+    }
+
     /// Moves the elements into an Arrow buffer without copying them.
     pub fn into_scalar_buffer(mut self) -> ScalarBuffer<T> {
         let len = self.len();
@@ -197,6 +213,19 @@ impl ColumnBuf {
         }
     }
 
+    /// A buffer of `rows` rows whose values are undefined, for a caller that writes every
+    /// element (see [`Aligned::dirty_from`]).
+    pub fn dirty_from(pool: &Arc<BufferPool>, column: &ProjectedColumn, rows: usize) -> Self {
+        let len = rows * column.width;
+        match column.dtype {
+            DType::I32 => ColumnBuf::I32(Aligned::dirty_from(pool, len)),
+            DType::I64 => ColumnBuf::I64(Aligned::dirty_from(pool, len)),
+            DType::F32 => ColumnBuf::F32(Aligned::dirty_from(pool, len)),
+            DType::F64 => ColumnBuf::F64(Aligned::dirty_from(pool, len)),
+            DType::Bool => ColumnBuf::Bool(Aligned::dirty_from(pool, len)),
+        }
+    }
+
     /// Number of elements.
     pub fn len(&self) -> usize {
         with_column!(self, v => v.len())
@@ -215,6 +244,15 @@ impl ColumnBuf {
             ColumnBuf::I64(v) => v[index] = value,
             ColumnBuf::Bool(v) => v[index] = u8::from(value != 0),
             _ => unreachable!("synthetic columns are integers or the bool mask"),
+        }
+    }
+
+    /// Sets elements `range` of an integer column to `value` (a token stage's window columns).
+    pub fn fill_int(&mut self, range: std::ops::Range<usize>, value: i64) {
+        match self {
+            ColumnBuf::I32(v) => v[range].fill(value as i32),
+            ColumnBuf::I64(v) => v[range].fill(value),
+            _ => unreachable!("window columns are i32 or i64 (checked with the config)"),
         }
     }
 

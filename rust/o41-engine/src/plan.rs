@@ -12,7 +12,7 @@ use std::sync::{Arc, OnceLock};
 
 use arrow_schema::SchemaRef;
 
-use crate::columns::{batch_schema, Chunk};
+use crate::columns::{batch_schema, Chunk, ColumnBuf};
 use crate::config::{ResolvedConfig, TokenLayout};
 use crate::dtype::DType;
 use crate::encoding::Encoding;
@@ -444,6 +444,24 @@ impl Planner {
         }
     }
 
+    /// A batch's buffer of `rows` rows: padded, but for the window columns, which
+    /// [`fill_windows`] (or a padding row's zeros) writes whole for every slot.
+    fn batch_buffer(plan: &Plan, rows: usize) -> Chunk {
+        let pool = &plan.batch_buffers;
+        Chunk {
+            rows,
+            columns: plan
+                .projection
+                .columns
+                .iter()
+                .map(|c| match WindowColumn::of(&c.source) {
+                    Some(_) => ColumnBuf::dirty_from(pool, c, rows),
+                    None => ColumnBuf::padded_from(Some(pool), c, rows),
+                })
+                .collect(),
+        }
+    }
+
     /// Plans the next group of batches: appends them to `pending` and their reads to `jobs`.
     /// Returns false once the stream has no more batches.
     pub fn plan_group(
@@ -472,11 +490,7 @@ impl Planner {
             }
             let seq = self.next_seq;
             let rows = order.rank_rows(&self.segment, global, plan.rank(), plan.world());
-            let mut buffer = Chunk::padded_from(
-                Some(&plan.batch_buffers),
-                &plan.projection,
-                (rows.end - rows.start) as usize,
-            );
+            let mut buffer = Self::batch_buffer(&plan, (rows.end - rows.start) as usize);
             let mut missing = 0;
             for (slot, t) in rows.clone().enumerate() {
                 if order.padding(&self.segment, t) {
@@ -584,24 +598,30 @@ fn split_jobs(
 }
 
 /// Fills the token stages' per-token columns of batch slot `slot`, which holds window `window`
-/// of shard `shard`. Token shards are inspected at open, and their positions checked against
-/// the columns' dtypes there ([`check_positions`]), so nothing here can fail.
+/// of shard `shard`: every element of the slot's row, since these columns are not cleared first
+/// (`Chunk` of a batch, [`Planner::batch_buffer`]). Token shards are inspected at open and
+/// their positions checked against the columns' dtypes there ([`check_positions`]), so this
+/// cannot fail; a shard without its plan would get padding.
 fn fill_windows(
     plan: &Plan,
     buffer: &mut Chunk,
     (slot, shard, window): (usize, usize, u64),
     pieces: &mut Vec<crate::order::pack::Piece>,
 ) {
-    if plan.window_columns.is_empty() {
-        return;
-    }
-    let Some(index) = plan.shards[shard].inspected().and_then(ShardMeta::tokens) else {
-        return;
-    };
+    let index = plan.shards[shard].inspected().and_then(ShardMeta::tokens);
     for &(k, kind) in &plan.window_columns {
-        let at = slot * plan.projection.columns[k].width;
-        let filled = fill_window(index, window, kind, (&mut buffer.columns[k], at), pieces);
-        debug_assert!(filled.is_ok(), "positions are checked at open");
+        let column = &plan.projection.columns[k];
+        let row = slot * column.width..(slot + 1) * column.width;
+        let pad = column.pad.as_int();
+        let out = &mut buffer.columns[k];
+        let filled = match index {
+            Some(index) => fill_window(index, window, kind, (out, row.clone()), pad, pieces),
+            None => Err(0),
+        };
+        if filled.is_err() {
+            debug_assert!(false, "token shards are inspected and checked at open");
+            out.fill_int(row, pad);
+        }
     }
 }
 

@@ -53,6 +53,16 @@ impl BufferPool {
 
     /// A zeroed buffer of `len` bytes, to be given back with [`BufferPool::give`].
     pub fn take(&self, len: usize) -> MutableBuffer {
+        self.take_with(len, true)
+    }
+
+    /// A buffer of `len` bytes that may hold a previous user's bytes, for a caller that writes
+    /// every one of them before reading any: it skips clearing a reused buffer.
+    pub fn take_dirty(&self, len: usize) -> MutableBuffer {
+        self.take_with(len, false)
+    }
+
+    fn take_with(&self, len: usize, zeroed: bool) -> MutableBuffer {
         let mut state = self.state();
         let fit = state
             .free
@@ -66,7 +76,9 @@ impl BufferPool {
             state.free_bytes -= buffer.capacity();
             state.out_bytes += buffer.capacity();
             drop(state);
-            buffer.clear();
+            if zeroed || buffer.len() < len {
+                buffer.clear();
+            }
             buffer.resize(len, 0);
             return buffer;
         }
@@ -120,6 +132,21 @@ mod tests {
         assert_eq!(b.len(), 3000);
         assert!(b.as_slice().iter().all(|&x| x == 0));
         assert_eq!(pool.held(), (4096, 0));
+    }
+
+    #[test]
+    fn a_dirty_buffer_keeps_its_bytes_and_its_length() {
+        let pool = BufferPool::new(1 << 20);
+        let mut a = pool.take(4096);
+        a.as_slice_mut().fill(7);
+        pool.give(a);
+        let b = pool.take_dirty(3000);
+        assert_eq!(b.len(), 3000);
+        assert!(b.as_slice().iter().all(|&x| x == 7));
+        pool.give(b);
+        // Shorter than asked (its last user took less): cleared, never read past its length.
+        let c = pool.take_dirty(4000);
+        assert!(c.as_slice().iter().all(|&x| x == 0));
     }
 
     #[test]

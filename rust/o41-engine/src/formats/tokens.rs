@@ -459,27 +459,30 @@ impl WindowColumn {
     }
 }
 
-/// Writes window `w`'s `kind` column into `out` from element `at` (one window wide): the pieces'
-/// values, the padding after them left as it is. The value that does not fit the column's
-/// dtype is the error (checked for every shard at open, see [`TokenIndex::largest_position`]).
+/// Writes window `w`'s `kind` column into elements `row` of `out` (one window): the pieces'
+/// values, then `pad` to the row's end, so every element of the row is written. The value that
+/// does not fit the column's dtype is the error (checked for every shard at open, see
+/// [`TokenIndex::largest_position`]).
 pub fn fill_window(
     index: &TokenIndex,
     w: u64,
     kind: WindowColumn,
-    (out, at): (&mut ColumnBuf, usize),
+    (out, row): (&mut ColumnBuf, Range<usize>),
+    pad: i64,
     pieces: &mut Vec<Piece>,
 ) -> std::result::Result<(), u64> {
     pieces.clear();
     index.pieces(w, pieces);
-    let mut first = at;
+    let mut first = row.start;
     for (i, piece) in pieces.iter().enumerate() {
-        let len = piece.len as usize;
+        let len = (piece.len as usize).min(row.end - first);
         match kind {
             WindowColumn::Segments => fill(out, first..first + len, i as u64 + 1, 0)?,
             WindowColumn::Positions => fill(out, first..first + len, piece.position, 1)?,
         }
         first += len;
     }
+    out.fill_int(first..row.end, pad);
     Ok(())
 }
 
@@ -539,8 +542,10 @@ impl Reader {
                 }
                 for &(k, kind) in &windows {
                     let column = &projection.columns[k];
-                    let out = (&mut chunk.columns[k], out_row * column.width);
-                    fill_window(&self.index, w, kind, out, &mut pieces).map_err(|v| {
+                    let at = out_row * column.width;
+                    let out = (&mut chunk.columns[k], at..at + column.width);
+                    let pad = column.pad.as_int();
+                    fill_window(&self.index, w, kind, out, pad, &mut pieces).map_err(|v| {
                         Error::Projection {
                             path: path.to_owned(),
                             row: w,
