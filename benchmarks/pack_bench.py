@@ -346,8 +346,9 @@ Throughput: with `.bin` token files packing meets the goal, all three columns in
 and ids are copied at their own width. Parquet token lists miss it; what
 they pay over one document per row is (1) the plan at open, a decode of each shard's token column
 (`open s`), which the inspection cache removes from every later open and resume on the host
-(`{CACHED}`), and (2) reading: with the plan cached and the process warm (the second-pass table) it still
-stays near 0.8x. Its decode threads spend about what `unpacked`'s do (`perf`: arrow-rs's list
+(`{CACHED}`), and (2) reading: with the plan cached, in a fresh process or a warm one (the second-pass
+table), it still misses the goal, by amounts that move with the machine's load between runs
+(0.7x-0.9x in this file's runs). Its decode threads spend about what `unpacked`'s do (`perf`: arrow-rs's list
 and dictionary decoding in both); the difference not yet accounted for is in how its jobs read,
 each through a list reader built for the job from the start of the page its first record is in.
 A list reader that continues across a worker's jobs is the next step.
