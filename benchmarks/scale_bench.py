@@ -318,12 +318,10 @@ the manifest's entries and holding one resolved entry, one order entry and one p
 shard, about {per_shard_us:.0f} µs per shard here. Against a 10-shard open of a few
 milliseconds that is still several times more on local disk; on object storage, where the round
 trips of the first window's reads dominate, it is the smaller part. A profile of repeated
-10,000-shard opens puts half of open in parsing the manifest, which is read twice (its header
-first, for a clear error on a file that is not a manifest, then into its types), and the first
-batch also computes the config fingerprint that its position carries, over every shard. One
-pass over the manifest and a fingerprint computed off the first batch's path would trim this;
-the 1.5x goal needs a manifest that open does not parse whole (sharded manifests read per
-split, or a binary shard index).
+10,000-shard opens puts about half of open in parsing the manifest (in one pass now; a first
+pass for its header alone cost a fifth of open before), and the first batch also computes the
+config fingerprint that its position carries, over every shard. The 1.5x goal needs a manifest
+that open does not parse whole (sharded manifests read per split, or a binary shard index).
 
 The same 10,000 shards as a plain file list: open {cold["open_s"]:.2f} s with the inspection
 cache off (every shard counted), {warm["open_s"]:.2f} s with a warm cache (a `stat` per shard,

@@ -76,6 +76,28 @@ pub struct Manifest {
     pub splits: BTreeMap<String, Split>,
 }
 
+/// Refuses a document whose `format` is not a data manifest's or whose `version` this release
+/// does not read.
+fn check_header(
+    format: Option<&serde_json::Value>,
+    version: Option<&serde_json::Value>,
+    uri: &str,
+) -> Result<()> {
+    if format.and_then(serde_json::Value::as_str) != Some(MANIFEST_FORMAT) {
+        return Err(invalid(
+            uri,
+            format!("not a data manifest (no \"format\": \"{MANIFEST_FORMAT}\")"),
+        ));
+    }
+    match version.and_then(serde_json::Value::as_u64) {
+        Some(v) if v == u64::from(MANIFEST_VERSION) => Ok(()),
+        other => Err(invalid(
+            uri,
+            format!("version {other:?} is not supported (this release reads version {MANIFEST_VERSION})"),
+        )),
+    }
+}
+
 fn invalid(uri: &str, message: impl std::fmt::Display) -> Error {
     Error::Format {
         path: uri.to_owned(),
@@ -95,32 +117,30 @@ impl Manifest {
 
     /// Parses and checks a manifest document; `uri` names it in errors.
     pub fn from_json(text: &str, uri: &str) -> Result<Self> {
-        // The header first, skipping the shards without building them: a million-shard manifest
-        // is parsed once, straight into its types.
-        #[derive(Deserialize)]
-        struct Header {
-            format: Option<serde_json::Value>,
-            version: Option<serde_json::Value>,
-        }
-        let value: Header = serde_json::from_str(text).map_err(|e| invalid(uri, e))?;
-        if value.format.as_ref().and_then(serde_json::Value::as_str) != Some(MANIFEST_FORMAT) {
-            return Err(invalid(
-                uri,
-                format!("not a data manifest (no \"format\": \"{MANIFEST_FORMAT}\")"),
-            ));
-        }
-        match value.version.as_ref().and_then(serde_json::Value::as_u64) {
-            Some(v) if v == u64::from(MANIFEST_VERSION) => {}
-            other => {
-                return Err(invalid(
+        // One pass straight into the types (a million-shard manifest is 100 MB). Only a document
+        // that does not parse is read again for its header, so a file that is not a manifest, or
+        // one of another version, is reported as that rather than as its first unknown field.
+        match serde_json::from_str::<Manifest>(text) {
+            Ok(manifest) => {
+                check_header(
+                    Some(&serde_json::Value::from(manifest.format.as_str())),
+                    Some(&serde_json::Value::from(manifest.version)),
                     uri,
-                    format!("version {other:?} is not supported (this release reads version {MANIFEST_VERSION})"),
-                ))
+                )?;
+                manifest.validate(uri)?;
+                Ok(manifest)
+            }
+            Err(parse) => {
+                #[derive(Deserialize)]
+                struct Header {
+                    format: Option<serde_json::Value>,
+                    version: Option<serde_json::Value>,
+                }
+                let header: Header = serde_json::from_str(text).map_err(|e| invalid(uri, e))?;
+                check_header(header.format.as_ref(), header.version.as_ref(), uri)?;
+                Err(invalid(uri, parse))
             }
         }
-        let manifest: Manifest = serde_json::from_str(text).map_err(|e| invalid(uri, e))?;
-        manifest.validate(uri)?;
-        Ok(manifest)
     }
 
     /// The manifest as JSON.
