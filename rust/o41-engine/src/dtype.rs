@@ -58,16 +58,6 @@ pub enum Scalar {
 }
 
 impl Scalar {
-    /// The value as an integer: an integer as it is, a bool as 0 or 1, a float truncated (a
-    /// pad of an integer column is an integer, checked with the config).
-    pub fn as_int(self) -> i64 {
-        match self {
-            Scalar::Int(v) => v,
-            Scalar::Bool(b) => i64::from(b),
-            Scalar::Float(f) => f as i64,
-        }
-    }
-
     /// Describes the value's kind for error messages.
     pub fn kind(self) -> &'static str {
         match self {

@@ -78,18 +78,14 @@ pub struct Manifest {
 
 /// Refuses a document whose `format` is not a data manifest's or whose `version` this release
 /// does not read.
-fn check_header(
-    format: Option<&serde_json::Value>,
-    version: Option<&serde_json::Value>,
-    uri: &str,
-) -> Result<()> {
-    if format.and_then(serde_json::Value::as_str) != Some(MANIFEST_FORMAT) {
+fn check_header(format: Option<&str>, version: Option<u64>, uri: &str) -> Result<()> {
+    if format != Some(MANIFEST_FORMAT) {
         return Err(invalid(
             uri,
             format!("not a data manifest (no \"format\": \"{MANIFEST_FORMAT}\")"),
         ));
     }
-    match version.and_then(serde_json::Value::as_u64) {
+    match version {
         Some(v) if v == u64::from(MANIFEST_VERSION) => Ok(()),
         other => Err(invalid(
             uri,
@@ -123,8 +119,8 @@ impl Manifest {
         match serde_json::from_str::<Manifest>(text) {
             Ok(manifest) => {
                 check_header(
-                    Some(&serde_json::Value::from(manifest.format.as_str())),
-                    Some(&serde_json::Value::from(manifest.version)),
+                    Some(&manifest.format),
+                    Some(u64::from(manifest.version)),
                     uri,
                 )?;
                 manifest.validate(uri)?;
@@ -137,7 +133,9 @@ impl Manifest {
                     version: Option<serde_json::Value>,
                 }
                 let header: Header = serde_json::from_str(text).map_err(|e| invalid(uri, e))?;
-                check_header(header.format.as_ref(), header.version.as_ref(), uri)?;
+                let format = header.format.as_ref().and_then(serde_json::Value::as_str);
+                let version = header.version.as_ref().and_then(serde_json::Value::as_u64);
+                check_header(format, version, uri)?;
                 Err(invalid(uri, parse))
             }
         }

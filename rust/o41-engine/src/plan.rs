@@ -14,7 +14,7 @@ use arrow_schema::SchemaRef;
 
 use crate::columns::{batch_schema, Chunk, ColumnBuf};
 use crate::config::{ResolvedConfig, TokenLayout};
-use crate::dtype::DType;
+use crate::dtype::{DType, Element};
 use crate::encoding::Encoding;
 use crate::error::{Error, Result};
 use crate::fields::{ProjectedColumn, Projection, Synthetic};
@@ -612,7 +612,8 @@ fn fill_windows(
     for &(k, kind) in &plan.window_columns {
         let column = &plan.projection.columns[k];
         let row = slot * column.width..(slot + 1) * column.width;
-        let pad = column.pad.as_int();
+        // The pad was validated against the dtype when the config was checked.
+        let pad = i64::from_scalar(column.pad).unwrap_or_default();
         let out = &mut buffer.columns[k];
         let filled = match index {
             Some(index) => fill_window(index, window, kind, (out, row.clone()), pad, pieces),

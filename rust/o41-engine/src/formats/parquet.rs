@@ -706,22 +706,8 @@ fn read_ranges<R: ChunkReader + 'static>(
     if wanted == 0 {
         return Ok(());
     }
-    let (groups, selection) = selection(&index.group_starts, ranges);
     let first_row = ranges[0].start;
-    let mask = ProjectionMask::roots(
-        index.metadata.metadata().file_metadata().schema_descr(),
-        index.roots.iter().copied(),
-    );
-    let reader = ParquetRecordBatchReaderBuilder::new_with_metadata(file, index.metadata.clone())
-        .with_row_groups(groups)
-        .with_row_selection(selection)
-        // Skip and read run by run. The default policy turns a selection of many short runs (a
-        // rank's share of shuffled units at a large world size) into a mask over every row from
-        // the first run to the last, decoding whole row groups to keep a few rows of each.
-        .with_row_selection_policy(RowSelectionPolicy::Selectors)
-        .with_projection(mask)
-        .with_batch_size(wanted.min(index.batch_rows) as usize)
-        .build()
+    let reader = selected_rows(file, index, ranges, wanted.min(index.batch_rows) as usize)
         .map_err(|e| decode_error(path, Some(first_row), &e))?;
     // Rows arrive in file order; errors name the shard row, found through this table.
     let shard_rows: Vec<u64> = ranges.iter().flat_map(Clone::clone).collect();
@@ -792,6 +778,31 @@ fn read_ranges<R: ChunkReader + 'static>(
         });
     }
     Ok(())
+}
+
+/// A decoder of rows `ranges` (sorted, disjoint) of the columns `index` projects, in batches of
+/// `batch_rows`.
+fn selected_rows<R: ChunkReader + 'static>(
+    file: R,
+    index: &ParquetIndex,
+    ranges: &[Range<u64>],
+    batch_rows: usize,
+) -> std::result::Result<ParquetRecordBatchReader, ParquetError> {
+    let (groups, selection) = selection(&index.group_starts, ranges);
+    let mask = ProjectionMask::roots(
+        index.metadata.metadata().file_metadata().schema_descr(),
+        index.roots.iter().copied(),
+    );
+    ParquetRecordBatchReaderBuilder::new_with_metadata(file, index.metadata.clone())
+        .with_row_groups(groups)
+        .with_row_selection(selection)
+        // Skip and read run by run. The default policy turns a selection of many short runs (a
+        // rank's share of shuffled units at a large world size) into a mask over every row from
+        // the first run to the last, decoding whole row groups to keep a few rows of each.
+        .with_row_selection_policy(RowSelectionPolicy::Selectors)
+        .with_projection(mask)
+        .with_batch_size(batch_rows)
+        .build()
 }
 
 /// The index of a shard inspected with `projection`, for readers of whole lists (token shards).
@@ -883,19 +894,8 @@ fn lists<R: ChunkReader + 'static>(
     path: &str,
     each: &mut EachList<'_>,
 ) -> Result<()> {
-    let (groups, selection) = selection(&index.group_starts, ranges);
     let first_row = ranges[0].start;
-    let mask = ProjectionMask::roots(
-        index.metadata.metadata().file_metadata().schema_descr(),
-        index.roots.iter().copied(),
-    );
-    let reader = ParquetRecordBatchReaderBuilder::new_with_metadata(file, index.metadata.clone())
-        .with_row_groups(groups)
-        .with_row_selection(selection)
-        .with_row_selection_policy(RowSelectionPolicy::Selectors)
-        .with_projection(mask)
-        .with_batch_size(index.batch_rows as usize)
-        .build()
+    let reader = selected_rows(file, index, ranges, index.batch_rows as usize)
         .map_err(|e| decode_error(path, Some(first_row), &e))?;
     let mut records = ranges.iter().flat_map(Clone::clone);
     let mut values: Vec<i64> = Vec::new();
@@ -962,17 +962,6 @@ fn list_ids<'a>(
             return Err("a token id is null".to_owned());
         }
     }
-    match child.data_type() {
-        DataType::Int32 => {
-            let ids = &child.as_primitive::<Int32Type>().values()[range];
-            return Ok((len, Some(Ids::I32(ids))));
-        }
-        DataType::Int64 => {
-            let ids = &child.as_primitive::<Int64Type>().values()[range];
-            return Ok((len, Some(Ids::I64(ids))));
-        }
-        _ => {}
-    }
     macro_rules! widen {
         ($t:ty) => {
             out.extend(
@@ -983,10 +972,17 @@ fn list_ids<'a>(
         };
     }
     match child.data_type() {
+        // Stored at a column's own width: lent as decoded.
+        DataType::Int32 => {
+            let ids = &child.as_primitive::<Int32Type>().values()[range];
+            return Ok((len, Some(Ids::I32(ids))));
+        }
+        DataType::Int64 => {
+            let ids = &child.as_primitive::<Int64Type>().values()[range];
+            return Ok((len, Some(Ids::I64(ids))));
+        }
         DataType::Int8 => widen!(Int8Type),
         DataType::Int16 => widen!(Int16Type),
-        DataType::Int32 => widen!(Int32Type),
-        DataType::Int64 => widen!(Int64Type),
         DataType::UInt8 => widen!(UInt8Type),
         DataType::UInt16 => widen!(UInt16Type),
         DataType::UInt32 => widen!(UInt32Type),

@@ -520,13 +520,8 @@ impl Reader {
     ) -> Result<()> {
         let path = self.object.uri();
         let field = self.index.layout.field();
+        // `@segment_ids` and `@positions` are not record columns: the planner writes them.
         let tokens_column = projection.columns.iter().position(|c| c.source == field);
-        let windows: Vec<(usize, WindowColumn)> = projection
-            .columns
-            .iter()
-            .enumerate()
-            .filter_map(|(k, c)| WindowColumn::of(&c.source).map(|kind| (k, kind)))
-            .collect();
         let mut needs: Vec<Need> = Vec::new();
         let mut pieces: Vec<Piece> = Vec::new();
         let mut out_row = 0usize;
@@ -539,24 +534,6 @@ impl Reader {
                         Some(w),
                         format!("the shard has {} windows", self.index.windows()),
                     ));
-                }
-                for &(k, kind) in &windows {
-                    let column = &projection.columns[k];
-                    let at = out_row * column.width;
-                    let out = (&mut chunk.columns[k], at..at + column.width);
-                    let pad = column.pad.as_int();
-                    fill_window(&self.index, w, kind, out, pad, &mut pieces).map_err(|v| {
-                        Error::Projection {
-                            path: path.to_owned(),
-                            row: w,
-                            field: column.name.clone(),
-                            source_field: column.source.clone(),
-                            message: format!(
-                                "value {v} does not fit dtype {}",
-                                column.dtype.name()
-                            ),
-                        }
-                    })?;
                 }
                 if let Some(k) = tokens_column {
                     pieces.clear();
@@ -740,24 +717,20 @@ fn gather(pieces: &[(u64, bytes::Bytes)], range: Range<u64>, out: &mut Vec<u8>) 
 /// Copies `ids` into an integer column from element `at`; the first value that does not fit
 /// the column's dtype is the error. Ids of the column's own width are copied as they are.
 fn put(column: &mut ColumnBuf, at: usize, ids: parquet::Ids<'_>) -> std::result::Result<(), i64> {
-    let values = match (column, ids) {
+    match (column, ids) {
         (ColumnBuf::I32(buf), parquet::Ids::I32(ids)) => {
             buf[at..at + ids.len()].copy_from_slice(ids);
-            return Ok(());
         }
         (ColumnBuf::I64(buf), parquet::Ids::I32(ids)) => {
             for (o, &v) in buf[at..at + ids.len()].iter_mut().zip(ids) {
                 *o = i64::from(v);
             }
-            return Ok(());
         }
-        (column, parquet::Ids::I64(values)) => (column, values),
+        (column, parquet::Ids::I64(values)) => return put_wide(column, at, values),
         // Token columns are declared i32 or i64 (checked with the config).
-        (ColumnBuf::F32(_) | ColumnBuf::F64(_) | ColumnBuf::Bool(_), parquet::Ids::I32(_)) => {
-            return Ok(())
-        }
-    };
-    put_wide(values.0, at, values.1)
+        (ColumnBuf::F32(_) | ColumnBuf::F64(_) | ColumnBuf::Bool(_), parquet::Ids::I32(_)) => {}
+    }
+    Ok(())
 }
 
 /// Copies `values` into an integer column from element `at`; the first value that does not fit
@@ -853,26 +826,43 @@ mod tests {
         Projection::new(&[field("t"), field(SEGMENT_IDS), field(POSITIONS)]).unwrap()
     }
 
-    /// Every window of the shard at `uri`, as (tokens, segments, positions) rows.
+    /// Every window of the shard at `uri`, as (tokens, segments, positions) rows: the tokens as
+    /// the reader reads them, the others as the planner writes them ([`fill_window`]).
     fn windows(uri: &str, layout: &TokenLayout) -> Result<Vec<[Vec<i32>; 3]>> {
         let storage = Storage::local();
         let object = Arc::new(storage.open(uri)?);
         let meta = inspect(&storage, &object, Encoding::Bin, layout, 1 << 20, None)?;
         let p = projection(layout.row_tokens() as usize);
-        let mut chunk = Chunk::padded(&p, meta.rows as usize);
+        let (records, _) = p.record_columns();
+        let rows = meta.rows as usize;
+        let mut chunk = Chunk::padded(&p, rows);
+        let mut tokens = Chunk::padded(&records, rows);
         let ShardIndex::Tokens(index) = &meta.index else {
             unreachable!("a token index")
         };
         let mut reader = Reader::open(object, index.clone(), Encoding::Bin);
         reader
-            .read_ranges(std::slice::from_ref(&(0..meta.rows)), &p, &mut chunk, None)
+            .read_ranges(
+                std::slice::from_ref(&(0..meta.rows)),
+                &records,
+                &mut tokens,
+                None,
+            )
             .map_err(|f| f.error)?;
         let width = layout.row_tokens() as usize;
+        chunk.columns[0] = tokens.columns.remove(0);
+        let mut pieces = Vec::new();
+        for w in 0..rows {
+            for (k, kind) in [(1, WindowColumn::Segments), (2, WindowColumn::Positions)] {
+                let out = (&mut chunk.columns[k], w * width..(w + 1) * width);
+                fill_window(index, w as u64, kind, out, 0, &mut pieces).unwrap();
+            }
+        }
         let column = |k: usize, w: usize| match &chunk.columns[k] {
             ColumnBuf::I32(v) => v[w * width..(w + 1) * width].to_vec(),
             _ => unreachable!("i32 columns"),
         };
-        Ok((0..meta.rows as usize)
+        Ok((0..rows)
             .map(|w| [column(0, w), column(1, w), column(2, w)])
             .collect())
     }
