@@ -23,9 +23,9 @@ pub const MAX_JOB_ROWS: u64 = 1024;
 const MIN_GROUP_ROWS: u64 = 4096;
 /// Bytes of rows planned together at least, for rows too wide for `MIN_GROUP_ROWS` of them to
 /// stay small: two groups' batches are held at once, so 4,096 wide rows hold hundreds of MiB
-/// (token windows of 24 KiB a row: 200 MiB) for no more speed. Smaller groups cost Parquet
-/// reads, whose jobs shrink with them: at 10 KiB a row, groups of 4 MiB read about 15% fewer
-/// rows/s than of 16 MiB, which read as fast as 4,096 rows with half the peak RSS.
+/// (token windows of 24 KiB a row: 200 MiB) for no more speed. Much smaller groups cost
+/// Parquet reads, whose jobs shrink with them; 16 MiB kept the order benchmark's rows/s
+/// (`benchmarks/RESULTS.md`, order) while its peak RSS fell under the bound.
 const MIN_GROUP_BYTES: u64 = 16 << 20;
 
 /// What a stream's pipeline looks like, from the config alone.
