@@ -10,6 +10,7 @@ mod cursor;
 mod gz_members;
 mod json_fast;
 mod jsonl;
+mod list_lengths;
 mod msgpack;
 mod parquet;
 mod records;

@@ -887,6 +887,41 @@ pub(super) fn for_each_list(
     })?
 }
 
+/// Every record's list length of the one list column `index` projects (`rows` records), read
+/// from the column's levels without decoding its ids; `None` where the column is not laid out
+/// as that reader expects, or its pages do not read so: [`for_each_list`] then decodes the
+/// lists, and reports what is wrong with them.
+pub(super) fn list_lengths(
+    object: &Arc<Object>,
+    index: &ParquetIndex,
+    rows: u64,
+    projection: &Projection,
+) -> Result<Option<Vec<u64>>> {
+    let path = object.uri().to_owned();
+    let [root] = index.roots[..] else {
+        return Ok(None);
+    };
+    let metadata = index.metadata.metadata();
+    guarded(&path, None, || {
+        if let Some(file) = object.local_file() {
+            let file = Arc::new(file.try_clone().map_err(|e| Error::io(&path, e))?);
+            return Ok(
+                super::list_lengths::list_lengths(&file, metadata, root, rows).unwrap_or(None),
+            );
+        }
+        let all = 0..rows;
+        let fetched = Arc::new(Fetched::new(
+            object.clone(),
+            &index.fetch_ranges(std::slice::from_ref(&all), projection),
+        )?);
+        match super::list_lengths::list_lengths(&fetched, metadata, root, rows) {
+            Ok(found) => Ok(found),
+            // A failed read is the storage's error; anything else, the decoder's to report.
+            Err(_) => fetched.take_failure().map_or(Ok(None), Err),
+        }
+    })?
+}
+
 fn lists<R: ChunkReader + 'static>(
     file: R,
     index: &ParquetIndex,

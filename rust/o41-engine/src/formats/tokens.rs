@@ -270,9 +270,15 @@ pub fn inspect(
             // Record lengths plan a shard whose documents are its records.
             let pin = object.pin();
             let cache = cache.filter(|_| eos.is_none() || packer.is_none());
-            let known = cache
+            let cached = cache
                 .and_then(|c| c.lookup_lengths(&path, encoding, &pin, layout.field(), max_plan))
                 .filter(|lengths| lengths.len() as u64 == meta.rows);
+            let from_cache = cached.is_some();
+            // Without the ids to look at, the lengths come from the column's levels alone.
+            let known = match cached {
+                None if !values => parquet::list_lengths(object, &index, meta.rows, &projection)?,
+                cached => cached,
+            };
             let mut each = |_, len, values: parquet::Ids<'_>| -> Result<()> {
                 record_starts.push(tokens);
                 longest = longest.max(len);
@@ -306,7 +312,7 @@ pub fn inspect(
                 for_each_record(object, &index, (meta.rows, values), &projection, &mut each)?;
             }
             record_starts.push(tokens);
-            if let (Some(cache), None) = (cache, &known) {
+            if let (Some(cache), false) = (cache, from_cache) {
                 let lengths: Vec<u64> = record_starts.windows(2).map(|w| w[1] - w[0]).collect();
                 cache.store_lengths(&path, encoding, &pin, layout.field(), &lengths);
             }
