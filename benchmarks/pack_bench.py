@@ -12,7 +12,7 @@ contenders read it into batches of 32 x 2,048 int32 tokens, consumed by a NumPy 
   tokens and the ``@segment_ids`` and ``@positions`` of every window;
 - ``packed tokens``: the same, delivering the tokens alone (as ``unpacked`` does);
 - ``packed, plan cached``: ``packed`` on a host whose inspection cache holds the shards' list
-  lengths (a second open or resume), so open plans without decoding the token column;
+  lengths (a second open or resume), so open plans without reading the token column;
 - ``packed .bin``: packing the ``.bin`` copy, tokens and both extra fields;
 - ``packed .bin tokens``: the same, delivering the tokens alone.
 
@@ -288,6 +288,10 @@ def main() -> None:
     paddings = padding_table(shards)
     print(paddings)
     packed_padding = med("packed", "padding")
+
+    def ratio(name: str) -> str:
+        return f"{med(name, 'tokens_per_s') / base_tokens:.2f}x"
+
     report = f"""## Packed token windows (`benchmarks/pack_bench.py`)
 
 {preamble(f"uv run python benchmarks/pack_bench.py --shards {args.shards} --reps {args.reps}")}
@@ -300,8 +304,9 @@ def main() -> None:
   and `@positions` (three columns to unpacked's one); `packed tokens`: the tokens alone;
   `{CACHED}`: `packed` with the shards' list lengths in the inspection cache (what a
   second open or a resume on the same host finds). `packed .bin` and `packed .bin tokens`: the
-  same from the `.bin` copy. Timed from the open call (packing's plan included: a decode of the
-  Parquet token column, or a scan of the `.bin` for eos ids) to the last batch; each contender in
+  same from the `.bin` copy. Timed from the open call (packing's plan included: a read of the
+  Parquet token column's pages for their list lengths, or a scan of the `.bin` for eos ids) to
+  the last batch; each contender in
   its own process, alternating, {args.reps} repetitions; medians. Window slots count every token
   of every row; document tokens leave out the padding. Slots per CPU-second of the process (all
   its threads) move less with the machine's other load than wall-clock rates.
@@ -343,15 +348,16 @@ documents are short against the window (web text against 2,048-token windows) is
 
 Throughput: with `.bin` token files packing meets the goal, all three columns included:
 `@segment_ids` and `@positions` follow from the plan and the planner writes them into the batch,
-and ids are copied at their own width. Parquet token lists miss it; what
-they pay over one document per row is (1) the plan at open, a decode of each shard's token column
-(`open s`), which the inspection cache removes from every later open and resume on the host
-(`{CACHED}`), and (2) reading: with the plan cached, in a fresh process or a warm one (the second-pass
-table), it still misses the goal, by amounts that move with the machine's load between runs
-(0.7x-0.9x in this file's runs). Its decode threads spend about what `unpacked`'s do (`perf`: arrow-rs's list
-and dictionary decoding in both); the difference not yet accounted for is in how its jobs read,
-each through a list reader built for the job from the start of the page its first record is in.
-A list reader that continues across a worker's jobs is the next step.
+and ids are copied at their own width. Parquet token lists delivering the tokens alone, as
+`unpacked` does, are at {ratio("packed tokens")} of its document tokens/s: open plans from the
+token column's repetition and definition levels (`open s`; before, it decoded every id of the
+column, 0.07-0.11 s on these shards) and reading costs about what `unpacked`'s does. With the
+two extra columns Parquet is at {ratio("packed")} ({ratio(CACHED)} with the plan cached, which
+now saves only the read of the levels): its batches are three times as large and the planner
+writes two of their three columns, which `.bin` pays too (all three columns
+{ratio("packed .bin")} against {ratio("packed .bin tokens")} for its tokens), on top of a Parquet
+job's decode. Groups of 48 MiB instead of 16 and a job per decode thread in each group did not
+change it (interleaved runs).
 """
     write_section("pack", report)
     print(f"wrote {RESULTS}")

@@ -22,7 +22,8 @@ _SUFFIXES = sorted(((f".{e}", e) for e in ENCODINGS), key=lambda pair: -len(pair
 _TASK_SHARDS = 64
 
 
-def _encoding_of(path: str) -> str | None:
+def encoding_of(path: str) -> str | None:
+    """The shard encoding ``path``'s extension names (the longest matching suffix), or ``None``."""
     return next((encoding for suffix, encoding in _SUFFIXES if path.endswith(suffix)), None)
 
 
@@ -88,7 +89,7 @@ def manifest_from_files(
     if not paths:
         raise _invalid("files", "no shard to index")
     if data_format is None:
-        found = {path: _encoding_of(path) for path in paths}
+        found = {path: encoding_of(path) for path in paths}
         unknown = [path for path, encoding in found.items() if encoding is None]
         if unknown:
             raise _invalid(

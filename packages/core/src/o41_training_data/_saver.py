@@ -27,7 +27,8 @@ __all__ = ["DatasetSaver", "SavedShard"]
 
 DESCRIPTOR_VERSION = 1
 MAX_SHARD_BYTES = 5 * 2**30
-_EXTENSIONS = {"parquet": ".parquet", "msgpack": ".msgpack", "jsonl.gz": ".jsonl.gz"}
+# The file extension of a saved shard, by data format.
+SHARD_EXTENSIONS = {"parquet": ".parquet", "msgpack": ".msgpack", "jsonl.gz": ".jsonl.gz"}
 _ID = re.compile(r"^[A-Za-z0-9._-]+$")
 _DESCRIPTOR = re.compile(r"^[A-Za-z0-9._-]+/[A-Za-z0-9._-]+/shard-[A-Za-z0-9._-]+\.done\.json$")
 
@@ -199,9 +200,9 @@ class DatasetSaver:
         *,
         storage: StorageConfig | None = None,
     ) -> None:
-        if data_format not in _EXTENSIONS:
+        if data_format not in SHARD_EXTENSIONS:
             raise ConfigError(
-                f"invalid data_format: {data_format!r}; expected one of {', '.join(_EXTENSIONS)}"
+                f"invalid data_format: {data_format!r}; expected one of {', '.join(SHARD_EXTENSIONS)}"
             )
         self.manifest_uri = normalize(manifest_uri)
         self.data_format = data_format
@@ -233,7 +234,7 @@ class DatasetSaver:
         for name, value in (("split", split), ("curriculum_stage", stage or "_"), ("shard_id", shard_id)):
             if not _ID.match(value) or value in (".", ".."):
                 raise ConfigError(f"invalid {name} {value!r}: use letters, digits, '.', '_' and '-'")
-        return f"{split}/{stage or '_'}/shard-{shard_id}{_EXTENSIONS[self.data_format]}"
+        return f"{split}/{stage or '_'}/shard-{shard_id}{SHARD_EXTENSIONS[self.data_format]}"
 
     def _read_descriptor(self, location: str) -> SavedShard | None:
         descriptor = self._uri(location + ".done.json")
@@ -387,7 +388,7 @@ class DatasetSaver:
             location = descriptor.removeprefix(prefix)[: -len(".done.json")]
             if not _DESCRIPTOR.match(descriptor.removeprefix(prefix)):
                 continue
-            if not location.endswith(_EXTENSIONS[self.data_format]):
+            if not location.endswith(SHARD_EXTENSIONS[self.data_format]):
                 # One manifest lists one data_format: shards of another cannot join it.
                 raise ConfigError(
                     f"data_format: {self._root} already holds {location}, saved as another format "

@@ -28,8 +28,8 @@ from . import _core
 from ._config import ENCODINGS
 from ._errors import ConfigError, DataError, ObjectNotFoundError
 from ._manifest import DataManifest
-from ._manifest_build import _encoding_of
-from ._saver import _EXTENSIONS, DatasetSaver, SavedShard
+from ._manifest_build import encoding_of
+from ._saver import SHARD_EXTENSIONS, DatasetSaver, SavedShard
 from ._storage import StorageConfig, normalize, parent
 
 __all__ = ["TextTokenizer", "TokenizedDataset", "TokenizerIdentity", "tokenize_dataset"]
@@ -548,7 +548,7 @@ def tokenize_dataset(
         raise _invalid("input_format", f"'{input_format}' is not one of {', '.join(ENCODINGS)}")
     encodings = []
     for path in paths:
-        encoding = input_format or _encoding_of(path)
+        encoding = input_format or encoding_of(path)
         if encoding is None:
             raise _invalid(
                 "input_format", f"{path} has no known suffix ({', '.join(ENCODINGS)}); name the encoding"
@@ -582,7 +582,7 @@ def tokenize_dataset(
     # Shards no input of this job could have written are refused before any work; the rest
     # are checked against their recorded metadata as they are recovered.
     names = re.compile(
-        rf"{re.escape(split)}/_/shard-(\d{{{digits}}})-\d{{{_PART_DIGITS}}}{re.escape(_EXTENSIONS[data_format])}"
+        rf"{re.escape(split)}/_/shard-(\d{{{digits}}})-\d{{{_PART_DIGITS}}}{re.escape(SHARD_EXTENSIONS[data_format])}"
     )
     _refuse_strays(saver, config, lambda location: _fits(names.fullmatch(location), len(jobs)))
 
