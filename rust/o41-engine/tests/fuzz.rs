@@ -269,6 +269,54 @@ fn parquet_shards() {
     fuzz_shards(Encoding::Parquet, parquet_seed());
 }
 
+/// A Parquet shard of token lists, planned for packing as a token stage plans it: list lengths
+/// from the pages' levels, or from decoding the lists where those do not read. Only the plan is
+/// fuzzed here; reading the lists is `parquet_shards`' `t` column.
+#[test]
+fn parquet_token_shards() {
+    use o41_engine::config::{PackingSpec, TokenLayout};
+    let layout = TokenLayout::Packed(PackingSpec {
+        field: "t".into(),
+        seq_len: 8,
+        bins: 2,
+        eos_id: None,
+    });
+    let projection = projection();
+    let mut runner = proptest::test_runner::TestRunner::new(ProptestConfig {
+        cases: cases(),
+        failure_persistence: None,
+        ..ProptestConfig::default()
+    });
+    let case = AtomicUsize::new(0);
+    runner
+        .run(&mutations(parquet_seed()), |mutated| {
+            let n = case.fetch_add(1, Ordering::Relaxed);
+            let path = std::env::temp_dir().join(format!(
+                "o41-fuzz-tokens-{}-{n}.parquet",
+                std::process::id()
+            ));
+            std::fs::write(&path, &mutated).unwrap();
+            let uri = path.to_string_lossy().into_owned();
+            let tokens = formats::TokenInspection {
+                layout: &layout,
+                cache: None,
+            };
+            let _ = formats::inspect_shard(
+                &Storage::local(),
+                &uri,
+                Encoding::Parquet,
+                Some(tokens),
+                &projection,
+                (1 << 20, 16 << 20),
+                None,
+            );
+            std::fs::remove_file(&path).unwrap();
+            check_allocations();
+            Ok(())
+        })
+        .unwrap();
+}
+
 #[test]
 fn jsonl_shards() {
     fuzz_shards(Encoding::Jsonl, jsonl_seed());
