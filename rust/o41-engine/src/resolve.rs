@@ -450,8 +450,18 @@ fn settle(storage: &Storage, jobs: &[Job], setup: &Setup<'_>) -> Result<Vec<Sett
         .iter()
         .enumerate()
         .map(|(i, job)| {
-            let meta = metas.remove(&i);
-            let (pin, cached) = seen.remove(&i).unzip();
+            // Most shards are in neither map (a manifest's are only promised): not hashed.
+            let meta = if metas.is_empty() {
+                None
+            } else {
+                metas.remove(&i)
+            };
+            let (pin, cached) = if seen.is_empty() {
+                None
+            } else {
+                seen.remove(&i)
+            }
+            .unzip();
             let cached = cached.flatten();
             let pin = meta.as_ref().map(|m| &m.pin).or(pin.as_ref());
             Settled {
