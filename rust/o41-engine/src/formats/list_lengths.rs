@@ -16,6 +16,8 @@ use parquet::file::metadata::ParquetMetaData;
 use parquet::file::reader::ChunkReader;
 use parquet::file::serialized_reader::SerializedPageReader;
 
+use super::rle::Hybrid;
+
 /// The list lengths of every record of root column `root`, in record order, or `None` where the
 /// column is not a list of one level that this reads (see the module's notes). At most
 /// `max_records` lengths are kept: a file whose levels start more records than its footer
@@ -131,8 +133,8 @@ impl Walk {
                 (buf.get(..rep_len)?, buf.get(rep_len..def_end)?, *num_values)
             }
         };
-        let mut rep = Levels::new(rep, shape.rep_width);
-        let mut def = Levels::new(def, shape.def_width);
+        let mut rep = Hybrid::new(rep, shape.rep_width)?;
+        let mut def = Hybrid::new(def, shape.def_width)?;
         let mut left = count;
         while left > 0 {
             let (r, r_run) = rep.peek()?;
@@ -153,7 +155,7 @@ impl Walk {
     }
 
     /// `n` levels of repetition `r` and definition `d`.
-    fn levels(&mut self, r: u16, d: u16, n: u32, shape: &Shape) -> Option<()> {
+    fn levels(&mut self, r: u32, d: u32, n: u32, shape: &Shape) -> Option<()> {
         let d = i16::try_from(d).ok()?;
         if d > shape.max_def || d < shape.element - 1 {
             // A null list: the decoder reports it.
@@ -191,112 +193,14 @@ impl Walk {
 
 /// Bits of a level of at most `max`.
 fn bit_width(max: i16) -> u8 {
-    (16 - (max.max(0) as u16).leading_zeros()) as u8
+    super::rle::bit_width(max.max(0) as u32)
 }
 
 /// A version 1 level section: a little-endian `u32` byte length, then the levels.
-fn prefixed(buf: &[u8]) -> Option<(&[u8], &[u8])> {
+pub(super) fn prefixed(buf: &[u8]) -> Option<(&[u8], &[u8])> {
     let len = u32::from_le_bytes(buf.get(..4)?.try_into().ok()?) as usize;
     let end = 4usize.checked_add(len)?;
     Some((buf.get(4..end)?, &buf[end..]))
-}
-
-/// Levels in the RLE / bit-packed hybrid encoding, read run by run.
-struct Levels<'a> {
-    data: &'a [u8],
-    /// Where the next run's header is.
-    pos: usize,
-    width: u8,
-    run: Run,
-}
-
-enum Run {
-    /// `left` more copies of `value`.
-    Repeat { value: u16, left: u32 },
-    /// `left` more bit-packed values, the next at bit `bit` of the data.
-    Packed { bit: usize, left: u32 },
-}
-
-impl<'a> Levels<'a> {
-    fn new(data: &'a [u8], width: u8) -> Self {
-        Levels {
-            data,
-            pos: 0,
-            width,
-            run: Run::Repeat { value: 0, left: 0 },
-        }
-    }
-
-    /// The next level and how many copies of it follow in its run (1 inside a bit-packed run);
-    /// `None` when the data ends first or is not of this encoding.
-    fn peek(&mut self) -> Option<(u16, u32)> {
-        loop {
-            match self.run {
-                Run::Repeat { value, left } if left > 0 => return Some((value, left)),
-                Run::Packed { bit, left } if left > 0 => return Some((self.packed(bit), 1)),
-                _ => self.next_run()?,
-            }
-        }
-    }
-
-    /// Moves past `n` levels, at most what [`Levels::peek`] said its run holds.
-    fn advance(&mut self, n: u32) {
-        match &mut self.run {
-            Run::Repeat { left, .. } => *left -= n,
-            Run::Packed { bit, left } => {
-                *left -= n;
-                *bit += n as usize * usize::from(self.width);
-            }
-        }
-    }
-
-    /// The value at `bit`, inside a run whose bytes `next_run` checked are there.
-    fn packed(&self, bit: usize) -> u16 {
-        let width = u32::from(self.width);
-        let mut word = 0u32;
-        for (k, &byte) in self.data[bit / 8..].iter().take(3).enumerate() {
-            word |= u32::from(byte) << (8 * k);
-        }
-        ((word >> (bit % 8)) & ((1u32 << width) - 1)) as u16
-    }
-
-    fn next_run(&mut self) -> Option<()> {
-        let mut header = 0u64;
-        let mut shift = 0;
-        let mut at = self.pos;
-        loop {
-            let byte = *self.data.get(at)?;
-            at += 1;
-            header |= u64::from(byte & 0x7f) << shift;
-            if byte & 0x80 == 0 {
-                break;
-            }
-            shift += 7;
-            if shift > 35 {
-                return None;
-            }
-        }
-        let count = u32::try_from(header >> 1).ok()?;
-        if header & 1 == 1 {
-            // `count` groups of 8 values, `width` bytes a group.
-            let left = count.checked_mul(8)?;
-            let end = at.checked_add(count as usize * usize::from(self.width))?;
-            if end > self.data.len() || self.width == 0 {
-                return None;
-            }
-            self.pos = end;
-            self.run = Run::Packed { bit: at * 8, left };
-        } else {
-            let end = at + usize::from(self.width).div_ceil(8);
-            let mut value = 0u16;
-            for (k, &b) in self.data.get(at..end)?.iter().enumerate() {
-                value |= u16::from(b) << (8 * k);
-            }
-            self.pos = end;
-            self.run = Run::Repeat { value, left: count };
-        }
-        Some(())
-    }
 }
 
 #[cfg(test)]

@@ -13,7 +13,9 @@ mod jsonl;
 mod list_lengths;
 mod msgpack;
 mod parquet;
+mod parquet_direct;
 mod records;
+mod rle;
 mod tokens;
 mod value;
 

@@ -1,0 +1,212 @@
+//! The Parquet RLE / bit-packed hybrid encoding (`parquet-format`'s `Encodings.md`), which
+//! holds repetition and definition levels, dictionary indices and version 2 booleans, read run
+//! by run: a run of copies is skipped or counted whole, and a bit-packed value is found from its
+//! position, so skipping never decodes what it passes.
+//!
+//! Every read checks the bytes are there and answers `None` where they are not, or where a
+//! header is not of this encoding: callers treat that as a page they do not read.
+
+/// A hybrid-encoded sequence of values of `width` bits.
+pub(super) struct Hybrid<'a> {
+    data: &'a [u8],
+    /// Where the next run's header is.
+    pos: usize,
+    width: u8,
+    run: Run,
+}
+
+enum Run {
+    /// `left` more copies of `value`.
+    Repeat { value: u32, left: u32 },
+    /// `left` more bit-packed values, the next at bit `bit` of the data.
+    Packed { bit: usize, left: u32 },
+}
+
+impl<'a> Hybrid<'a> {
+    /// Values of `width` bits (at most 32) in `data`.
+    pub(super) fn new(data: &'a [u8], width: u8) -> Option<Self> {
+        (width <= 32).then_some(Hybrid {
+            data,
+            pos: 0,
+            width,
+            run: Run::Repeat { value: 0, left: 0 },
+        })
+    }
+
+    /// The next value and how many copies of it follow in its run (1 inside a bit-packed run).
+    pub(super) fn peek(&mut self) -> Option<(u32, u32)> {
+        loop {
+            match self.run {
+                Run::Repeat { value, left } if left > 0 => return Some((value, left)),
+                Run::Packed { bit, left } if left > 0 => return Some((self.packed(bit), 1)),
+                _ => self.next_run()?,
+            }
+        }
+    }
+
+    /// Moves past `n` values, at most what [`Hybrid::peek`] said its run holds.
+    pub(super) fn advance(&mut self, n: u32) {
+        match &mut self.run {
+            Run::Repeat { left, .. } => *left -= n,
+            Run::Packed { bit, left } => {
+                *left -= n;
+                *bit += n as usize * usize::from(self.width);
+            }
+        }
+    }
+
+    /// Moves past `n` values, a run at a time.
+    pub(super) fn skip(&mut self, mut n: u64) -> Option<()> {
+        while n > 0 {
+            self.peek()?;
+            let left = match self.run {
+                Run::Repeat { left, .. } | Run::Packed { left, .. } => left,
+            };
+            let take = u64::from(left).min(n) as u32;
+            self.advance(take);
+            n -= u64::from(take);
+        }
+        Some(())
+    }
+
+    /// Appends the next `n` values to `out`.
+    pub(super) fn read(&mut self, mut n: usize, out: &mut Vec<u32>) -> Option<()> {
+        while n > 0 {
+            let (value, _) = self.peek()?;
+            match self.run {
+                Run::Repeat { left, .. } => {
+                    let take = (left as usize).min(n);
+                    out.extend(std::iter::repeat_n(value, take));
+                    self.advance(take as u32);
+                    n -= take;
+                }
+                Run::Packed { bit, left } => {
+                    let take = (left as usize).min(n);
+                    self.unpack(bit, take, out);
+                    self.advance(take as u32);
+                    n -= take;
+                }
+            }
+        }
+        Some(())
+    }
+
+    /// Appends the `n` bit-packed values from `bit` on, inside a run whose bytes `next_run`
+    /// checked are there: eight bytes at a time where the data holds them.
+    fn unpack(&self, bit: usize, n: usize, out: &mut Vec<u32>) {
+        let width = usize::from(self.width);
+        if width == 0 {
+            out.extend(std::iter::repeat_n(0, n));
+            return;
+        }
+        let mask = (1u64 << width) - 1;
+        out.reserve(n);
+        let mut at = bit;
+        for _ in 0..n {
+            let byte = at / 8;
+            let value = match self.data.get(byte..byte + 8) {
+                Some(word) => {
+                    let word = u64::from_le_bytes(word.try_into().expect("eight bytes"));
+                    ((word >> (at % 8)) & mask) as u32
+                }
+                None => self.packed(at),
+            };
+            out.push(value);
+            at += width;
+        }
+    }
+
+    /// The value at `bit`, inside a run whose bytes `next_run` checked are there.
+    fn packed(&self, bit: usize) -> u32 {
+        let width = u32::from(self.width);
+        if width == 0 {
+            return 0;
+        }
+        let mut word = 0u64;
+        for (k, &byte) in self.data[bit / 8..].iter().take(5).enumerate() {
+            word |= u64::from(byte) << (8 * k);
+        }
+        ((word >> (bit % 8)) & ((1u64 << width) - 1)) as u32
+    }
+
+    fn next_run(&mut self) -> Option<()> {
+        let mut header = 0u64;
+        let mut shift = 0;
+        let mut at = self.pos;
+        loop {
+            let byte = *self.data.get(at)?;
+            at += 1;
+            header |= u64::from(byte & 0x7f) << shift;
+            if byte & 0x80 == 0 {
+                break;
+            }
+            shift += 7;
+            if shift > 35 {
+                return None;
+            }
+        }
+        let count = u32::try_from(header >> 1).ok()?;
+        if header & 1 == 1 {
+            // `count` groups of 8 values, `width` bytes a group.
+            let left = count.checked_mul(8)?;
+            let end = at.checked_add(count as usize * usize::from(self.width))?;
+            if end > self.data.len() {
+                return None;
+            }
+            self.pos = end;
+            self.run = Run::Packed { bit: at * 8, left };
+        } else {
+            let end = at + usize::from(self.width).div_ceil(8);
+            let mut value = 0u32;
+            for (k, &b) in self.data.get(at..end)?.iter().enumerate() {
+                value |= u32::from(b) << (8 * k);
+            }
+            self.pos = end;
+            self.run = Run::Repeat { value, left: count };
+        }
+        Some(())
+    }
+}
+
+/// Bits of a value of at most `max`.
+pub(super) fn bit_width(max: u32) -> u8 {
+    (32 - max.leading_zeros()) as u8
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Runs of the encoding written by hand: a run of 5 sevens, then a bit-packed group of 8
+    /// three-bit values, then a run of 3 ones.
+    fn sample() -> Vec<u8> {
+        let mut out = vec![5 << 1, 7];
+        out.push((1 << 1) | 1);
+        // Values 0..8 packed at 3 bits, least significant first.
+        let mut bits = 0u32;
+        for v in 0..8u32 {
+            bits |= v << (3 * v);
+        }
+        out.extend_from_slice(&bits.to_le_bytes()[..3]);
+        out.extend_from_slice(&[3 << 1, 1]);
+        out
+    }
+
+    #[test]
+    fn runs_read_skip_and_end() {
+        let data = sample();
+        let mut all = Vec::new();
+        Hybrid::new(&data, 3).unwrap().read(16, &mut all).unwrap();
+        assert_eq!(all, [7, 7, 7, 7, 7, 0, 1, 2, 3, 4, 5, 6, 7, 1, 1, 1]);
+        for skip in 0..16 {
+            let mut rest = Vec::new();
+            let mut values = Hybrid::new(&data, 3).unwrap();
+            values.skip(skip as u64).unwrap();
+            values.read(16 - skip, &mut rest).unwrap();
+            assert_eq!(rest, all[skip..]);
+        }
+        assert!(Hybrid::new(&data, 3).unwrap().skip(17).is_none());
+        // A bit-packed run whose bytes are cut short is refused.
+        assert!(Hybrid::new(&data[..4], 3).unwrap().skip(6).is_none());
+    }
+}
