@@ -272,18 +272,19 @@ Until this change that cost 2.87x the CPU per row of world 1: arrow-rs's default
 policy turns a selection of many short runs into a mask over every row from the first run to the
 last, so each job decoded whole row groups to keep a few rows of each. The Parquet reader now
 asks for the selector policy: pages without a selected row are skipped through the page index,
-never fetched or decompressed (a Rust test checks this), and jobs decode in batches of about
-1 MiB of encoded rows. {rank_note}
-What remains of the world-64 cost is skipping inside the pages that hold a run: a Parquet v1
-page has no record offsets, so arrow-rs reaches a run mid-page, and leaves a page after its last
-run, by decoding the repetition levels of every row in between. A 32 KiB `loss_mask` page of
-this corpus holds about 170 rows of ~1,500 levels each, and at world 64 nearly every such page
-holds one of rank 0's runs, so its whole mask column is level-scanned once per planning group
-(`perf`: `RepetitionLevelDecoderImpl::count_records` and `RleDecoder::get_batch` are two thirds
-of the extra samples at world 64, decompressing partly used pages most of the rest). A per-worker
-page cache would not remove it: a rank next needs a page in a later epoch, so a cache pays only
-when the whole projected corpus fits in it. What would: arrow-rs dropping the rest of a page when
-a skip runs past its end (the offset index gives the page's row count), or pages of fewer rows.
+never fetched or decompressed (a Rust test checks this). {rank_note}
+Rows are now read page by page where the columns are numbers or booleans, alone or in one list
+level (this corpus's three): arrow-rs reached a run inside a page by decoding the repetition
+levels of every row before it, and left the page the same way (a 32 KiB `loss_mask` page holds
+about 170 rows of ~1,500 levels each). The page reader walks the levels a run at a time, skips
+dictionary indices a run at a time and decodes only the wanted values, which cut every rank's
+CPU per row, world 64's (0.082 s per 1,000 rows before it) and world 1's (0.047 s) alike: the
+ratio stays about where it was. What world 64 still pays over world 1 is per run rather than
+per row: a rank of 64 reads a page, of each column, for each run of a few rows, where a rank of
+1 reads each page once for all its rows; its pages are fetched and decompressed whole, and each
+run is a separate projection. A per-worker page cache would not remove that: a rank next needs a
+page in a later epoch, so a cache pays only when the whole projected corpus fits in it. Units
+of more rows (the `unit_rows=32` row) or pages of fewer rows make the runs longer.
 
 RSS is measured as the growth of the process's peak RSS over its value before opening the
 stream; it includes memory the allocator keeps after the engine freed it, which the bound does
