@@ -98,41 +98,12 @@ struct Walk {
 impl Walk {
     /// Adds one data page's levels; `None` where the page is not one this reads.
     fn page(&mut self, page: &Page, shape: &Shape) -> Option<()> {
-        let (rep, def, count) = match page {
-            Page::DictionaryPage { .. } => return Some(()),
-            Page::DataPage {
-                buf,
-                num_values,
-                def_level_encoding,
-                rep_level_encoding,
-                ..
-            } => {
-                if *rep_level_encoding != Encoding::RLE
-                    || (shape.max_def > 0 && *def_level_encoding != Encoding::RLE)
-                {
-                    return None;
-                }
-                // Version 1 pages prefix each level section with its byte length.
-                let (rep, rest) = prefixed(buf)?;
-                let def = if shape.max_def > 0 {
-                    prefixed(rest)?.0
-                } else {
-                    &[]
-                };
-                (rep, def, *num_values)
-            }
-            Page::DataPageV2 {
-                buf,
-                num_values,
-                rep_levels_byte_len,
-                def_levels_byte_len,
-                ..
-            } => {
-                let rep_len = *rep_levels_byte_len as usize;
-                let def_end = rep_len.checked_add(*def_levels_byte_len as usize)?;
-                (buf.get(..rep_len)?, buf.get(rep_len..def_end)?, *num_values)
-            }
-        };
+        if matches!(page, Page::DictionaryPage { .. }) {
+            return Some(());
+        }
+        let Sections {
+            rep, def, count, ..
+        } = sections(page, true, shape.max_def > 0)?;
         let mut rep = Hybrid::new(rep, shape.rep_width)?;
         let mut def = Hybrid::new(def, shape.def_width)?;
         let mut left = count;
@@ -188,6 +159,74 @@ impl Walk {
             self.lengths.push(len);
         }
         Some(())
+    }
+}
+
+/// A data page's parts: its repetition and definition levels (empty where the column has
+/// none), its values, how many levels it holds, and how its values are encoded.
+pub(super) struct Sections<'a> {
+    pub(super) rep: &'a [u8],
+    pub(super) def: &'a [u8],
+    pub(super) values: &'a [u8],
+    pub(super) count: u32,
+    pub(super) encoding: Encoding,
+}
+
+/// Splits a data page of a column with repetition levels (`rep`) and definition levels (`def`)
+/// or not; `None` for a dictionary page, levels in another encoding than RLE, or sections that
+/// overrun the page.
+pub(super) fn sections(page: &Page, rep: bool, def: bool) -> Option<Sections<'_>> {
+    match page {
+        Page::DataPage {
+            buf,
+            num_values,
+            encoding,
+            def_level_encoding,
+            rep_level_encoding,
+            ..
+        } => {
+            // Version 1 pages prefix each level section with its byte length.
+            let mut rest: &[u8] = buf;
+            let mut section = |present: bool, encoding: Encoding| -> Option<&[u8]> {
+                if !present {
+                    return Some(&[]);
+                }
+                if encoding != Encoding::RLE {
+                    return None;
+                }
+                let (levels, after) = prefixed(rest)?;
+                rest = after;
+                Some(levels)
+            };
+            let rep = section(rep, *rep_level_encoding)?;
+            let def = section(def, *def_level_encoding)?;
+            Some(Sections {
+                rep,
+                def,
+                values: rest,
+                count: *num_values,
+                encoding: *encoding,
+            })
+        }
+        Page::DataPageV2 {
+            buf,
+            num_values,
+            encoding,
+            rep_levels_byte_len,
+            def_levels_byte_len,
+            ..
+        } => {
+            let rep_end = *rep_levels_byte_len as usize;
+            let def_end = rep_end.checked_add(*def_levels_byte_len as usize)?;
+            Some(Sections {
+                rep: buf.get(..rep_end)?,
+                def: buf.get(rep_end..def_end)?,
+                values: buf.get(def_end..)?,
+                count: *num_values,
+                encoding: *encoding,
+            })
+        }
+        Page::DictionaryPage { .. } => None,
     }
 }
 

@@ -31,7 +31,7 @@ use parquet::file::reader::ChunkReader;
 use parquet::file::serialized_reader::SerializedPageReader;
 use parquet::schema::types::SchemaDescriptor;
 
-use super::list_lengths::prefixed;
+use super::list_lengths::{prefixed, sections, Sections};
 use super::rle::{bit_width, Hybrid};
 use super::ReadFailure;
 use crate::columns::Chunk;
@@ -227,58 +227,14 @@ impl<'a> DataPage<'a> {
     /// Reads `page`'s levels into record counts; `None` where it holds a null, a record that
     /// starts in an earlier page, or another number of records than `rows`.
     fn new(page: &'a Page, layout: &Layout, rows: usize) -> Option<Self> {
-        let (levels, values, count, encoding) = match page {
-            Page::DataPage {
-                buf,
-                num_values,
-                encoding,
-                def_level_encoding,
-                rep_level_encoding,
-                ..
-            } => {
-                let mut rest: &[u8] = buf;
-                let rep = if layout.list.is_some() {
-                    if *rep_level_encoding != Encoding::RLE {
-                        return None;
-                    }
-                    let (rep, after) = prefixed(rest)?;
-                    rest = after;
-                    rep
-                } else {
-                    &[]
-                };
-                let def = if layout.max_def > 0 {
-                    if *def_level_encoding != Encoding::RLE {
-                        return None;
-                    }
-                    let (def, after) = prefixed(rest)?;
-                    rest = after;
-                    def
-                } else {
-                    &[]
-                };
-                ((rep, def), rest, *num_values, *encoding)
-            }
-            Page::DataPageV2 {
-                buf,
-                num_values,
-                encoding,
-                rep_levels_byte_len,
-                def_levels_byte_len,
-                ..
-            } => {
-                let rep_end = *rep_levels_byte_len as usize;
-                let def_end = rep_end.checked_add(*def_levels_byte_len as usize)?;
-                (
-                    (buf.get(..rep_end)?, buf.get(rep_end..def_end)?),
-                    buf.get(def_end..)?,
-                    *num_values,
-                    *encoding,
-                )
-            }
-            Page::DictionaryPage { .. } => return None,
-        };
-        let counts = record_counts(levels, count, layout, rows)?;
+        let Sections {
+            rep,
+            def,
+            values,
+            count,
+            encoding,
+        } = sections(page, layout.list.is_some(), layout.max_def > 0)?;
+        let counts = record_counts((rep, def), count, layout, rows)?;
         let values = match (encoding, layout.kind, page) {
             (Encoding::PLAIN, _, _) => PageValues::Plain(values),
             (Encoding::RLE_DICTIONARY | Encoding::PLAIN_DICTIONARY, kind, _)
@@ -460,6 +416,19 @@ fn array(layout: &Layout, values: Values, lengths: &[u32]) -> Option<ArrayRef> {
     Some(array)
 }
 
+/// The page index and the layout of root column `root`, where it is one read here.
+fn column_layout<'m>(
+    metadata: &'m ParquetMetaData,
+    arrow_fields: &[FieldRef],
+    root: usize,
+) -> Option<(&'m dyn PageIndexProvider, Layout)> {
+    let schema = metadata.file_metadata().schema_descr();
+    let name = schema.root_schema().get_fields().get(root)?.name();
+    let field = arrow_fields.get(root).filter(|f| f.name() == name)?;
+    let layout = Layout::of(schema, field.data_type(), root)?;
+    Some((metadata.page_index()?.as_ref(), layout))
+}
+
 /// What reading one column came to.
 enum Column {
     /// Every wanted row projected.
@@ -483,9 +452,6 @@ pub(super) fn read<R: ChunkReader + 'static>(
     path: &str,
 ) -> parquet::errors::Result<Option<std::result::Result<(), ReadFailure>>> {
     let schema = metadata.file_metadata().schema_descr();
-    let Some(offsets) = metadata.page_index() else {
-        return Ok(None);
-    };
     let mut earliest: Option<(usize, Error)> = None;
     for (k, column) in projection.columns.iter().enumerate() {
         let Some(root) = (0..schema.root_schema().get_fields().len())
@@ -493,19 +459,13 @@ pub(super) fn read<R: ChunkReader + 'static>(
         else {
             return Ok(None);
         };
-        let Some(field) = arrow_fields
-            .get(root)
-            .filter(|f| f.name() == &column.source)
-        else {
-            return Ok(None);
-        };
-        let Some(layout) = Layout::of(schema, field.data_type(), root) else {
+        let Some((offsets, layout)) = column_layout(metadata, arrow_fields, root) else {
             return Ok(None);
         };
         let outcome = read_column(
             reader,
             metadata,
-            offsets.as_ref(),
+            offsets,
             &layout,
             (group_starts, ranges),
             |array, out_row, row_base| {
@@ -547,17 +507,13 @@ pub(super) fn runs<R: ChunkReader + 'static>(
     root: usize,
     visit: &mut dyn FnMut(&dyn Array, u64) -> crate::error::Result<()>,
 ) -> parquet::errors::Result<Option<crate::error::Result<()>>> {
-    let schema = metadata.file_metadata().schema_descr();
-    let (Some(offsets), Some(field)) = (metadata.page_index(), arrow_fields.get(root)) else {
-        return Ok(None);
-    };
-    let Some(layout) = Layout::of(schema, field.data_type(), root) else {
+    let Some((offsets, layout)) = column_layout(metadata, arrow_fields, root) else {
         return Ok(None);
     };
     let outcome = read_column(
         reader,
         metadata,
-        offsets.as_ref(),
+        offsets,
         &layout,
         (group_starts, ranges),
         |array, _, first| visit(array, first),
