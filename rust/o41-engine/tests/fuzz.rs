@@ -248,6 +248,13 @@ fn fuzz_shards(encoding: Encoding, seed: Vec<u8>) {
 
 /// Reads every mutation of `seed`, made into a shard by `shard`, every way there is.
 fn fuzz_mutations(encoding: Encoding, seed: Vec<u8>, shard: impl Fn(&[u8]) -> Vec<u8>) {
+    each_mutation(seed, |mutated, n| {
+        read_every_way(&shard(mutated), encoding, n);
+    });
+}
+
+/// Hands `read(mutation, case number)` every mutation of `seed`, checking allocations after each.
+fn each_mutation(seed: Vec<u8>, read: impl Fn(&[u8], u64)) {
     let mut runner = proptest::test_runner::TestRunner::new(ProptestConfig {
         cases: cases(),
         failure_persistence: None,
@@ -256,8 +263,7 @@ fn fuzz_mutations(encoding: Encoding, seed: Vec<u8>, shard: impl Fn(&[u8]) -> Ve
     let case = AtomicUsize::new(0);
     runner
         .run(&mutations(seed), |mutated| {
-            let n = case.fetch_add(1, Ordering::Relaxed) as u64;
-            read_every_way(&shard(&mutated), encoding, n);
+            read(&mutated, case.fetch_add(1, Ordering::Relaxed) as u64);
             check_allocations();
             Ok(())
         })
@@ -282,39 +288,28 @@ fn parquet_token_shards() {
         eos_id: None,
     });
     let projection = projection();
-    let mut runner = proptest::test_runner::TestRunner::new(ProptestConfig {
-        cases: cases(),
-        failure_persistence: None,
-        ..ProptestConfig::default()
+    each_mutation(parquet_seed(), |mutated, n| {
+        let path = std::env::temp_dir().join(format!(
+            "o41-fuzz-tokens-{}-{n}.parquet",
+            std::process::id()
+        ));
+        std::fs::write(&path, mutated).unwrap();
+        let uri = path.to_string_lossy().into_owned();
+        let tokens = formats::TokenInspection {
+            layout: &layout,
+            cache: None,
+        };
+        let _ = formats::inspect_shard(
+            &Storage::local(),
+            &uri,
+            Encoding::Parquet,
+            Some(tokens),
+            &projection,
+            (1 << 20, 16 << 20),
+            None,
+        );
+        std::fs::remove_file(&path).unwrap();
     });
-    let case = AtomicUsize::new(0);
-    runner
-        .run(&mutations(parquet_seed()), |mutated| {
-            let n = case.fetch_add(1, Ordering::Relaxed);
-            let path = std::env::temp_dir().join(format!(
-                "o41-fuzz-tokens-{}-{n}.parquet",
-                std::process::id()
-            ));
-            std::fs::write(&path, &mutated).unwrap();
-            let uri = path.to_string_lossy().into_owned();
-            let tokens = formats::TokenInspection {
-                layout: &layout,
-                cache: None,
-            };
-            let _ = formats::inspect_shard(
-                &Storage::local(),
-                &uri,
-                Encoding::Parquet,
-                Some(tokens),
-                &projection,
-                (1 << 20, 16 << 20),
-                None,
-            );
-            std::fs::remove_file(&path).unwrap();
-            check_allocations();
-            Ok(())
-        })
-        .unwrap();
 }
 
 #[test]
