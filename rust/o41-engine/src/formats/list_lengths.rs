@@ -15,8 +15,9 @@ use parquet::column::page::{Page, PageReader};
 use parquet::file::metadata::ParquetMetaData;
 use parquet::file::reader::ChunkReader;
 use parquet::file::serialized_reader::SerializedPageReader;
+use parquet::schema::types::{ColumnDescriptor, SchemaDescriptor};
 
-use super::rle::Hybrid;
+use super::rle::{bit_width, lockstep, Hybrid};
 
 /// The list lengths of every record of root column `root`, in record order, or `None` where the
 /// column is not a list of one level that this reads (see the module's notes). At most
@@ -29,28 +30,16 @@ pub(super) fn list_lengths<R: ChunkReader + 'static>(
     max_records: u64,
 ) -> parquet::errors::Result<Option<Vec<u64>>> {
     let schema = metadata.file_metadata().schema_descr();
-    let leaves: Vec<usize> = (0..schema.num_columns())
-        .filter(|&c| schema.get_column_root_idx(c) == root)
-        .collect();
-    let [leaf] = leaves[..] else {
+    let Some(leaf) = single_leaf(schema, root) else {
         return Ok(None);
     };
     let column = schema.column(leaf);
     if column.max_rep_level() != 1 {
         return Ok(None);
     }
-    let max_def = column.max_def_level();
-    // The definition level at which a record's list holds an element slot: an optional element
-    // adds one level under the repeated node, a required or repeated leaf none.
-    let element = match column.self_type().get_basic_info().repetition() {
-        Repetition::OPTIONAL => max_def - 1,
-        Repetition::REQUIRED | Repetition::REPEATED => max_def,
-    };
     let shape = Shape {
-        max_def,
-        element,
-        rep_width: 1,
-        def_width: bit_width(max_def),
+        max_def: column.max_def_level(),
+        element: element_level(&column),
     };
     let mut walk = Walk {
         lengths: Vec::new(),
@@ -84,8 +73,30 @@ struct Shape {
     max_def: i16,
     /// Definition level of an element slot (one below it: an empty list; further below: null).
     element: i16,
-    rep_width: u8,
-    def_width: u8,
+}
+
+/// The one leaf column under root column `root`; `None` for a root of several.
+pub(super) fn single_leaf(schema: &SchemaDescriptor, root: usize) -> Option<usize> {
+    let mut leaves = (0..schema.num_columns()).filter(|&c| schema.get_column_root_idx(c) == root);
+    let leaf = leaves.next()?;
+    leaves.next().is_none().then_some(leaf)
+}
+
+/// The definition level at which a list column's leaf holds an element slot: an optional
+/// element adds one level under the repeated node, a required or repeated leaf none.
+pub(super) fn element_level(column: &ColumnDescriptor) -> i16 {
+    let max_def = column.max_def_level();
+    match column.self_type().get_basic_info().repetition() {
+        Repetition::OPTIONAL => max_def - 1,
+        Repetition::REQUIRED | Repetition::REPEATED => max_def,
+    }
+}
+
+/// Levels of a section that holds levels of at most `max` (none when `max` is 0).
+pub(super) fn levels(section: &[u8], max: i16) -> Option<Hybrid<'_>> {
+    (max > 0).then(|| {
+        Hybrid::new(section, bit_width(max as u32)).expect("levels are narrower than 16 bits")
+    })
 }
 
 /// Lengths found so far, and the record still open.
@@ -104,25 +115,12 @@ impl Walk {
         let Sections {
             rep, def, count, ..
         } = sections(page, true, shape.max_def > 0)?;
-        let mut rep = Hybrid::new(rep, shape.rep_width)?;
-        let mut def = Hybrid::new(def, shape.def_width)?;
-        let mut left = count;
-        while left > 0 {
-            let (r, r_run) = rep.peek()?;
-            let (d, d_run) = if shape.max_def > 0 {
-                def.peek()?
-            } else {
-                (0, u32::MAX)
-            };
-            let n = left.min(r_run).min(d_run);
-            self.levels(r, d, n, shape)?;
-            rep.advance(n);
-            if shape.max_def > 0 {
-                def.advance(n);
-            }
-            left -= n;
-        }
-        Some(())
+        lockstep(
+            levels(rep, 1),
+            levels(def, shape.max_def),
+            count,
+            |r, d, n| self.levels(r, d, n, shape),
+        )
     }
 
     /// `n` levels of repetition `r` and definition `d`.
@@ -228,11 +226,6 @@ pub(super) fn sections(page: &Page, rep: bool, def: bool) -> Option<Sections<'_>
         }
         Page::DictionaryPage { .. } => None,
     }
-}
-
-/// Bits of a level of at most `max`.
-fn bit_width(max: i16) -> u8 {
-    super::rle::bit_width(max.max(0) as u32)
 }
 
 /// A version 1 level section: a little-endian `u32` byte length, then the levels.

@@ -551,6 +551,28 @@ impl ShardReader for Reader {
 }
 
 impl Reader {
+    /// Reads a local shard page by page where it reads so, else through arrow-rs; `open` gives
+    /// each reader its handle on the file.
+    fn read_local<R: ChunkReader + 'static>(
+        &self,
+        open: impl Fn() -> Result<R>,
+        ranges: &[Range<u64>],
+        projection: &Projection,
+        chunk: &mut Chunk,
+    ) -> std::result::Result<(), ReadFailure> {
+        let direct = Arc::new(open()?);
+        if let Some(done) = read_direct(
+            &direct,
+            &self.index,
+            ranges,
+            projection,
+            (chunk, &self.path),
+        ) {
+            return done;
+        }
+        read_ranges(open()?, &self.index, ranges, projection, chunk, &self.path)
+    }
+
     fn read_ranges_unguarded(
         &mut self,
         ranges: &[Range<u64>],
@@ -562,33 +584,16 @@ impl Reader {
             return Ok(());
         }
         if let Some(file) = &self.file {
-            // The builder takes its reader by value; a cloned handle shares the open file.
-            if let Some(meter) = self.object.meter() {
-                let direct = Arc::new(metered(file, meter)?);
-                if let Some(done) = read_direct(
-                    &direct,
-                    &self.index,
+            // Each reader takes its own handle; a cloned handle shares the open file.
+            return match self.object.meter() {
+                Some(meter) => self.read_local(|| metered(file, meter), ranges, projection, chunk),
+                None => self.read_local(
+                    || file.try_clone().map_err(|e| Error::io(&self.path, e)),
                     ranges,
                     projection,
-                    (chunk, &self.path),
-                ) {
-                    return done;
-                }
-                let file = metered(file, meter)?;
-                return read_ranges(file, &self.index, ranges, projection, chunk, &self.path);
-            }
-            let direct = Arc::new(file.try_clone().map_err(|e| Error::io(&self.path, e))?);
-            if let Some(done) = read_direct(
-                &direct,
-                &self.index,
-                ranges,
-                projection,
-                (chunk, &self.path),
-            ) {
-                return done;
-            }
-            let file = file.try_clone().map_err(|e| Error::io(&self.path, e))?;
-            return read_ranges(file, &self.index, ranges, projection, chunk, &self.path);
+                    chunk,
+                ),
+            };
         }
         let pieces = match prefetched {
             Some(prefetched) => prefetched.0.wait()?,
@@ -639,11 +644,9 @@ fn read_direct<R: ChunkReader + 'static>(
         reader,
         index.metadata.metadata(),
         index.metadata.schema().fields(),
-        &index.group_starts,
-        ranges,
+        (&index.group_starts, ranges),
         projection,
-        chunk,
-        path,
+        (chunk, path),
     )
     .ok()
     .flatten()

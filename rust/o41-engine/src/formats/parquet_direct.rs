@@ -23,7 +23,7 @@ use arrow_array::{
 };
 use arrow_buffer::{BooleanBufferBuilder, OffsetBuffer};
 use arrow_schema::{DataType, FieldRef};
-use parquet::basic::{Encoding, Repetition, Type as Physical};
+use parquet::basic::{Encoding, Type as Physical};
 use parquet::column::page::{Page, PageReader};
 use parquet::file::metadata::page_index::PageIndexProvider;
 use parquet::file::metadata::ParquetMetaData;
@@ -31,8 +31,8 @@ use parquet::file::reader::ChunkReader;
 use parquet::file::serialized_reader::SerializedPageReader;
 use parquet::schema::types::SchemaDescriptor;
 
-use super::list_lengths::{prefixed, sections, Sections};
-use super::rle::{bit_width, Hybrid};
+use super::list_lengths::{element_level, levels, prefixed, sections, single_leaf, Sections};
+use super::rle::{lockstep, Hybrid};
 use super::ReadFailure;
 use crate::columns::Chunk;
 use crate::error::Error;
@@ -84,26 +84,17 @@ struct Layout {
 
 impl Layout {
     fn of(schema: &SchemaDescriptor, arrow: &DataType, root: usize) -> Option<Self> {
-        let leaves: Vec<usize> = (0..schema.num_columns())
-            .filter(|&c| schema.get_column_root_idx(c) == root)
-            .collect();
-        let [leaf] = leaves[..] else {
-            return None;
-        };
+        let leaf = single_leaf(schema, root)?;
         let column = schema.column(leaf);
         let max_def = column.max_def_level();
         let physical = column.physical_type();
         let (kind, list, element) = match (arrow, column.max_rep_level()) {
             (DataType::List(item) | DataType::LargeList(item), 1) => {
-                let element = match column.self_type().get_basic_info().repetition() {
-                    Repetition::OPTIONAL => max_def - 1,
-                    Repetition::REQUIRED | Repetition::REPEATED => max_def,
-                };
                 let large = matches!(arrow, DataType::LargeList(_));
                 (
                     Kind::of(item.data_type(), physical)?,
                     Some((item.clone(), large)),
-                    element,
+                    element_level(&column),
                 )
             }
             (other, 0) => (Kind::of(other, physical)?, None, max_def),
@@ -136,16 +127,6 @@ impl Values {
             Kind::F32 => Values::F32(Vec::new()),
             Kind::F64 => Values::F64(Vec::new()),
             Kind::Bool => Values::Bool(BooleanBufferBuilder::new(0)),
-        }
-    }
-
-    fn len(&self) -> usize {
-        match self {
-            Values::I32(v) => v.len(),
-            Values::I64(v) => v.len(),
-            Values::F32(v) => v.len(),
-            Values::F64(v) => v.len(),
-            Values::Bool(v) => v.len(),
         }
     }
 
@@ -313,65 +294,33 @@ fn record_counts(
         return None;
     }
     let mut counts: Vec<u32> = Vec::with_capacity(rows);
-    let mut def = (layout.max_def > 0)
-        .then(|| Hybrid::new(def, bit_width(layout.max_def as u32)))
-        .flatten();
-    if layout.max_def > 0 && def.is_none() {
-        return None;
-    }
-    let mut rep = if layout.list.is_some() {
-        Some(Hybrid::new(rep, 1)?)
-    } else {
-        None
-    };
-    let mut left = count;
-    while left > 0 {
-        let (d, d_run) = match def.as_mut() {
-            Some(def) => def.peek()?,
-            None => (0, u32::MAX),
-        };
-        let (r, r_run) = match rep.as_mut() {
-            Some(rep) => rep.peek()?,
-            None => (0, u32::MAX),
-        };
-        let n = left.min(d_run).min(r_run);
-        let d = i16::try_from(d).ok()?;
-        let present = d >= layout.element;
-        if d > layout.max_def || (present && d < layout.max_def) {
-            // A null element, or a level past the column's.
-            return None;
-        }
-        match (r, layout.list.is_some()) {
-            (0, false) => {
-                if !present {
-                    return None;
-                }
-                if counts.len() + n as usize > rows {
-                    return None;
-                }
-                counts.extend(std::iter::repeat_n(1, n as usize));
+    let list = layout.list.is_some();
+    lockstep(
+        levels(rep, i16::from(list)),
+        levels(def, layout.max_def),
+        count,
+        |r, d, n| {
+            let d = i16::try_from(d).ok()?;
+            let present = d >= layout.element;
+            if d > layout.max_def || (present && d < layout.max_def) {
+                // A null element, or a level past the column's.
+                return None;
             }
-            (0, true) => {
-                // A null list below an empty one's level.
-                if d < layout.element - 1 || counts.len() + n as usize > rows {
-                    return None;
+            match (r, list) {
+                // A null value, or a null list (below an empty one's level).
+                (0, _) if counts.len() + n as usize > rows => return None,
+                (0, false) if !present => return None,
+                (0, true) if d < layout.element - 1 => return None,
+                (0, _) => counts.extend(std::iter::repeat_n(u32::from(present), n as usize)),
+                (1, true) => {
+                    let last = counts.last_mut().filter(|_| present)?;
+                    *last = last.checked_add(n)?;
                 }
-                counts.extend(std::iter::repeat_n(u32::from(present), n as usize));
+                _ => return None,
             }
-            (1, true) => {
-                let last = counts.last_mut().filter(|_| present)?;
-                *last = last.checked_add(n)?;
-            }
-            _ => return None,
-        }
-        if let Some(def) = def.as_mut() {
-            def.advance(n);
-        }
-        if let Some(rep) = rep.as_mut() {
-            rep.advance(n);
-        }
-        left -= n;
-    }
+            Some(())
+        },
+    )?;
     (counts.len() == rows).then_some(counts)
 }
 
@@ -440,16 +389,13 @@ enum Column {
 /// Reads rows `ranges` (sorted, disjoint) of every column of `projection` into `chunk`, as the
 /// arrow-rs reader of the same rows would; `Ok(None)` where some column is not one read here
 /// (nothing is then promised about what the chunk holds).
-#[allow(clippy::too_many_arguments)]
 pub(super) fn read<R: ChunkReader + 'static>(
     reader: &Arc<R>,
     metadata: &ParquetMetaData,
     arrow_fields: &[FieldRef],
-    group_starts: &[u64],
-    ranges: &[Range<u64>],
+    (group_starts, ranges): (&[u64], &[Range<u64>]),
     projection: &Projection,
-    chunk: &mut Chunk,
-    path: &str,
+    (chunk, path): (&mut Chunk, &str),
 ) -> parquet::errors::Result<Option<std::result::Result<(), ReadFailure>>> {
     let schema = metadata.file_metadata().schema_descr();
     let mut earliest: Option<(usize, Error)> = None;
@@ -616,35 +562,16 @@ fn read_column<R: ChunkReader + 'static>(
                 {
                     return Ok(None);
                 }
-                debug_assert_eq!(
-                    values.len(),
-                    lengths.iter().map(|&l| l as usize).sum::<usize>()
-                );
                 let Some(array) = array(layout, values, &lengths) else {
                     return Ok(None);
                 };
-                match project(array.as_ref(), out_row, first + a) {
-                    Ok(()) => {}
-                    Err(Error::Projection {
-                        path,
-                        row,
-                        field,
-                        source_field,
-                        message,
-                    }) => {
-                        let at = out_row + (row - (first + a)) as usize;
-                        return Ok(Some(Column::Failed(
-                            at,
-                            Error::Projection {
-                                path,
-                                row,
-                                field,
-                                source_field,
-                                message,
-                            },
-                        )));
-                    }
-                    Err(other) => return Ok(Some(Column::Failed(out_row, other))),
+                if let Err(error) = project(array.as_ref(), out_row, first + a) {
+                    // A projection error names its shard row; its place in the chunk follows.
+                    let at = match &error {
+                        Error::Projection { row, .. } => out_row + (row - (first + a)) as usize,
+                        _ => out_row,
+                    };
+                    return Ok(Some(Column::Failed(at, error)));
                 }
                 out_row += (b - a) as usize;
                 if b < wanted[w].end {

@@ -168,6 +168,34 @@ impl<'a> Hybrid<'a> {
     }
 }
 
+/// Walks repetition and definition levels together (either absent: all zeros), handing
+/// `f(rep, def, n)` each stretch of `n` levels over which neither changes, `count` in all.
+pub(super) fn lockstep<'a>(
+    mut rep: Option<Hybrid<'a>>,
+    mut def: Option<Hybrid<'a>>,
+    count: u32,
+    mut f: impl FnMut(u32, u32, u32) -> Option<()>,
+) -> Option<()> {
+    let mut left = count;
+    while left > 0 {
+        let (r, r_run) = match rep.as_mut() {
+            Some(levels) => levels.peek()?,
+            None => (0, u32::MAX),
+        };
+        let (d, d_run) = match def.as_mut() {
+            Some(levels) => levels.peek()?,
+            None => (0, u32::MAX),
+        };
+        let n = left.min(r_run).min(d_run);
+        f(r, d, n)?;
+        for levels in [rep.as_mut(), def.as_mut()].into_iter().flatten() {
+            levels.advance(n);
+        }
+        left -= n;
+    }
+    Some(())
+}
+
 /// Bits of a value of at most `max`.
 pub(super) fn bit_width(max: u32) -> u8 {
     (32 - max.leading_zeros()) as u8
