@@ -976,10 +976,7 @@ fn lists_direct<R: ChunkReader + 'static>(
         &mut |array, first| {
             for i in 0..array.len() {
                 let record = first + i as u64;
-                scratch.clear();
-                let (len, ids) = list_ids(array, i, values, &mut scratch)
-                    .map_err(|message| format_error(path, Some(record), message))?;
-                each(record, len, ids.unwrap_or(Ids::I64(&scratch)))?;
+                hand_over(array, (i, record), (values, &mut scratch), path, each)?;
                 next = record + 1;
             }
             Ok(())
@@ -1051,10 +1048,13 @@ fn lists<R: ChunkReader + 'static>(
             let record = records.next().ok_or_else(|| {
                 format_error(path, None, "the decoder returned more rows than selected")
             })?;
-            values.clear();
-            let (len, ids) = list_ids(column.as_ref(), i, want_values, &mut values)
-                .map_err(|message| format_error(path, Some(record), message))?;
-            each(record, len, ids.unwrap_or(Ids::I64(&values)))?;
+            hand_over(
+                column.as_ref(),
+                (i, record),
+                (want_values, &mut values),
+                path,
+                each,
+            )?;
         }
     }
     if let Some(record) = records.next() {
@@ -1065,6 +1065,21 @@ fn lists<R: ChunkReader + 'static>(
         ));
     }
     Ok(())
+}
+
+/// Hands `each` list `i` of `array`, which is shard record `record` (its ids too when `want`
+/// is set, widened into `scratch` where they are not lent).
+fn hand_over(
+    array: &dyn Array,
+    (i, record): (usize, u64),
+    (want, scratch): (bool, &mut Vec<i64>),
+    path: &str,
+    each: &mut EachList<'_>,
+) -> Result<()> {
+    scratch.clear();
+    let (len, ids) = list_ids(array, i, want, scratch)
+        .map_err(|message| format_error(path, Some(record), message))?;
+    each(record, len, ids.unwrap_or(Ids::I64(scratch)))
 }
 
 /// The length of list `i` of `array` and, when `want` is set, its ids: lent when the file
