@@ -444,8 +444,10 @@ impl Planner {
         }
     }
 
-    /// A batch's buffer of `rows` rows: padded, but for the window columns, which
-    /// [`fill_windows`] (or a padding row's zeros) writes whole for every slot.
+    /// A batch's buffer of `rows` rows, its values undefined: every slot is written whole
+    /// before the batch is delivered (a padding row's zeros, or its synthetic values,
+    /// [`fill_windows`] and the rows its reads copy in), so filling it first would be a second
+    /// pass over every batch.
     fn batch_buffer(plan: &Plan, rows: usize) -> Chunk {
         let pool = &plan.batch_buffers;
         Chunk {
@@ -454,10 +456,7 @@ impl Planner {
                 .projection
                 .columns
                 .iter()
-                .map(|c| match WindowColumn::of(&c.source) {
-                    Some(_) => ColumnBuf::dirty_from(pool, c, rows),
-                    None => ColumnBuf::padded_from(Some(pool), c, rows),
-                })
+                .map(|c| ColumnBuf::dirty_from(pool, c, rows))
                 .collect(),
         }
     }
