@@ -156,14 +156,24 @@ impl Values {
         Some(())
     }
 
-    /// Appends `dictionary`'s entries `indices`.
-    fn gather(&mut self, dictionary: &Values, indices: &[u32]) -> Option<()> {
+    /// Appends `dictionary`'s entries at the next `n` of `indices`.
+    fn gather(&mut self, dictionary: &Values, indices: &mut Hybrid, n: usize) -> Option<()> {
+        if n == 0 {
+            return Some(());
+        }
+        // An index past the dictionary reads its first entry and is caught after the page's
+        // run, so the unpacking loop has no early exit.
+        let past = std::cell::Cell::new(false);
         macro_rules! gather {
             ($v:expr, $d:expr) => {{
-                $v.reserve(indices.len());
-                for &i in indices {
-                    $v.push(*$d.get(i as usize)?);
-                }
+                let first = *$d.first()?;
+                indices.read_map(n, $v, |i| match $d.get(i as usize) {
+                    Some(&entry) => entry,
+                    None => {
+                        past.set(true);
+                        first
+                    }
+                })?;
             }};
         }
         match (self, dictionary) {
@@ -173,7 +183,7 @@ impl Values {
             (Values::F64(v), Values::F64(d)) => gather!(v, d),
             _ => return None,
         }
-        Some(())
+        (!past.get()).then_some(())
     }
 
     fn into_array(self) -> ArrayRef {
@@ -193,7 +203,9 @@ struct DataPage<'a> {
     counts: Vec<u32>,
     /// Where the values are, and how they are encoded.
     values: PageValues<'a>,
-    /// Values passed so far.
+    /// Records passed so far.
+    record: usize,
+    /// Values passed so far: those of the records passed.
     at: usize,
 }
 
@@ -232,6 +244,7 @@ impl<'a> DataPage<'a> {
         Some(DataPage {
             counts,
             values,
+            record: 0,
             at: 0,
         })
     }
@@ -246,21 +259,22 @@ impl<'a> DataPage<'a> {
         lengths: &mut Vec<u32>,
         scratch: &mut Vec<u32>,
     ) -> Option<()> {
-        let first: usize = self.counts[..records.start]
+        let skip: usize = self
+            .counts
+            .get(self.record..records.start)?
             .iter()
             .map(|&c| c as usize)
             .sum();
-        let counts = self.counts.get(records)?;
+        let first = self.at + skip;
+        let counts = self.counts.get(records.clone())?;
+        self.record = records.end;
         let n: usize = counts.iter().map(|&c| c as usize).sum();
         lengths.extend_from_slice(counts);
-        let skip = first.checked_sub(self.at)?;
         match &mut self.values {
             PageValues::Plain(bytes) => out.plain(bytes, first..first + n)?,
             PageValues::Dictionary(indices) => {
                 indices.skip(skip as u64)?;
-                scratch.clear();
-                indices.read(n, scratch)?;
-                out.gather(dictionary?, scratch)?;
+                out.gather(dictionary?, indices, n)?;
             }
             PageValues::Bits(bits) => {
                 bits.skip(skip as u64)?;
@@ -582,4 +596,41 @@ fn read_column<R: ChunkReader + 'static>(
         }
     }
     Ok(Some(Column::Done))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Dictionary indices 0, 1, 2 then `last`, bit-packed at two bits in one group of eight.
+    fn indices(last: u8) -> Vec<u8> {
+        let group = [0u8, 1, 2, last, 0, 0, 0, 0];
+        let mut bits = 0u16;
+        for (k, &v) in group.iter().enumerate() {
+            bits |= u16::from(v) << (2 * k);
+        }
+        let mut data = vec![(1 << 1) | 1];
+        data.extend_from_slice(&bits.to_le_bytes());
+        data
+    }
+
+    #[test]
+    fn gather_maps_indices_and_refuses_one_past_the_dictionary() {
+        let dictionary = Values::I64(vec![10, 20, 30]);
+        let data = indices(2);
+        let mut out = Values::I64(Vec::new());
+        let mut hybrid = Hybrid::new(&data, 2).unwrap();
+        out.gather(&dictionary, &mut hybrid, 4).unwrap();
+        let Values::I64(v) = &out else { unreachable!() };
+        assert_eq!(v, &[10, 20, 30, 30]);
+
+        let data = indices(3);
+        let mut hybrid = Hybrid::new(&data, 2).unwrap();
+        assert!(out.gather(&dictionary, &mut hybrid, 4).is_none());
+        // Nothing to take needs no dictionary entry.
+        let mut hybrid = Hybrid::new(&data, 2).unwrap();
+        assert!(Values::I64(Vec::new())
+            .gather(&Values::I64(Vec::new()), &mut hybrid, 0)
+            .is_some());
+    }
 }

@@ -12,6 +12,9 @@ pub(super) struct Hybrid<'a> {
     /// Where the next run's header is.
     pos: usize,
     width: u8,
+    /// A one bit in the lowest bit of each `width`-bit field of a word: times a value, the
+    /// word that repeats it.
+    spread: u64,
     run: Run,
 }
 
@@ -25,23 +28,49 @@ enum Run {
 impl<'a> Hybrid<'a> {
     /// Values of `width` bits (at most 32) in `data`.
     pub(super) fn new(data: &'a [u8], width: u8) -> Option<Self> {
-        (width <= 32).then_some(Hybrid {
+        (width <= 32).then(|| Hybrid {
             data,
             pos: 0,
             width,
+            spread: (0..64)
+                .step_by(usize::from(width.max(1)))
+                .fold(0, |acc, k| acc | 1 << k),
             run: Run::Repeat { value: 0, left: 0 },
         })
     }
 
-    /// The next value and how many copies of it follow in its run (1 inside a bit-packed run).
+    /// The next value and how many copies of it follow in its run: inside a bit-packed run,
+    /// the equal values that one word holds (levels there are mostly runs of a few equal
+    /// values, which a walk should not take one at a time).
     pub(super) fn peek(&mut self) -> Option<(u32, u32)> {
         loop {
             match self.run {
                 Run::Repeat { value, left } if left > 0 => return Some((value, left)),
-                Run::Packed { bit, left } if left > 0 => return Some((self.packed(bit), 1)),
+                Run::Packed { bit, left } if left > 0 => return Some(self.stretch(bit, left)),
                 _ => self.next_run()?,
             }
         }
+    }
+
+    /// The bit-packed value at `bit` and how many equal values (at most `left`) follow it
+    /// within the eight bytes from its own.
+    fn stretch(&self, bit: usize, left: u32) -> (u32, u32) {
+        let width = u32::from(self.width);
+        let byte = bit / 8;
+        let Some(word) = self.data.get(byte..byte + 8) else {
+            return (self.packed(bit), 1);
+        };
+        if width == 0 {
+            return (0, left);
+        }
+        let shift = (bit % 8) as u32;
+        let word = u64::from_le_bytes(word.try_into().expect("eight bytes")) >> shift;
+        let value = word & ((1u64 << width) - 1);
+        // Whole values in the word; past them the shift brought in zeros.
+        let whole = (64 - shift) / width;
+        let differ = word ^ value.wrapping_mul(self.spread);
+        let same = (differ.trailing_zeros() / width).min(whole);
+        (value as u32, same.min(left).max(1))
     }
 
     /// Moves past `n` values, at most what [`Hybrid::peek`] said its run holds.
@@ -70,50 +99,56 @@ impl<'a> Hybrid<'a> {
     }
 
     /// Appends the next `n` values to `out`.
-    pub(super) fn read(&mut self, mut n: usize, out: &mut Vec<u32>) -> Option<()> {
+    pub(super) fn read(&mut self, n: usize, out: &mut Vec<u32>) -> Option<()> {
+        self.read_map(n, out, |value| value)
+    }
+
+    /// Appends `f` of each of the next `n` values to `out`: a caller that turns the values
+    /// into something else (dictionary indices into entries) does so as they are unpacked.
+    pub(super) fn read_map<T: Copy>(
+        &mut self,
+        mut n: usize,
+        out: &mut Vec<T>,
+        f: impl Fn(u32) -> T,
+    ) -> Option<()> {
         while n > 0 {
             let (value, _) = self.peek()?;
-            match self.run {
-                Run::Repeat { left, .. } => {
-                    let take = (left as usize).min(n);
-                    out.extend(std::iter::repeat_n(value, take));
-                    self.advance(take as u32);
-                    n -= take;
-                }
-                Run::Packed { bit, left } => {
-                    let take = (left as usize).min(n);
-                    self.unpack(bit, take, out);
-                    self.advance(take as u32);
-                    n -= take;
-                }
+            let (take, packed) = match self.run {
+                Run::Repeat { left, .. } => ((left as usize).min(n), None),
+                Run::Packed { bit, left } => ((left as usize).min(n), Some(bit)),
+            };
+            match packed {
+                None => out.extend(std::iter::repeat_n(f(value), take)),
+                Some(bit) => self.unpack(bit, take, out, &f),
             }
+            self.advance(take as u32);
+            n -= take;
         }
         Some(())
     }
 
-    /// Appends the `n` bit-packed values from `bit` on, inside a run whose bytes `next_run`
-    /// checked are there: eight bytes at a time where the data holds them.
-    fn unpack(&self, bit: usize, n: usize, out: &mut Vec<u32>) {
+    /// Appends `f` of the `n` bit-packed values from `bit` on, inside a run whose bytes
+    /// `next_run` checked are there: each from the eight bytes at its own where the data holds
+    /// them.
+    fn unpack<T>(&self, bit: usize, n: usize, out: &mut Vec<T>, f: impl Fn(u32) -> T) {
         let width = usize::from(self.width);
         if width == 0 {
-            out.extend(std::iter::repeat_n(0, n));
+            out.extend(std::iter::repeat_with(|| f(0)).take(n));
             return;
         }
         let mask = (1u64 << width) - 1;
-        out.reserve(n);
-        let mut at = bit;
-        for _ in 0..n {
-            let byte = at / 8;
-            let value = match self.data.get(byte..byte + 8) {
-                Some(word) => {
-                    let word = u64::from_le_bytes(word.try_into().expect("eight bytes"));
-                    ((word >> (at % 8)) & mask) as u32
-                }
-                None => self.packed(at),
-            };
-            out.push(value);
-            at += width;
-        }
+        // Values whose eight bytes are all in the data: those before the last seven bytes.
+        let words = (self.data.len().saturating_sub(7) * 8)
+            .saturating_sub(bit)
+            .div_ceil(width)
+            .min(n);
+        out.extend((0..words).map(|i| {
+            let at = bit + i * width;
+            let word = &self.data[at / 8..at / 8 + 8];
+            let word = u64::from_le_bytes(word.try_into().expect("eight bytes"));
+            f(((word >> (at % 8)) & mask) as u32)
+        }));
+        out.extend((words..n).map(|i| f(self.packed(bit + i * width))));
     }
 
     /// The value at `bit`, inside a run whose bytes `next_run` checked are there.
@@ -236,5 +271,72 @@ mod tests {
         assert!(Hybrid::new(&data, 3).unwrap().skip(17).is_none());
         // A bit-packed run whose bytes are cut short is refused.
         assert!(Hybrid::new(&data[..4], 3).unwrap().skip(6).is_none());
+    }
+
+    /// `values` of `width` bits as the encoding holds them: a run of copies where a value
+    /// repeats `repeat_at` times or more, bit-packed groups of eight otherwise.
+    fn encode(values: &[u32], width: u8, repeat_at: usize) -> Vec<u8> {
+        fn varint(mut v: u64, out: &mut Vec<u8>) {
+            while v >= 0x80 {
+                out.push((v as u8) | 0x80);
+                v >>= 7;
+            }
+            out.push(v as u8);
+        }
+        let mut out = Vec::new();
+        let mut i = 0;
+        while i < values.len() {
+            let same = values[i..].iter().take_while(|&&v| v == values[i]).count();
+            if same >= repeat_at || values.len() - i < 8 {
+                let take = if same >= repeat_at { same } else { 1 };
+                varint((take as u64) << 1, &mut out);
+                out.extend_from_slice(&values[i].to_le_bytes()[..usize::from(width).div_ceil(8)]);
+                i += take;
+            } else {
+                varint((1 << 1) | 1, &mut out);
+                let mut group = vec![0u8; usize::from(width)];
+                for (k, &v) in values[i..i + 8].iter().enumerate() {
+                    for b in 0..usize::from(width) {
+                        let at = k * usize::from(width) + b;
+                        group[at / 8] |= (((v >> b) & 1) as u8) << (at % 8);
+                    }
+                }
+                out.extend_from_slice(&group);
+                i += 8;
+            }
+        }
+        out
+    }
+
+    proptest::proptest! {
+        /// Walking by `peek` and `advance`, and reading, give back the values encoded, and a
+        /// walk never claims more equal values than there are.
+        #[test]
+        fn walk_and_read_give_the_values_back(
+            width in 0u8..=32,
+            runs in proptest::collection::vec((0u32..4, 1usize..40), 1..30),
+            repeat_at in 2usize..20,
+            extra in 0u32..u32::MAX,
+        ) {
+            let mask = if width == 0 { 0 } else { u32::MAX >> (32 - u32::from(width)) };
+            let values: Vec<u32> = runs
+                .iter()
+                .flat_map(|&(v, n)| std::iter::repeat_n((v.wrapping_mul(extra) ^ v) & mask, n))
+                .collect();
+            let data = encode(&values, width, repeat_at);
+            let mut walked = Vec::new();
+            let mut hybrid = Hybrid::new(&data, width).unwrap();
+            while walked.len() < values.len() {
+                let (value, n) = hybrid.peek().unwrap();
+                proptest::prop_assert!(n >= 1);
+                let n = (n as usize).min(values.len() - walked.len());
+                walked.extend(std::iter::repeat_n(value, n));
+                hybrid.advance(n as u32);
+            }
+            proptest::prop_assert_eq!(&walked, &values);
+            let mut read = Vec::new();
+            Hybrid::new(&data, width).unwrap().read(values.len(), &mut read).unwrap();
+            proptest::prop_assert_eq!(read, values);
+        }
     }
 }
