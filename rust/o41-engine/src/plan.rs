@@ -477,7 +477,15 @@ impl Planner {
         let mut wanted: Vec<(usize, u64, u64, u32)> = Vec::new();
         let mut pieces = Vec::new();
         let mut planned_rows = 0;
-        while planned_rows < plan.group_rows {
+        // The first group is one batch: the consumer's first batch then waits for its own
+        // rows alone, not for a whole group's (a shuffle window of them) to be decoded. The
+        // rows each batch holds do not depend on how batches are grouped.
+        let group_rows = if self.next_seq == 0 {
+            1
+        } else {
+            plan.group_rows
+        };
+        while planned_rows < group_rows {
             let (first_local, round) = self.span;
             let global = if split {
                 round + (self.next_local - first_local)
@@ -679,5 +687,60 @@ fn fill_synthetic(plan: &Plan, buffer: &mut Chunk, slot: usize, at: &Slot) {
             Synthetic::Valid => 1,
         };
         buf.set_int(slot, value);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use arrow_array::{ArrayRef, Int64Array, RecordBatch};
+    use parquet::arrow::ArrowWriter;
+
+    /// One shuffled stage over a shard (at `path`) of `rows` rows, batches of 8.
+    fn plan(path: &std::path::Path, rows: i64) -> Arc<Plan> {
+        let values: ArrayRef = Arc::new(Int64Array::from_iter_values(0..rows));
+        let batch = RecordBatch::try_from_iter([("v", values)]).unwrap();
+        let file = std::fs::File::create(path).unwrap();
+        let mut writer = ArrowWriter::try_new(file, batch.schema(), None).unwrap();
+        writer.write(&batch).unwrap();
+        writer.close().unwrap();
+        let config: crate::config::StreamConfig = serde_json::from_value(serde_json::json!({
+            "fields": [{"name": "v", "source": "v", "dtype": "i64"}],
+            "stages": [{
+                "sources": [{"kind": "files", "files": [path.to_string_lossy()]}],
+                "batch_size": 8,
+                "shuffle": {"buffer_rows": 512},
+            }],
+            "seed": 3,
+            "threads": 1,
+        }))
+        .unwrap();
+        let resolved = crate::resolve::resolve(&config, &Storage::local()).unwrap();
+        Arc::new(Plan::new(resolved).unwrap())
+    }
+
+    #[test]
+    fn the_first_group_is_the_first_batch_alone() {
+        let path =
+            std::env::temp_dir().join(format!("o41-first-group-{}.parquet", std::process::id()));
+        let plan = plan(&path, 2000);
+        assert!(plan.group_rows > 8, "a group is more than one batch");
+        let mut planner = Planner::new(plan.clone(), Segment::first(), (0, 0), 0, 1, None);
+        let (mut pending, mut jobs, mut next_job) = (VecDeque::new(), VecDeque::new(), 0);
+        assert!(planner.plan_group(&Storage::local(), &mut pending, &mut jobs, &mut next_job));
+        assert_eq!(pending.len(), 1, "the first group plans one batch");
+        let read: u64 = jobs
+            .iter()
+            .flat_map(|(job, _)| &job.ranges)
+            .map(|r| r.end - r.start)
+            .sum();
+        assert_eq!(read, 8, "and reads its rows alone");
+        assert!(planner.plan_group(&Storage::local(), &mut pending, &mut jobs, &mut next_job));
+        assert_eq!(
+            pending.len() as u64,
+            1 + plan.group_rows / 8,
+            "the next is a whole group"
+        );
+        std::fs::remove_file(path).unwrap();
     }
 }
