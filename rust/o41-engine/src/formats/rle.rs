@@ -128,14 +128,39 @@ impl<'a> Hybrid<'a> {
     }
 
     /// Appends `f` of the `n` bit-packed values from `bit` on, inside a run whose bytes
-    /// `next_run` checked are there: each from the eight bytes at its own where the data holds
-    /// them.
-    fn unpack<T>(&self, bit: usize, n: usize, out: &mut Vec<T>, f: impl Fn(u32) -> T) {
+    /// `next_run` checked are there: eight at a time from where they start on a byte (eight
+    /// values of `width` bits fill `width` bytes), one at a time before and after.
+    fn unpack<T: Copy>(&self, bit: usize, n: usize, out: &mut Vec<T>, f: impl Fn(u32) -> T) {
         let width = usize::from(self.width);
         if width == 0 {
-            out.extend(std::iter::repeat_with(|| f(0)).take(n));
+            out.extend(std::iter::repeat_n(f(0), n));
             return;
         }
+        out.reserve(n);
+        let head = (0..n.min(8))
+            .take_while(|i| !(bit + i * width).is_multiple_of(8))
+            .count();
+        self.unpack_each(bit, head, out, &f);
+        let byte = (bit + head * width) / 8;
+        // Whole groups whose bytes, and the seven a group's last word load reads past them,
+        // are in the data.
+        let groups = ((n - head) / 8).min(self.data.len().saturating_sub(byte + 7) / width);
+        macro_rules! groups {
+            ($($w:literal)*) => {
+                match width {
+                    $($w => unpack_groups::<$w, T>(&self.data[byte..], groups, out, &f),)*
+                    _ => unreachable!("widths are at most 32"),
+                }
+            };
+        }
+        groups!(1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20 21 22 23 24 25 26 27 28 29 30 31 32);
+        let done = head + groups * 8;
+        self.unpack_each(bit + done * width, n - done, out, &f);
+    }
+
+    /// Appends `f` of the `n` bit-packed values from `bit` on, one at a time.
+    fn unpack_each<T>(&self, bit: usize, n: usize, out: &mut Vec<T>, f: &impl Fn(u32) -> T) {
+        let width = usize::from(self.width);
         let mask = (1u64 << width) - 1;
         // Values whose eight bytes are all in the data: those before the last seven bytes.
         let words = (self.data.len().saturating_sub(7) * 8)
@@ -200,6 +225,27 @@ impl<'a> Hybrid<'a> {
             self.run = Run::Repeat { value, left: count };
         }
         Some(())
+    }
+}
+
+/// Appends `f` of the `groups` groups of eight `W`-bit values at the start of `data`, which
+/// holds seven bytes past them: with the width a constant, each group's shifts are too.
+fn unpack_groups<const W: usize, T: Copy>(
+    data: &[u8],
+    groups: usize,
+    out: &mut Vec<T>,
+    f: &impl Fn(u32) -> T,
+) {
+    let mask = (1u64 << W) - 1;
+    for g in 0..groups {
+        let group = &data[g * W..g * W + W + 7];
+        let values: [T; 8] = std::array::from_fn(|j| {
+            let at = j * W;
+            let word = &group[at / 8..at / 8 + 8];
+            let word = u64::from_le_bytes(word.try_into().expect("eight bytes"));
+            f(((word >> (at % 8)) & mask) as u32)
+        });
+        out.extend_from_slice(&values);
     }
 }
 
@@ -274,7 +320,8 @@ mod tests {
     }
 
     /// `values` of `width` bits as the encoding holds them: a run of copies where a value
-    /// repeats `repeat_at` times or more, bit-packed groups of eight otherwise.
+    /// repeats `repeat_at` times or more, bit-packed groups of eight otherwise (a run of
+    /// copies of one value where fewer than eight are left).
     fn encode(values: &[u32], width: u8, repeat_at: usize) -> Vec<u8> {
         fn varint(mut v: u64, out: &mut Vec<u8>) {
             while v >= 0x80 {
@@ -293,16 +340,28 @@ mod tests {
                 out.extend_from_slice(&values[i].to_le_bytes()[..usize::from(width).div_ceil(8)]);
                 i += take;
             } else {
-                varint((1 << 1) | 1, &mut out);
-                let mut group = vec![0u8; usize::from(width)];
-                for (k, &v) in values[i..i + 8].iter().enumerate() {
+                // As many groups under one header as there are values before the next long
+                // repeat, so runs hold several groups.
+                let mut groups = 1;
+                while values.len() - i >= 8 * (groups + 1)
+                    && values[i + 8 * groups..]
+                        .iter()
+                        .take_while(|&&v| v == values[i + 8 * groups])
+                        .count()
+                        < repeat_at
+                {
+                    groups += 1;
+                }
+                varint(((groups as u64) << 1) | 1, &mut out);
+                let mut packed = vec![0u8; groups * usize::from(width)];
+                for (k, &v) in values[i..i + 8 * groups].iter().enumerate() {
                     for b in 0..usize::from(width) {
                         let at = k * usize::from(width) + b;
-                        group[at / 8] |= (((v >> b) & 1) as u8) << (at % 8);
+                        packed[at / 8] |= (((v >> b) & 1) as u8) << (at % 8);
                     }
                 }
-                out.extend_from_slice(&group);
-                i += 8;
+                out.extend_from_slice(&packed);
+                i += 8 * groups;
             }
         }
         out
@@ -317,6 +376,7 @@ mod tests {
             runs in proptest::collection::vec((0u32..4, 1usize..40), 1..30),
             repeat_at in 2usize..20,
             extra in 0u32..u32::MAX,
+            skip in 0usize..64,
         ) {
             let mask = if width == 0 { 0 } else { u32::MAX >> (32 - u32::from(width)) };
             let values: Vec<u32> = runs
@@ -336,7 +396,14 @@ mod tests {
             proptest::prop_assert_eq!(&walked, &values);
             let mut read = Vec::new();
             Hybrid::new(&data, width).unwrap().read(values.len(), &mut read).unwrap();
-            proptest::prop_assert_eq!(read, values);
+            proptest::prop_assert_eq!(&read, &values);
+            // From any value on: unpacking starts off a byte (and a group) boundary.
+            let skip = skip.min(values.len());
+            let mut rest = Vec::new();
+            let mut hybrid = Hybrid::new(&data, width).unwrap();
+            hybrid.skip(skip as u64).unwrap();
+            hybrid.read(values.len() - skip, &mut rest).unwrap();
+            proptest::prop_assert_eq!(&rest[..], &values[skip..]);
         }
     }
 }
