@@ -356,7 +356,15 @@ which sped up `unpacked` too. The two extra columns make the batches three times
 the planner writes them from the plan; `.bin` pays the same ({ratio("packed .bin")} with all
 three columns against {ratio("packed .bin tokens")} for its tokens). Groups of 48 MiB instead of
 16, and a job per decode thread in each group, did not change the three-column figure
-(interleaved runs).
+(interleaved runs), nor did filling `@segment_ids` and `@positions` without a multiply:
+writing them is bound by memory, not by arithmetic.
+
+The three-column figure was 0.91x in the previous run (75.3 against 82.4 million document
+tokens/s). Every contender got faster since, through the run-length decoder (dictionary indices
+unpacked eight at a time, straight into their entries) and a first batch that waits only for
+its own rows; `unpacked`, all of whose bytes come through that decoder, gained more than the
+packed contenders, whose extra columns do not. So the ratio fell below the goal while packed
+batches themselves got faster.
 """
     write_section("pack", report)
     print(f"wrote {RESULTS}")
