@@ -43,12 +43,16 @@ impl<T: Element> Aligned<T> {
             .checked_mul(std::mem::size_of::<T>())
             .expect("column sizes are checked against the memory bound first");
         let pool = pool.filter(|_| bytes > 0);
-        // Zeroed memory comes from the allocator already cleared (as `vec![0; n]` does).
+        let zero = value.to_byte_slice().iter().all(|&b| b == 0);
+        // Zeroed memory comes from the allocator already cleared (as `vec![0; n]` does); a
+        // pooled buffer is cleared only when zeros are what it is to hold, since any other
+        // value is written over every element anyway.
         let mut buffer = match pool {
-            Some(pool) => pool.take(bytes),
+            Some(pool) if zero => pool.take(bytes),
+            Some(pool) => pool.take_dirty(bytes),
             None => MutableBuffer::from_len_zeroed(bytes),
         };
-        if value.to_byte_slice().iter().any(|&b| b != 0) {
+        if !zero {
             buffer.typed_data_mut::<T>().fill(value);
         }
         Aligned {
@@ -396,6 +400,17 @@ mod tests {
     use super::*;
     use crate::config::FieldSpec;
     use arrow_array::Array;
+
+    #[test]
+    fn a_pooled_buffer_holds_its_fill_whatever_it_held_before() {
+        let pool = BufferPool::new(1 << 20);
+        drop(Aligned::<i32>::filled_from(Some(&pool), 7, 1000));
+        let padded = Aligned::<i32>::filled_from(Some(&pool), -1, 1000);
+        assert!(padded.iter().all(|&v| v == -1));
+        drop(padded);
+        let zeros = Aligned::<i32>::filled_from(Some(&pool), 0, 1000);
+        assert!(zeros.iter().all(|&v| v == 0));
+    }
 
     fn column(shape: Vec<usize>) -> ProjectedColumn {
         let spec = FieldSpec {
