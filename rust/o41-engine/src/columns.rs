@@ -367,6 +367,20 @@ impl Chunk {
         }
     }
 
+    /// A chunk of `rows` rows whose values are undefined, its buffers from `pool`, for a
+    /// reader that writes every element of every row it hands over (see
+    /// [`ColumnBuf::dirty_from`]).
+    pub fn dirty_from(pool: &Arc<BufferPool>, projection: &Projection, rows: usize) -> Self {
+        Chunk {
+            rows,
+            columns: projection
+                .columns
+                .iter()
+                .map(|c| ColumnBuf::dirty_from(pool, c, rows))
+                .collect(),
+        }
+    }
+
     /// Sets row `row` of every column to zero.
     pub fn zero_row(&mut self, projection: &Projection, row: usize) {
         for (buf, column) in self.columns.iter_mut().zip(&projection.columns) {

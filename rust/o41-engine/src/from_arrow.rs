@@ -1,9 +1,10 @@
 //! Projection of Arrow arrays (what a Parquet reader decodes) onto fixed-shape column buffers;
 //! `record` is its counterpart for self-describing records.
 //!
-//! Every axis truncates or pads; pads are written when the buffer is allocated, so projection
-//! only copies the values that exist. Values that do not fit the declared dtype or shape are
-//! errors naming the shard, row and field.
+//! Every axis truncates or pads: projection writes every element of a row, the values that
+//! exist and the field's pad after them, so it can fill a buffer that holds anything before.
+//! Values that do not fit the declared dtype or shape are errors naming the shard, row and
+//! field.
 
 use std::ops::Range;
 
@@ -34,9 +35,11 @@ pub fn project_arrow_column(
 ) -> Result<()> {
     let w = column.width;
     crate::with_column!(out, buf => {
+        // The pad was validated against the dtype when the config was checked.
+        let pad = Element::from_scalar(column.pad).unwrap_or_default();
         for (k, i) in rows.enumerate() {
             let dst = &mut buf[(out_row + k) * w..(out_row + k + 1) * w];
-            project_value(array, i, &column.shape, dst, column.dtype).map_err(|message| {
+            project_value(array, i, &column.shape, dst, (column.dtype, pad)).map_err(|message| {
                 Error::Projection {
                     path: path.to_owned(),
                     row: row_base + i as u64,
@@ -50,13 +53,14 @@ pub fn project_arrow_column(
     })
 }
 
-/// Projects value `i` of `array` (a scalar or a nested list) into `out`, which is pre-padded.
+/// Projects value `i` of `array` (a scalar or a nested list) into `out`, every element of it:
+/// where a list is shorter than its axis, the rest is `pad`.
 fn project_value<T: Element>(
     array: &dyn Array,
     i: usize,
     shape: &[usize],
     out: &mut [T],
-    dtype: DType,
+    (dtype, pad): (DType, T),
 ) -> Result<(), String> {
     if array.is_null(i) {
         return Err("value is null".to_owned());
@@ -71,17 +75,18 @@ fn project_value<T: Element>(
         )
     })?;
     let n = range.len().min(dim);
+    let w: usize = inner.iter().product();
+    out[n * w..].fill(pad);
     if inner.is_empty() {
         return leaf_values(child, range.start..range.start + n, &mut out[..n], dtype);
     }
-    let w: usize = inner.iter().product();
     for j in 0..n {
         project_value(
             child,
             range.start + j,
             inner,
             &mut out[j * w..(j + 1) * w],
-            dtype,
+            (dtype, pad),
         )?;
     }
     Ok(())
@@ -213,5 +218,64 @@ fn leaf_values<T: Element>(
             Err("nested list is deeper than the declared shape".to_owned())
         }
         other => Err(format!("found {other} where {} is declared", dtype.name())),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::FieldSpec;
+    use arrow_array::builder::{Int32Builder, ListBuilder};
+    use arrow_array::ListArray;
+
+    fn column(shape: Vec<usize>, pad: i64) -> ProjectedColumn {
+        let spec = FieldSpec {
+            name: "x".into(),
+            source: "x".into(),
+            dtype: DType::I32,
+            shape,
+            pad: serde_json::Value::from(pad),
+        };
+        ProjectedColumn::new(&spec, "fields[0]").unwrap()
+    }
+
+    /// Projects `array`'s rows into a buffer holding 99 everywhere before.
+    fn projected(array: &dyn Array, shape: Vec<usize>) -> Vec<i32> {
+        let mut out = ColumnBuf::padded(&column(shape.clone(), 99), array.len());
+        let column = column(shape, -1);
+        project_arrow_column(array, &column, 0..array.len(), &mut out, 0, "shard", 0).unwrap();
+        let ColumnBuf::I32(values) = out else {
+            unreachable!()
+        };
+        values.to_vec()
+    }
+
+    #[test]
+    fn every_element_of_a_row_is_written_values_then_pad() {
+        let lists = ListArray::from_iter_primitive::<Int32Type, _, _>([
+            Some(vec![Some(1), Some(2)]),
+            Some(vec![]),
+            Some(vec![Some(3), Some(4), Some(5), Some(6), Some(7)]),
+        ]);
+        assert_eq!(
+            projected(&lists, vec![4]),
+            [1, 2, -1, -1, -1, -1, -1, -1, 3, 4, 5, 6]
+        );
+
+        // Nested: a short inner list and a missing one are padded alike.
+        let mut nested = ListBuilder::new(ListBuilder::new(Int32Builder::new()));
+        nested.values().values().append_value(1);
+        nested.values().append(true);
+        nested.append(true);
+        nested.values().values().append_value(2);
+        nested.values().values().append_value(3);
+        nested.values().append(true);
+        nested.values().append(true);
+        nested.append(true);
+        let nested = nested.finish();
+        assert_eq!(
+            projected(&nested, vec![2, 2]),
+            [1, -1, -1, -1, 2, 3, -1, -1]
+        );
     }
 }
