@@ -569,9 +569,10 @@ def main() -> None:
 - **Throughput vs the best peer.** This goal was missed and then met in successive runs with
   almost the same o41 figure (2.61x at 70,972 rows/s, 3.12x at 68,508): the best peer's own rate
   moved by a fifth between the runs (27,144 and 21,975 rows/s), so the goal sits at the edge of
-  the noise. Rows of these columns are read page by page (`docs/formats.md`), and the decode
-  cost per row fell by about a fifth between those two runs in interleaved order-benchmark runs
-  without raising this steady-state figure; what bounds it here is not yet measured.
+  the noise. Between those two runs this contender did get faster, which the recorded figures
+  hide: run alone, four times each and interleaved with the previous build, its medians went
+  from 51,000 to 56,000 rows/s and from 1.04 to 0.87 CPU-seconds per 1,000 batches, while
+  single runs of either build spread from 47,000 to 73,000 rows/s.
 - **Resume vs mosaicml-streaming.** Neither replays. The first batch after an open or a resume
   is planned as a group of its own, so it waits for the reads of its own rows; before, it waited
   for the whole 4,096-row shuffle window holding it (0.13 s against mosaicml-streaming's 0.20 s).
