@@ -260,6 +260,11 @@ impl ColumnBuf {
         }
     }
 
+    /// Sets elements `range` to `pad` (validated against the dtype with the config).
+    pub fn fill_pad(&mut self, range: std::ops::Range<usize>, pad: Scalar) {
+        with_column!(self, v => v[range].fill(Element::from_scalar(pad).unwrap_or_default()));
+    }
+
     /// Sets row `row` (`width` elements) to zero: a validation pass's padding rows are zeros,
     /// whatever the field's pad.
     pub fn zero_row(&mut self, row: usize, width: usize) {

@@ -168,9 +168,10 @@ fn decode_worker(
         }
         let rows: u64 = job.ranges.iter().map(|r| r.end - r.start).sum();
         let entry = &plan.shards[job.shard];
-        // Parquet records are projected whole, pads included (`from_arrow`); the other readers
-        // write only the values a row has, over a chunk filled with pads first.
-        let mut chunk = if entry.encoding == Encoding::Parquet && entry.layout.is_none() {
+        // Parquet records are projected whole, pads included (`from_arrow`), and token windows
+        // are written whole (`formats::tokens`); the other readers write only the values a row
+        // has, over a chunk filled with pads first.
+        let mut chunk = if entry.layout.is_some() || entry.encoding == Encoding::Parquet {
             Chunk::dirty_from(&plan.job_buffers, &plan.records, rows as usize)
         } else {
             Chunk::padded_from(Some(&plan.job_buffers), &plan.records, rows as usize)

@@ -544,16 +544,22 @@ impl Reader {
                 if let Some(k) = tokens_column {
                     pieces.clear();
                     self.index.pieces(w, &mut pieces);
+                    let column = &projection.columns[k];
                     let mut at = 0usize;
                     for piece in &pieces {
                         needs.push(Need {
                             start: piece.start,
                             len: piece.len.into(),
-                            out: out_row * projection.columns[k].width + at,
+                            out: out_row * column.width + at,
                             row: w,
                         });
                         at += piece.len as usize;
                     }
+                    // The pieces fill the window from its start; the rest is padding, written
+                    // here so the chunk need not be filled with pads first.
+                    let row = out_row * column.width;
+                    chunk.columns[k]
+                        .fill_pad(row + at.min(column.width)..row + column.width, column.pad);
                 }
                 out_row += 1;
             }
@@ -843,6 +849,9 @@ mod tests {
         let rows = meta.rows as usize;
         let mut chunk = Chunk::padded(&p, rows);
         let mut tokens = Chunk::padded(&records, rows);
+        // Junk where the reader must write: it pads each window's tail itself.
+        let len = tokens.columns[0].len();
+        tokens.columns[0].fill_pad(0..len, crate::dtype::Scalar::Int(99));
         let ShardIndex::Tokens(index) = &meta.index else {
             unreachable!("a token index")
         };
