@@ -191,8 +191,7 @@ macro_rules! with_column {
 }
 
 fn filled<T: Element>(pool: Option<&Arc<BufferPool>>, pad: Scalar, len: usize) -> Aligned<T> {
-    // The pad was validated against the dtype when the config was checked.
-    Aligned::filled_from(pool, T::from_scalar(pad).unwrap_or_default(), len)
+    Aligned::filled_from(pool, pad.element(), len)
 }
 
 impl ColumnBuf {
@@ -260,9 +259,9 @@ impl ColumnBuf {
         }
     }
 
-    /// Sets elements `range` to `pad` (validated against the dtype with the config).
+    /// Sets elements `range` to `pad`.
     pub fn fill_pad(&mut self, range: std::ops::Range<usize>, pad: Scalar) {
-        with_column!(self, v => v[range].fill(Element::from_scalar(pad).unwrap_or_default()));
+        with_column!(self, v => v[range].fill(pad.element()));
     }
 
     /// Sets row `row` (`width` elements) to zero: a validation pass's padding rows are zeros,
@@ -353,21 +352,12 @@ pub struct Chunk {
 impl Chunk {
     /// A chunk of `rows` rows, every element padded.
     pub fn padded(projection: &Projection, rows: usize) -> Self {
-        Self::padded_from(None, projection, rows)
-    }
-
-    /// [`Chunk::padded`], its buffers from `pool` when one is given.
-    pub fn padded_from(
-        pool: Option<&Arc<BufferPool>>,
-        projection: &Projection,
-        rows: usize,
-    ) -> Self {
         Chunk {
             rows,
             columns: projection
                 .columns
                 .iter()
-                .map(|c| ColumnBuf::padded_from(pool, c, rows))
+                .map(|c| ColumnBuf::padded(c, rows))
                 .collect(),
         }
     }
@@ -412,6 +402,19 @@ impl Chunk {
             .collect();
         Ok(RecordBatch::try_new(schema.clone(), arrays).expect("batch columns match the schema"))
     }
+}
+
+/// Buffers for one row of `p`'s columns holding junk, which projection must overwrite whole.
+#[cfg(test)]
+pub fn junk_row(p: &Projection) -> Vec<ColumnBuf> {
+    p.columns
+        .iter()
+        .map(|c| {
+            let mut buf = ColumnBuf::padded(c, 1);
+            buf.fill_pad(0..c.width, crate::dtype::Scalar::Int(99));
+            buf
+        })
+        .collect()
 }
 
 #[cfg(test)]

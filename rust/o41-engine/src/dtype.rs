@@ -58,6 +58,11 @@ pub enum Scalar {
 }
 
 impl Scalar {
+    /// The value as a `T`: a pad, which the config check has already found to fit the dtype.
+    pub fn element<T: Element>(self) -> T {
+        T::from_scalar(self).unwrap_or_default()
+    }
+
     /// Describes the value's kind for error messages.
     pub fn kind(self) -> &'static str {
         match self {

@@ -35,8 +35,7 @@ pub fn project_arrow_column(
 ) -> Result<()> {
     let w = column.width;
     crate::with_column!(out, buf => {
-        // The pad was validated against the dtype when the config was checked.
-        let pad = Element::from_scalar(column.pad).unwrap_or_default();
+        let pad = column.pad.element();
         for (k, i) in rows.enumerate() {
             let dst = &mut buf[(out_row + k) * w..(out_row + k + 1) * w];
             project_value(array, i, &column.shape, dst, (column.dtype, pad)).map_err(|message| {

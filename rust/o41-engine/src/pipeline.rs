@@ -22,7 +22,6 @@ use arrow_array::RecordBatch;
 
 use crate::cancel::Cancel;
 use crate::columns::Chunk;
-use crate::encoding::Encoding;
 use crate::error::{Error, Result};
 use crate::formats::{self, ReadFailure, ShardReader};
 use crate::memory::READERS_PER_WORKER;
@@ -167,15 +166,9 @@ fn decode_worker(
             return;
         }
         let rows: u64 = job.ranges.iter().map(|r| r.end - r.start).sum();
-        let entry = &plan.shards[job.shard];
-        // Parquet records are projected whole, pads included (`from_arrow`), and token windows
-        // are written whole (`formats::tokens`); the other readers write only the values a row
-        // has, over a chunk filled with pads first.
-        let mut chunk = if entry.layout.is_some() || entry.encoding == Encoding::Parquet {
-            Chunk::dirty_from(&plan.job_buffers, &plan.records, rows as usize)
-        } else {
-            Chunk::padded_from(Some(&plan.job_buffers), &plan.records, rows as usize)
-        };
+        // Every reader writes each row it hands over whole, pads included, so the chunk is
+        // not filled first.
+        let mut chunk = Chunk::dirty_from(&plan.job_buffers, &plan.records, rows as usize);
         let outcome = std::panic::catch_unwind(AssertUnwindSafe(|| {
             decode(plan, storage, &mut readers, &mut job, &mut chunk)
         }))

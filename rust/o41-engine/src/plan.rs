@@ -12,7 +12,7 @@ use std::sync::{Arc, OnceLock};
 
 use arrow_schema::SchemaRef;
 
-use crate::columns::{batch_schema, Chunk, ColumnBuf};
+use crate::columns::{batch_schema, Chunk};
 use crate::config::{ResolvedConfig, TokenLayout};
 use crate::dtype::{DType, Element};
 use crate::encoding::Encoding;
@@ -449,16 +449,7 @@ impl Planner {
     /// [`fill_windows`] and the rows its reads copy in), so filling it first would be a second
     /// pass over every batch.
     fn batch_buffer(plan: &Plan, rows: usize) -> Chunk {
-        let pool = &plan.batch_buffers;
-        Chunk {
-            rows,
-            columns: plan
-                .projection
-                .columns
-                .iter()
-                .map(|c| ColumnBuf::dirty_from(pool, c, rows))
-                .collect(),
-        }
+        Chunk::dirty_from(&plan.batch_buffers, &plan.projection, rows)
     }
 
     /// Plans the next group of batches: appends them to `pending` and their reads to `jobs`.

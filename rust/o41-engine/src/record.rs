@@ -132,6 +132,7 @@ impl<'de> Visitor<'de> for RecordSeed<'_> {
                 map.next_value_seed(Slot {
                     out: &mut buf[self.row * w..(self.row + 1) * w],
                     shape: &column.shape,
+                    pad: column.pad.element(),
                     ctx,
                 })?;
             });
@@ -177,10 +178,12 @@ impl SlotCtx<'_> {
     }
 }
 
-/// Writes one value (scalar or nested list) into its pre-padded slot.
+/// Writes one value (scalar or nested list) into its slot, every element of it: where a list
+/// is shorter than its axis, the rest is `pad`.
 struct Slot<'a, 'c, T> {
     out: &'a mut [T],
     shape: &'a [usize],
+    pad: T,
     ctx: SlotCtx<'c>,
 }
 
@@ -281,9 +284,11 @@ impl<'de, T: Element> Visitor<'de> for Slot<'_, '_, T> {
             let slot = Slot {
                 out: &mut self.out[j * w..(j + 1) * w],
                 shape: inner,
+                pad: self.pad,
                 ctx: self.ctx,
             };
             if seq.next_element_seed(slot)?.is_none() {
+                self.out[j * w..].fill(self.pad);
                 return Ok(());
             }
             j += 1;
@@ -314,7 +319,7 @@ mod tests {
     }
 
     fn run(p: &Projection, json: &str) -> (Vec<ColumnBuf>, Result<(), RecordError>) {
-        let mut cols: Vec<ColumnBuf> = p.columns.iter().map(|c| ColumnBuf::padded(c, 1)).collect();
+        let mut cols = crate::columns::junk_row(p);
         let mut de = serde_json::Deserializer::from_str(json);
         let r = project_record(&mut de, p, &mut cols, 0);
         (cols, r)

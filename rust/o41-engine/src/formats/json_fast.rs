@@ -67,7 +67,7 @@ fn project_object(
                 let w = column.width;
                 let shape = &column.shape;
                 crate::with_column!(&mut columns[k], buf => {
-                    value_into(s, &mut buf[row * w..(row + 1) * w], shape)?;
+                    value_into(s, &mut buf[row * w..(row + 1) * w], shape, column.pad.element())?;
                 });
             }
             None => s.skip(0)?,
@@ -81,8 +81,8 @@ fn project_object(
     }
 }
 
-/// Writes a scalar or a flat list into its slot.
-fn value_into<T: Element>(s: &mut Scan, out: &mut [T], shape: &[usize]) -> Option<()> {
+/// Writes a scalar or a flat list into its slot, every element of it: past a list's end, `pad`.
+fn value_into<T: Element>(s: &mut Scan, out: &mut [T], shape: &[usize], pad: T) -> Option<()> {
     match shape {
         [] => {
             out[0] = s.element()?;
@@ -93,6 +93,7 @@ fn value_into<T: Element>(s: &mut Scan, out: &mut [T], shape: &[usize]) -> Optio
             s.ws();
             if s.peek()? == b']' {
                 s.at += 1;
+                out.fill(pad);
                 return Some(());
             }
             let mut j = 0;
@@ -107,7 +108,10 @@ fn value_into<T: Element>(s: &mut Scan, out: &mut [T], shape: &[usize]) -> Optio
                 s.ws();
                 match s.next()? {
                     b',' => s.ws(),
-                    b']' => return Some(()),
+                    b']' => {
+                        out[j.min(*dim)..].fill(pad);
+                        return Some(());
+                    }
                     _ => return None,
                 }
             }
@@ -286,7 +290,7 @@ mod tests {
     }
 
     fn columns(p: &Projection) -> Vec<ColumnBuf> {
-        p.columns.iter().map(|c| ColumnBuf::padded(c, 1)).collect()
+        crate::columns::junk_row(p)
     }
 
     fn values(cols: &[ColumnBuf]) -> Vec<Vec<f64>> {
