@@ -404,6 +404,22 @@ impl Chunk {
     }
 }
 
+/// A projection of fields named as their sources, each `(name, dtype, shape)`, padded with 0.
+#[cfg(test)]
+pub fn test_projection(specs: &[(&str, crate::dtype::DType, Vec<usize>)]) -> Projection {
+    let fields: Vec<crate::config::FieldSpec> = specs
+        .iter()
+        .map(|(n, d, s)| crate::config::FieldSpec {
+            name: (*n).to_owned(),
+            source: (*n).to_owned(),
+            dtype: *d,
+            shape: s.clone(),
+            pad: serde_json::Value::from(0),
+        })
+        .collect();
+    Projection::new(&fields).expect("a valid test projection")
+}
+
 /// Buffers for one row of `p`'s columns holding junk, which projection must overwrite whole.
 #[cfg(test)]
 pub fn junk_row(p: &Projection) -> Vec<ColumnBuf> {

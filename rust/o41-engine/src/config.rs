@@ -405,6 +405,70 @@ fn default_world_size() -> usize {
     1
 }
 
+/// What a config's stage and a resolved stage share, checked the same way in both.
+struct StageRules<'a> {
+    batch_size: usize,
+    shuffle: Option<ShuffleSpec>,
+    infinite: bool,
+    ramp: Option<RampSpec>,
+    packing: Option<&'a PackingSpec>,
+    windows: Option<&'a WindowsSpec>,
+    /// How many sources the stage has.
+    sources: usize,
+}
+
+/// The checks a config and a resolved document share, in the order their errors are reported;
+/// `source(option, s, j)` checks the `j`th source of stage `s`, whose option path is `option`.
+fn validate_document<'a>(
+    fields: &[FieldSpec],
+    stages: impl Iterator<Item = StageRules<'a>>,
+    validation_pass: bool,
+    (threads, rank, world_size): (usize, usize, usize),
+    mut source: impl FnMut(&str, usize, usize) -> Result<()>,
+) -> Result<()> {
+    validate_fields(fields)?;
+    let stages: Vec<StageRules<'a>> = stages.collect();
+    if stages.is_empty() {
+        return Err(Error::config("stages", "at least one stage is required"));
+    }
+    for (s, stage) in stages.iter().enumerate() {
+        let option = format!("stages[{s}]");
+        validate_stage(&option, stage.batch_size, stage.shuffle)?;
+        validate_ramp(&option, stage.batch_size, stage.ramp, world_size)?;
+        validate_tokens(&option, stage.packing, stage.windows, fields)?;
+        if stage.sources == 0 {
+            return Err(Error::config(
+                format!("{option}.sources"),
+                "at least one source is required",
+            ));
+        }
+        for j in 0..stage.sources {
+            source(&format!("{option}.sources[{j}]"), s, j)?;
+        }
+    }
+    if validation_pass {
+        let stages = stages.iter().map(|s| (s.infinite, s.shuffle, s.ramp));
+        validate_validation_pass(fields, stages)?;
+    }
+    validate_resources(threads, rank, world_size)
+}
+
+/// A stage's [`StageRules`], from a config's stage or a resolved one (they name these fields
+/// alike).
+macro_rules! stage_rules {
+    ($stage:expr) => {
+        StageRules {
+            batch_size: $stage.batch_size,
+            shuffle: $stage.shuffle,
+            infinite: $stage.infinite,
+            ramp: $stage.ramp,
+            packing: $stage.packing.as_ref(),
+            windows: $stage.windows.as_ref(),
+            sources: $stage.sources.len(),
+        }
+    };
+}
+
 impl StreamConfig {
     /// Parses a config from JSON, naming the offending option on failure (its path in the
     /// document, such as `stages[0].batch_size`).
@@ -416,28 +480,15 @@ impl StreamConfig {
 
     /// Checks everything that can be checked without touching storage.
     pub fn validate(&self) -> Result<()> {
-        validate_fields(&self.fields)?;
-        if self.stages.is_empty() {
-            return Err(Error::config("stages", "at least one stage is required"));
-        }
-        for (s, stage) in self.stages.iter().enumerate() {
-            let option = format!("stages[{s}]");
-            validate_stage(&option, stage.batch_size, stage.shuffle)?;
-            validate_ramp(&option, stage.batch_size, stage.ramp, self.world_size)?;
-            validate_tokens(
-                &option,
-                stage.packing.as_ref(),
-                stage.windows.as_ref(),
-                &self.fields,
-            )?;
-            if stage.sources.is_empty() {
-                return Err(Error::config(
-                    format!("{option}.sources"),
-                    "at least one source is required",
-                ));
-            }
-            for (j, source) in stage.sources.iter().enumerate() {
-                let option = format!("{option}.sources[{j}]");
+        let stages = self.stages.iter().map(|stage| stage_rules!(stage));
+        let resources = (self.threads, self.rank, self.world_size);
+        validate_document(
+            &self.fields,
+            stages,
+            self.validation_pass,
+            resources,
+            |option, s, j| {
+                let source = &self.stages[s].sources[j];
                 match source {
                     SourceSpec::Files {
                         files, encoding, ..
@@ -465,20 +516,15 @@ impl StreamConfig {
                         }
                         if curriculum_stages.as_ref().is_some_and(Vec::is_empty) {
                             return Err(Error::config(
-                                format!("{option}.curriculum_stages"),
-                                "name at least one stage, or omit it to read the split's root order",
-                            ));
+                            format!("{option}.curriculum_stages"),
+                            "name at least one stage, or omit it to read the split's root order",
+                        ));
                         }
                     }
                 }
-                validate_weight(&option, source.weight())?;
-            }
-        }
-        if self.validation_pass {
-            let stages = self.stages.iter().map(|s| (s.infinite, s.shuffle, s.ramp));
-            validate_validation_pass(&self.fields, stages)?;
-        }
-        validate_resources(self.threads, self.rank, self.world_size)
+                validate_weight(option, source.weight())
+            },
+        )
     }
 }
 
@@ -845,29 +891,16 @@ impl ResolvedConfig {
     /// Checks the rules a resolved document keeps, as [`StreamConfig::validate`] does for a
     /// config: a checkpoint's document is read from a file and trusted no further than that.
     pub fn validate(&self) -> Result<()> {
-        validate_fields(&self.fields)?;
-        if self.stages.is_empty() {
-            return Err(Error::config("stages", "at least one stage is required"));
-        }
-        for (s, stage) in self.stages.iter().enumerate() {
-            let option = format!("stages[{s}]");
-            validate_stage(&option, stage.batch_size, stage.shuffle)?;
-            validate_ramp(&option, stage.batch_size, stage.ramp, self.world_size)?;
-            validate_tokens(
-                &option,
-                stage.packing.as_ref(),
-                stage.windows.as_ref(),
-                &self.fields,
-            )?;
-            if stage.sources.is_empty() {
-                return Err(Error::config(
-                    format!("{option}.sources"),
-                    "at least one source is required",
-                ));
-            }
-            for (j, source) in stage.sources.iter().enumerate() {
-                let option = format!("{option}.sources[{j}]");
-                validate_weight(&option, source.weight)?;
+        let stages = self.stages.iter().map(|stage| stage_rules!(stage));
+        let resources = (self.threads, self.rank, self.world_size);
+        validate_document(
+            &self.fields,
+            stages,
+            self.validation_pass,
+            resources,
+            |option, s, j| {
+                let source = &self.stages[s].sources[j];
+                validate_weight(option, source.weight)?;
                 let rows = source
                     .shards
                     .iter()
@@ -878,13 +911,9 @@ impl ResolvedConfig {
                         "the source must hold between 1 and 2^64 - 1 rows",
                     ));
                 }
-            }
-        }
-        if self.validation_pass {
-            let stages = self.stages.iter().map(|s| (s.infinite, s.shuffle, s.ramp));
-            validate_validation_pass(&self.fields, stages)?;
-        }
-        validate_resources(self.threads, self.rank, self.world_size)
+                Ok(())
+            },
+        )
     }
 
     /// Serialises the document as JSON.

@@ -302,21 +302,8 @@ impl<'de, T: Element> Visitor<'de> for Slot<'_, '_, T> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::FieldSpec;
 
-    fn projection(specs: &[(&str, DType, Vec<usize>)]) -> Projection {
-        let fields: Vec<FieldSpec> = specs
-            .iter()
-            .map(|(n, d, s)| FieldSpec {
-                name: (*n).to_owned(),
-                source: (*n).to_owned(),
-                dtype: *d,
-                shape: s.clone(),
-                pad: serde_json::Value::from(0),
-            })
-            .collect();
-        Projection::new(&fields).unwrap()
-    }
+    use crate::columns::test_projection as projection;
 
     fn run(p: &Projection, json: &str) -> (Vec<ColumnBuf>, Result<(), RecordError>) {
         let mut cols = crate::columns::junk_row(p);

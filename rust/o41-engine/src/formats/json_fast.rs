@@ -271,23 +271,10 @@ impl<'a> Scan<'a> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::FieldSpec;
     use crate::dtype::DType;
     use crate::record::project_record;
 
-    fn projection(specs: &[(&str, DType, Vec<usize>)]) -> Projection {
-        let fields: Vec<FieldSpec> = specs
-            .iter()
-            .map(|(n, d, s)| FieldSpec {
-                name: (*n).to_owned(),
-                source: (*n).to_owned(),
-                dtype: *d,
-                shape: s.clone(),
-                pad: serde_json::Value::from(0),
-            })
-            .collect();
-        Projection::new(&fields).unwrap()
-    }
+    use crate::columns::test_projection as projection;
 
     fn columns(p: &Projection) -> Vec<ColumnBuf> {
         crate::columns::junk_row(p)

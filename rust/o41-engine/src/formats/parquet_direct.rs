@@ -639,4 +639,153 @@ mod tests {
             .gather(&Values::I64(Vec::new()), &mut hybrid, 0)
             .is_some());
     }
+
+    /// Level or index bytes: hybrid runs with small counts and values, so pages often hold
+    /// the records asked for, then any byte overwritten.
+    fn hybrid_bytes() -> impl proptest::strategy::Strategy<Value = Vec<u8>> {
+        use proptest::prelude::*;
+        (
+            proptest::collection::vec((any::<bool>(), 0u8..8, any::<u8>()), 0..6),
+            proptest::collection::vec((any::<usize>(), any::<u8>()), 0..2),
+        )
+            .prop_map(|(runs, flips)| {
+                let mut out = Vec::new();
+                for (packed, count, value) in runs {
+                    if packed {
+                        // `count` groups of eight one-bit values (widths here are small).
+                        out.push((count << 1) | 1);
+                        out.extend(std::iter::repeat_n(value, usize::from(count)));
+                    } else {
+                        out.push(count << 1);
+                        out.push(value % 4);
+                    }
+                }
+                for (at, byte) in flips {
+                    if !out.is_empty() {
+                        let k = at % out.len();
+                        out[k] = byte;
+                    }
+                }
+                out
+            })
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(20000))]
+
+        /// A data page of any levels, indices and values, against any column layout, is read
+        /// or declined: never a panic, nor values that disagree with the record counts handed
+        /// over with them. (The file-level fuzz in `tests/fuzz.rs` reads through the guard that
+        /// turns a decoder's panic into an error, so it would not see one of these.)
+        #[test]
+        fn any_page_is_read_or_declined(
+            (kind, list, nullable) in (0usize..5, proptest::prelude::any::<bool>(), proptest::prelude::any::<bool>()),
+            (v2, encoding) in (proptest::prelude::any::<bool>(), 0usize..4),
+            (rep, def) in (hybrid_bytes(), hybrid_bytes()),
+            // Short value sections often end inside the values the levels claim.
+            values in proptest::prop_oneof![
+                proptest::collection::vec(proptest::prelude::any::<u8>(), 0..12),
+                proptest::collection::vec(proptest::prelude::any::<u8>(), 0..96),
+            ],
+            count in proptest::prop_oneof![0u32..16, 0u32..80],
+            takes in proptest::collection::vec(0usize..6, 0..4),
+            entries in 0usize..5,
+            present in proptest::prelude::any::<bool>(),
+        ) {
+            let kind = [Kind::I32, Kind::I64, Kind::F32, Kind::F64, Kind::Bool][kind];
+            let item = Arc::new(arrow_schema::Field::new("item", DataType::Int32, false));
+            let max_def = i16::from(list) * 2 + i16::from(nullable);
+            let layout = Layout {
+                leaf: 0,
+                kind,
+                list: list.then_some((item, false)),
+                max_def,
+                element: max_def,
+            };
+            let encoding = [
+                Encoding::PLAIN,
+                Encoding::RLE_DICTIONARY,
+                Encoding::PLAIN_DICTIONARY,
+                Encoding::RLE,
+            ][encoding];
+            // Often every slot present, so lists' repetition levels are what decides.
+            let def = if present && max_def > 0 {
+                let mut run = Vec::new();
+                let mut header = u64::from(count) << 1;
+                while header >= 0x80 {
+                    run.push((header as u8) | 0x80);
+                    header >>= 7;
+                }
+                run.extend([header as u8, max_def as u8]);
+                run
+            } else {
+                def
+            };
+            let mut buf = Vec::new();
+            let page = if v2 {
+                buf.extend_from_slice(&rep);
+                buf.extend_from_slice(&def);
+                buf.extend_from_slice(&values);
+                Page::DataPageV2 {
+                    buf: buf.into(),
+                    num_values: count,
+                    encoding,
+                    num_nulls: 0,
+                    num_rows: 0,
+                    def_levels_byte_len: def.len() as u32,
+                    rep_levels_byte_len: rep.len() as u32,
+                    is_compressed: false,
+                    statistics: None,
+                }
+            } else {
+                for section in [&rep, &def] {
+                    buf.extend_from_slice(&(section.len() as u32).to_le_bytes());
+                    buf.extend_from_slice(section);
+                }
+                buf.extend_from_slice(&values);
+                Page::DataPage {
+                    buf: buf.into(),
+                    num_values: count,
+                    encoding,
+                    def_level_encoding: Encoding::RLE,
+                    rep_level_encoding: Encoding::RLE,
+                    statistics: None,
+                }
+            };
+            let dictionary = match kind {
+                Kind::I32 => Values::I32((0..entries as i32).collect()),
+                Kind::I64 => Values::I64((0..entries as i64).collect()),
+                Kind::F32 => Values::F32((0..entries).map(|e| e as f32).collect()),
+                Kind::F64 => Values::F64((0..entries).map(|e| e as f64).collect()),
+                Kind::Bool => Values::Bool(BooleanBufferBuilder::new(0)),
+            };
+            for rows in 0..=count as usize {
+                let Some(mut data) = DataPage::new(&page, &layout, rows) else {
+                    continue;
+                };
+                let mut out = Values::new(kind);
+                let (mut lengths, mut scratch) = (Vec::new(), Vec::new());
+                let mut next = 0;
+                for &take in &takes {
+                    let records = next..(next + take).min(rows);
+                    next = records.end;
+                    if data
+                        .take(records, Some(&dictionary), &mut out, &mut lengths, &mut scratch)
+                        .is_none()
+                    {
+                        break;
+                    }
+                    let total: usize = lengths.iter().map(|&l| l as usize).sum();
+                    let held = match &out {
+                        Values::I32(v) => v.len(),
+                        Values::I64(v) => v.len(),
+                        Values::F32(v) => v.len(),
+                        Values::F64(v) => v.len(),
+                        Values::Bool(v) => v.len(),
+                    };
+                    proptest::prop_assert_eq!(held, total);
+                }
+            }
+        }
+    }
 }

@@ -405,5 +405,54 @@ mod tests {
             hybrid.read(values.len() - skip, &mut rest).unwrap();
             proptest::prop_assert_eq!(&rest[..], &values[skip..]);
         }
+
+        /// Any bytes, at any width, are walked, skipped and read without a panic: a read either
+        /// hands over all the values asked for or answers `None`, and a walk's runs are never
+        /// empty.
+        #[test]
+        fn any_bytes_are_read_or_refused(
+            width in 0u8..=32,
+            data in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..64),
+            steps in proptest::collection::vec((0u8..3, 0usize..300), 1..8),
+            packed in proptest::option::of(1u8..16),
+        ) {
+            // Often one bit-packed run that ends where the data ends: reading its last group
+            // must not load the word past it.
+            let data = match packed {
+                Some(groups) => {
+                    let mut run = vec![(groups << 1) | 1];
+                    let len = usize::from(groups) * usize::from(width);
+                    run.extend(data.iter().cycle().take(len));
+                    run.resize(1 + len, 0);
+                    run
+                }
+                None => data,
+            };
+            let mut hybrid = Hybrid::new(&data, width).unwrap();
+            let mut out = Vec::new();
+            for (step, n) in steps {
+                match step {
+                    0 => match hybrid.peek() {
+                        Some((_, run)) => {
+                            proptest::prop_assert!(run >= 1);
+                            hybrid.advance(run.min(n as u32).max(1));
+                        }
+                        None => break,
+                    },
+                    1 => {
+                        if hybrid.skip(n as u64).is_none() {
+                            break;
+                        }
+                    }
+                    _ => {
+                        out.clear();
+                        if hybrid.read(n, &mut out).is_none() {
+                            break;
+                        }
+                        proptest::prop_assert_eq!(out.len(), n);
+                    }
+                }
+            }
+        }
     }
 }
