@@ -100,33 +100,29 @@ fn declared_row_bytes(fields: &[crate::config::FieldSpec]) -> Result<u64> {
     Ok(Projection::new(fields)?.row_bytes() as u64)
 }
 
-impl crate::config::StreamConfig {
-    /// The pipeline this config runs.
-    pub fn pipeline_shape(&self) -> Result<PipelineShape> {
-        let stages = self.stages.iter().map(|s| (s.batch_size, s.shuffle));
-        PipelineShape::new(
-            stages,
-            declared_row_bytes(&self.fields)?,
-            self.threads,
-            self.prefetch_batches,
-            self.memory_limit_bytes,
-        )
-    }
+/// `pipeline_shape` for a config and for a resolved document, which name these options alike.
+macro_rules! pipeline_shape {
+    ($($config:ty => $doc:literal),*) => {$(
+        impl $config {
+            #[doc = $doc]
+            pub fn pipeline_shape(&self) -> Result<PipelineShape> {
+                let stages = self.stages.iter().map(|s| (s.batch_size, s.shuffle));
+                PipelineShape::new(
+                    stages,
+                    declared_row_bytes(&self.fields)?,
+                    self.threads,
+                    self.prefetch_batches,
+                    self.memory_limit_bytes,
+                )
+            }
+        }
+    )*};
 }
 
-impl crate::config::ResolvedConfig {
-    /// The pipeline this document runs.
-    pub fn pipeline_shape(&self) -> Result<PipelineShape> {
-        let stages = self.stages.iter().map(|s| (s.batch_size, s.shuffle));
-        PipelineShape::new(
-            stages,
-            declared_row_bytes(&self.fields)?,
-            self.threads,
-            self.prefetch_batches,
-            self.memory_limit_bytes,
-        )
-    }
-}
+pipeline_shape!(
+    crate::config::StreamConfig => "The pipeline this config runs.",
+    crate::config::ResolvedConfig => "The pipeline this document runs."
+);
 
 /// What inspection learnt about the shards that the bound depends on.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]

@@ -419,14 +419,9 @@ pub(super) fn read<R: ChunkReader + 'static>(
         else {
             return Ok(None);
         };
-        let Some((offsets, layout)) = column_layout(metadata, arrow_fields, root) else {
-            return Ok(None);
-        };
         let outcome = read_column(
             reader,
-            metadata,
-            offsets,
-            &layout,
+            (metadata, arrow_fields, root),
             (group_starts, ranges),
             |array, out_row, row_base| {
                 project_arrow_column(
@@ -467,14 +462,9 @@ pub(super) fn runs<R: ChunkReader + 'static>(
     root: usize,
     visit: &mut dyn FnMut(&dyn Array, u64) -> crate::error::Result<()>,
 ) -> parquet::errors::Result<Option<crate::error::Result<()>>> {
-    let Some((offsets, layout)) = column_layout(metadata, arrow_fields, root) else {
-        return Ok(None);
-    };
     let outcome = read_column(
         reader,
-        metadata,
-        offsets,
-        &layout,
+        (metadata, arrow_fields, root),
         (group_starts, ranges),
         |array, _, first| visit(array, first),
     )?;
@@ -484,16 +474,18 @@ pub(super) fn runs<R: ChunkReader + 'static>(
     }))
 }
 
-/// Reads one column's wanted rows, handing `project(array, chunk_row, shard_row)` each run of
-/// them that one page holds.
+/// Reads root column `root`'s wanted rows, handing `project(array, chunk_row, shard_row)` each
+/// run of them that one page holds; `Ok(None)` where the column is not one read here.
 fn read_column<R: ChunkReader + 'static>(
     reader: &Arc<R>,
-    metadata: &ParquetMetaData,
-    offsets: &dyn PageIndexProvider,
-    layout: &Layout,
+    (metadata, arrow_fields, root): (&ParquetMetaData, &[FieldRef], usize),
     (group_starts, ranges): (&[u64], &[Range<u64>]),
     mut project: impl FnMut(&dyn Array, usize, u64) -> crate::error::Result<()>,
 ) -> parquet::errors::Result<Option<Column>> {
+    let Some((offsets, layout)) = column_layout(metadata, arrow_fields, root) else {
+        return Ok(None);
+    };
+    let layout = &layout;
     let mut out_row = 0usize;
     let mut lengths: Vec<u32> = Vec::new();
     let mut scratch: Vec<u32> = Vec::new();
