@@ -61,7 +61,15 @@ def write_section(name: str, body: str) -> None:
 def run_child(
     command: list[str], env: dict[str, str] | None = None, timeout: float | None = None
 ) -> dict[str, Any]:
-    """Runs one measurement in a fresh process and returns the JSON object it printed last."""
+    """Runs one measurement in a fresh process and returns the JSON object it printed last.
+
+    NumPy's OpenBLAS pool spins a core for about a tenth of a second after import, waiting for
+    work no contender gives it; on a two-core machine that halves what a fresh process measures
+    first (open, the first batch) and adds to its CPU time. Children run with one BLAS thread
+    unless ``env`` says otherwise.
+    """
+    env = {**(os.environ if env is None else env)}
+    env.setdefault("OPENBLAS_NUM_THREADS", "1")
     out = subprocess.run(command, check=True, capture_output=True, text=True, env=env, timeout=timeout)
     result: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])
     return result

@@ -294,7 +294,8 @@ def main() -> None:
 {preamble(command)}
 - Real manifests: Parquet shards of {ROWS_PER_SHARD} rows, one infinite shuffled stage, batch
   {BATCH}, world size 8, rank 0, 2 threads; each figure the median of {args.reps} fresh
-  processes. *Open* is `open_batch_stream` until it returns; *first batch* adds the first
+  processes (with `OPENBLAS_NUM_THREADS=1`: NumPy's idle BLAS pool otherwise spins a core
+  through a fresh process's first tenth of a second, which is when open runs). *Open* is `open_batch_stream` until it returns; *first batch* adds the first
   `next` (what a training job waits for); *resume* is `resume_batch_stream` of a checkpoint
   1,000 global batches deep, to its first batch. *Requests* are what a proxy in front of
   SeaweedFS saw for resolution alone (the manifest and one shard per source: every request open
