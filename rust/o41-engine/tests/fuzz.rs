@@ -118,6 +118,29 @@ fn records() -> Vec<(i64, Vec<i32>)> {
 }
 
 fn parquet_seed() -> Vec<u8> {
+    parquet_seed_with(
+        WriterProperties::builder()
+            .set_max_row_group_row_count(Some(16))
+            .build(),
+    )
+}
+
+/// The other common layout: version 2 pages, uncompressed and without dictionaries, a few rows
+/// a page, so mutations land in levels and values the engine's own page reader decodes.
+fn parquet_v2_seed() -> Vec<u8> {
+    parquet_seed_with(
+        WriterProperties::builder()
+            .set_writer_version(parquet::file::properties::WriterVersion::PARQUET_2_0)
+            .set_compression(parquet::basic::Compression::UNCOMPRESSED)
+            .set_dictionary_enabled(false)
+            .set_data_page_row_count_limit(4)
+            .set_write_batch_size(4)
+            .set_max_row_group_row_count(Some(16))
+            .build(),
+    )
+}
+
+fn parquet_seed_with(properties: WriterProperties) -> Vec<u8> {
     let (v, t): (Vec<i64>, Vec<Vec<i32>>) = records().into_iter().unzip();
     let v: ArrayRef = Arc::new(Int64Array::from(v));
     let t: ArrayRef = Arc::new(ListArray::from_iter_primitive::<Int32Type, _, _>(
@@ -125,9 +148,6 @@ fn parquet_seed() -> Vec<u8> {
     ));
     let batch = RecordBatch::try_from_iter([("v", v), ("t", t)]).unwrap();
     let mut out = Vec::new();
-    let properties = WriterProperties::builder()
-        .set_max_row_group_row_count(Some(16))
-        .build();
     let mut writer = ArrowWriter::try_new(&mut out, batch.schema(), Some(properties)).unwrap();
     writer.write(&batch).unwrap();
     writer.close().unwrap();
@@ -273,6 +293,53 @@ fn each_mutation(seed: Vec<u8>, read: impl Fn(&[u8], u64)) {
 #[test]
 fn parquet_shards() {
     fuzz_shards(Encoding::Parquet, parquet_seed());
+}
+
+/// Every seed reads whole, so the fuzz mutates valid shards, not inputs refused at the first byte.
+#[test]
+fn seeds_read_whole() {
+    let seeds = [
+        (Encoding::Parquet, parquet_seed()),
+        (Encoding::Parquet, parquet_v2_seed()),
+        (Encoding::Jsonl, jsonl_seed()),
+        (Encoding::JsonlGz, gzip_seed()),
+        (Encoding::JsonlGz, seekable_gz_seed()),
+        (Encoding::Msgpack, msgpack_seed()),
+    ];
+    for (k, (encoding, bytes)) in seeds.into_iter().enumerate() {
+        let path = std::env::temp_dir().join(format!(
+            "o41-fuzz-seed-{}-{k}.{}",
+            std::process::id(),
+            encoding.name()
+        ));
+        std::fs::write(&path, bytes).unwrap();
+        let uri = path.to_string_lossy().into_owned();
+        let storage = Storage::local();
+        let projection = projection();
+        let meta = formats::inspect(&storage, &uri, encoding, &projection, 1 << 20, None).unwrap();
+        assert!(
+            meta.rows >= records().len() as u64,
+            "seed {k}: {} rows",
+            meta.rows
+        );
+        let mut reader = formats::open(&storage, &uri, encoding, &meta).unwrap();
+        let mut chunk = Chunk::padded(&projection, meta.rows as usize);
+        reader
+            .read_ranges(
+                std::slice::from_ref(&(0..meta.rows)),
+                &projection,
+                &mut chunk,
+                None,
+            )
+            .map_err(|f| f.error)
+            .unwrap();
+        std::fs::remove_file(&path).unwrap();
+    }
+}
+
+#[test]
+fn parquet_v2_shards() {
+    fuzz_shards(Encoding::Parquet, parquet_v2_seed());
 }
 
 /// A Parquet shard of token lists, planned for packing as a token stage plans it: list lengths
