@@ -511,6 +511,96 @@ def test_cached_lengths_the_shard_does_not_hold_fail_closed(
         rows(config)
 
 
+def token_column_bytes(path: Path) -> int:
+    """Compressed bytes of the ``tokens`` column's chunks."""
+    meta = pq.ParquetFile(path).metadata
+    return sum(
+        meta.row_group(g).column(c).total_compressed_size
+        for g in range(meta.num_row_groups)
+        for c in range(meta.num_columns)
+        if meta.row_group(g).column(c).path_in_schema.startswith("tokens")
+    )
+
+
+def test_saver_written_shards_are_planned_from_their_footers(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # No inspection cache: every open plans from the shards themselves.
+    monkeypatch.setenv("O41_INSPECT_CACHE", "off")
+    docs = corpus([50 + (37 * i) % 900 for i in range(1200)])
+    parts = [docs[k::4] for k in range(4)]
+    saver = TrainingData().dataset_saver(tmp_path / "saved" / "data-manifest-v1.json")
+    for k, part in enumerate(parts):
+        saver.save("train", None, [{"tokens": d} for d in part], shard_id=str(k))
+    saver.commit_manifest()
+    saved = sorted((tmp_path / "saved").rglob("*.parquet"))
+    foreign = [write_lists(tmp_path / f"foreign-{k}.parquet", part) for k, part in enumerate(parts)]
+
+    def reads(files: list[Path]) -> tuple[int, int, list[dict[str, np.ndarray]]]:
+        """Bytes read at open, bytes read in all, and the epoch's rows."""
+        delivered = []
+        with open_batch_stream(packed(files, 256)) as stream:
+            opened = stream.stats.open.bytes_read
+            for batch in stream:
+                arrays = batch.arrays()
+                delivered.extend({k: v[r].copy() for k, v in arrays.items()} for r in range(batch.num_rows))
+            total = stream.stats.bytes_read
+        return opened, total, delivered
+
+    saved_open, saved_total, saved_rows = reads(saved)
+    foreign_open, _, foreign_rows = reads(foreign)
+    # Every token was read, and counted.
+    assert saved_total >= sum(token_column_bytes(p) for p in saved)
+    # The same windows either way.
+    assert len(saved_rows) == len(foreign_rows)
+    for a, b in zip(saved_rows, foreign_rows, strict=True):
+        assert all(np.array_equal(a[k], b[k]) for k in a)
+    check_packed(saved_rows, [d for part in parts for d in part], 256, eos=False)
+    # Without the footer index, open reads every page of the token column; with it, the
+    # footers alone (a few KiB here, against the column's MiBs).
+    assert foreign_open >= sum(token_column_bytes(p) for p in foreign)
+    assert saved_open < 0.01 * sum(token_column_bytes(p) for p in saved), saved_open
+
+
+def test_a_fixed_size_list_column_packs_as_documents(tmp_path: Path) -> None:
+    docs = corpus([4] * 10)
+    path = tmp_path / "fixed.parquet"
+    pq.write_table(pa.table({"tokens": pa.array(docs, pa.list_(pa.int32(), 4))}), path)
+    check_packed(rows(packed([path], 8)), docs, 8, eos=False)
+
+
+@pytest.mark.parametrize("values", [pa.list_(pa.float32()), pa.string()])
+def test_a_token_column_that_is_not_a_list_of_ids_is_refused_at_open(
+    tmp_path: Path, values: pa.DataType
+) -> None:
+    column = [[1.5, 2.0]] * 3 if values != pa.string() else ["a b", "c", "d"]
+    path = tmp_path / "floats.parquet"
+    pq.write_table(pa.table({"tokens": pa.array(column, values)}), path)
+    with pytest.raises(ProjectionError, match=r"floats\.parquet.*'tokens'.*list of integer ids"):
+        open_batch_stream(packed([path], 8))
+
+
+def test_a_footer_index_its_records_do_not_hold_fails_closed(tmp_path: Path) -> None:
+    import base64
+    import zlib
+
+    docs = corpus([6] * 40)
+    lengths = np.array([len(d) for d in docs], dtype="<u4")
+    # Another writer's shard with an index that moves a token from the second record to the
+    # first: the row group's level count still agrees, so the plan is made from it, and the
+    # reader holds each record to it.
+    lengths[0] += 1
+    lengths[1] -= 1
+    deflate = zlib.compressobj(wbits=-15)
+    value = "1:" + base64.b64encode(deflate.compress(lengths.tobytes()) + deflate.flush()).decode()
+    table = pa.table({"tokens": pa.array(docs, pa.list_(pa.int32()))})
+    table = table.replace_schema_metadata({"o41.list_lengths.tokens": value})
+    path = tmp_path / "lying.parquet"
+    pq.write_table(table, path)
+    with pytest.raises(MalformedShardError, match=r"lying\.parquet.*when the shard was inspected"):
+        rows(packed([path], 16, batch_size=4))
+
+
 def test_positions_a_document_outgrows_in_i32_are_refused_at_open(tmp_path: Path) -> None:
     """A position past i32 is refused at open, naming the field and the shard, not wrapped."""
     # A .bin of one document of 2^31 + 2 tokens would be 4 GiB; the check reads the plan, so a

@@ -345,8 +345,49 @@ fn parquet_v2_shards() {
 /// A Parquet shard of token lists, planned for packing as a token stage plans it: list lengths
 /// from the pages' levels, or from decoding the lists where those do not read. Only the plan is
 /// fuzzed here; reading the lists is `parquet_shards`' `t` column.
+/// The seed's records as the dataset saver writes them: their token lists' lengths in the footer.
+fn saved_parquet_seed() -> Vec<u8> {
+    let (v, t): (Vec<i64>, Vec<Vec<i32>>) = records().into_iter().unzip();
+    let v: ArrayRef = Arc::new(Int64Array::from(v));
+    let t: ArrayRef = Arc::new(ListArray::from_iter_primitive::<Int32Type, _, _>(
+        t.into_iter().map(|l| Some(l.into_iter().map(Some))),
+    ));
+    let batch = RecordBatch::try_from_iter([("v", v), ("t", t)]).unwrap();
+    let path = std::env::temp_dir().join(format!("o41-fuzz-saved-{}.parquet", std::process::id()));
+    let path_str = path.to_string_lossy().into_owned();
+    formats::write_shard(
+        &path_str,
+        "saved",
+        Encoding::Parquet,
+        formats::ShardData::Arrow {
+            schema: batch.schema(),
+            batches: std::slice::from_ref(&batch),
+        },
+    )
+    .unwrap();
+    let bytes = std::fs::read(&path).unwrap();
+    std::fs::remove_file(&path).unwrap();
+    bytes
+}
+
 #[test]
 fn parquet_token_shards() {
+    fuzz_token_plans(parquet_seed());
+}
+
+/// Mutations of a saver-written shard also reach its footer's index of list lengths.
+#[test]
+fn saved_parquet_token_shards() {
+    let seed = saved_parquet_seed();
+    assert!(
+        seed.windows(17)
+            .any(|w| w == b"o41.list_lengths.".as_slice()),
+        "the seed carries a footer index"
+    );
+    fuzz_token_plans(seed);
+}
+
+fn fuzz_token_plans(seed: Vec<u8>) {
     use o41_engine::config::{PackingSpec, TokenLayout};
     let layout = TokenLayout::Packed(PackingSpec {
         field: "t".into(),
@@ -355,7 +396,7 @@ fn parquet_token_shards() {
         eos_id: None,
     });
     let projection = projection();
-    each_mutation(parquet_seed(), |mutated, n| {
+    each_mutation(seed, |mutated, n| {
         let path = std::env::temp_dir().join(format!(
             "o41-fuzz-tokens-{}-{n}.parquet",
             std::process::id()

@@ -7,8 +7,17 @@
 //! never decodes a value. It reads the layouts a plain list of ids has, and answers `None` for
 //! anything else (a null list, the deprecated `BIT_PACKED` level encoding, levels that do not
 //! add up): the caller then decodes the lists, whose errors name what is wrong.
+//!
+//! Shards the dataset saver writes carry their list columns' lengths in the footer as well
+//! ([`footer_value`], `docs/formats.md`), so a shard of theirs is planned from its footer, which
+//! open reads anyway, and not a byte of its pages. That index is trusted only as far as the
+//! footer's own counts confirm it: each row group's records and level count must come out of
+//! the lengths exactly, and the reader still holds every record to its planned length.
 
+use std::io::{Read, Write};
 use std::sync::Arc;
+
+use base64::Engine;
 
 use parquet::basic::{Encoding, Repetition};
 use parquet::column::page::{Page, PageReader};
@@ -66,6 +75,91 @@ pub(super) fn list_lengths<R: ChunkReader + 'static>(
         }
     }
     Ok(Some(walk.lengths))
+}
+
+/// The footer key under which the saver stores a list column's record lengths: this prefix and
+/// the column's name.
+pub const FOOTER_KEY_PREFIX: &str = "o41.list_lengths.";
+
+/// The value's format tag: version 1 is the lengths as little-endian `u32`s, deflated, then
+/// base64 (standard alphabet, padded).
+const FOOTER_VERSION: &str = "1:";
+
+/// The footer value for a column whose records hold `lengths` values; `None` where one does not
+/// fit a `u32` (no index is written then).
+pub fn footer_value(lengths: &[u64]) -> Option<String> {
+    let mut raw = Vec::with_capacity(lengths.len() * 4);
+    for &len in lengths {
+        raw.extend_from_slice(&u32::try_from(len).ok()?.to_le_bytes());
+    }
+    let mut deflate =
+        flate2::write::DeflateEncoder::new(Vec::new(), flate2::Compression::default());
+    deflate.write_all(&raw).ok()?;
+    let packed = deflate.finish().ok()?;
+    Some(format!(
+        "{FOOTER_VERSION}{}",
+        base64::engine::general_purpose::STANDARD.encode(packed)
+    ))
+}
+
+/// The record lengths of root column `root` from the saver's footer index, when the footer has
+/// one for it that agrees with the footer's counts (`rows` records; per row group, its records
+/// and the leaf column's level count); `None` otherwise, and the levels are read instead.
+pub(super) fn footer_lengths(
+    metadata: &ParquetMetaData,
+    root: usize,
+    rows: u64,
+) -> Option<Vec<u64>> {
+    let file = metadata.file_metadata();
+    let schema = file.schema_descr();
+    let name = schema.root_schema().get_fields().get(root)?.name();
+    let key = format!("{FOOTER_KEY_PREFIX}{name}");
+    let value = file
+        .key_value_metadata()?
+        .iter()
+        .find(|kv| kv.key == key)?
+        .value
+        .as_deref()?
+        .strip_prefix(FOOTER_VERSION)?;
+    let packed = base64::engine::general_purpose::STANDARD
+        .decode(value)
+        .ok()?;
+    // Inflate no further than the lengths `rows` records take, and one byte past to tell a
+    // longer index; deflate expands at most 1,032 times, so a claim past that is refused
+    // before anything is allocated for it.
+    let want = rows.checked_mul(4)?;
+    if want > (packed.len() as u64).saturating_mul(1032) {
+        return None;
+    }
+    let mut raw = Vec::with_capacity(usize::try_from(want).ok()?);
+    flate2::read::DeflateDecoder::new(packed.as_slice())
+        .take(want + 1)
+        .read_to_end(&mut raw)
+        .ok()?;
+    if raw.len() as u64 != want {
+        return None;
+    }
+    let lengths: Vec<u64> = raw
+        .chunks_exact(4)
+        .map(|b| u64::from(u32::from_le_bytes([b[0], b[1], b[2], b[3]])))
+        .collect();
+    // Each record of a list column adds one level per value, and one for an empty list.
+    let leaf = single_leaf(schema, root)?;
+    let mut at = 0usize;
+    for g in 0..metadata.num_row_groups() {
+        let group = metadata.row_group(g);
+        let records = usize::try_from(group.num_rows()).ok()?;
+        let levels: u64 = lengths
+            .get(at..at.checked_add(records)?)?
+            .iter()
+            .map(|&l| l.max(1))
+            .sum();
+        if i64::try_from(levels).ok()? != group.column(leaf).num_values() {
+            return None;
+        }
+        at += records;
+    }
+    (at == lengths.len()).then_some(lengths)
 }
 
 /// What the levels of one list column mean.
@@ -438,5 +532,121 @@ mod tests {
             .parse_and_finish(&*file)
             .unwrap();
         assert_eq!(list_lengths(&file, &metadata, 0, 5).unwrap(), None);
+    }
+
+    /// `lengths` records of a `tokens` list column (ids `0..len`), in two batches; `null_at`
+    /// makes that record's first id null.
+    fn token_batches(lengths: &[usize], null_at: Option<usize>) -> Vec<RecordBatch> {
+        let half = lengths.len() / 2;
+        [&lengths[..half], &lengths[half..]]
+            .iter()
+            .enumerate()
+            .map(|(part, lengths)| {
+                let mut lists = ListBuilder::new(Int32Builder::new());
+                for (r, &len) in lengths.iter().enumerate() {
+                    for k in 0..len {
+                        let null = null_at == Some(part * half + r) && k == 0;
+                        lists.values().append_option((!null).then_some(k as i32));
+                    }
+                    lists.append(true);
+                }
+                let column: ArrayRef = Arc::new(lists.finish());
+                RecordBatch::try_from_iter([("tokens", column)]).unwrap()
+            })
+            .collect()
+    }
+
+    /// Writes `batches` as the saver does; the file and its footer.
+    fn saved(
+        batches: &[RecordBatch],
+    ) -> (
+        tempfile_path::Path,
+        Arc<std::fs::File>,
+        parquet::file::metadata::ParquetMetaData,
+    ) {
+        let path = tempfile_path::Path::new("saved");
+        let out = std::fs::File::create(&path.0).unwrap();
+        crate::formats::parquet::write(out, batches[0].schema(), batches, "saved").unwrap();
+        let file = Arc::new(std::fs::File::open(&path.0).unwrap());
+        let metadata = ParquetMetaDataReader::new()
+            .parse_and_finish(&*file)
+            .unwrap();
+        (path, file, metadata)
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(32))]
+
+        /// The saver's writer leaves every record's length in the footer, and they are the
+        /// lengths the levels give.
+        #[test]
+        fn the_saver_footer_lists_the_lengths_the_levels_give(
+            lengths in prop::collection::vec(prop_oneof![3 => 0usize..4, 1 => 0usize..300], 0..300),
+        ) {
+            let (_path, file, metadata) = saved(&token_batches(&lengths, None));
+            let expected: Vec<u64> = lengths.iter().map(|&l| l as u64).collect();
+            let rows = lengths.len() as u64;
+            prop_assert_eq!(super::footer_lengths(&metadata, 0, rows), Some(expected.clone()));
+            prop_assert_eq!(list_lengths(&file, &metadata, 0, rows).unwrap(), Some(expected));
+        }
+    }
+
+    /// A footer index is used only where the footer's own counts confirm it.
+    #[test]
+    fn a_footer_index_the_footer_does_not_confirm_is_not_used() {
+        let lengths = [3usize, 0, 5, 1, 2, 7];
+        let batches = token_batches(&lengths, None);
+        let write = |value: &str| {
+            let path = tempfile_path::Path::new("footer");
+            let file = std::fs::File::create(&path.0).unwrap();
+            let mut writer = ArrowWriter::try_new(file, batches[0].schema(), None).unwrap();
+            for batch in &batches {
+                writer.write(batch).unwrap();
+            }
+            writer.append_key_value_metadata(parquet::file::metadata::KeyValue::new(
+                format!("{}tokens", super::FOOTER_KEY_PREFIX),
+                value.to_owned(),
+            ));
+            writer.close().unwrap();
+            let file = std::fs::File::open(&path.0).unwrap();
+            let metadata = ParquetMetaDataReader::new()
+                .parse_and_finish(&file)
+                .unwrap();
+            super::footer_lengths(&metadata, 0, lengths.len() as u64)
+        };
+        let value = |lengths: &[u64]| super::footer_value(lengths).unwrap();
+        let right: Vec<u64> = lengths.iter().map(|&l| l as u64).collect();
+        assert_eq!(write(&value(&right)), Some(right.clone()));
+        // One record a value longer: the row group's level count disagrees.
+        let mut longer = right.clone();
+        longer[2] += 1;
+        assert_eq!(write(&value(&longer)), None);
+        // One record fewer, or more.
+        assert_eq!(write(&value(&right[1..])), None);
+        assert_eq!(write(&value(&[right.clone(), vec![1]].concat())), None);
+        // Another version, or not base64 or deflate.
+        let current = value(&right);
+        assert_eq!(write(&current.replacen("1:", "2:", 1)), None);
+        assert_eq!(write("1:not base64!"), None);
+        assert_eq!(write("1:AAAA"), None);
+    }
+
+    /// A column holding a null id is given no footer index (its levels are read, or it is
+    /// decoded), and a column of another type neither.
+    #[test]
+    fn lists_holding_a_null_get_no_footer_index() {
+        let (_path, _file, metadata) = saved(&token_batches(&[2, 3, 1], Some(1)));
+        let keys: Vec<&str> = metadata
+            .file_metadata()
+            .key_value_metadata()
+            .into_iter()
+            .flatten()
+            .map(|kv| kv.key.as_str())
+            .collect();
+        assert!(
+            !keys.iter().any(|k| k.starts_with(super::FOOTER_KEY_PREFIX)),
+            "{keys:?}"
+        );
+        assert_eq!(super::footer_lengths(&metadata, 0, 3), None);
     }
 }

@@ -22,7 +22,7 @@ use parquet::arrow::arrow_reader::{
 use parquet::arrow::{ArrowWriter, ProjectionMask};
 use parquet::basic::{Compression, ZstdLevel};
 use parquet::errors::ParquetError;
-use parquet::file::metadata::{PageIndexPolicy, ParquetMetaData};
+use parquet::file::metadata::{KeyValue, PageIndexPolicy, ParquetMetaData};
 use parquet::file::properties::WriterProperties;
 use parquet::file::reader::{ChunkReader, Length};
 
@@ -356,10 +356,22 @@ fn guarded<T>(
 
 pub fn inspect(object: Arc<Object>, projection: &Projection) -> Result<ShardMeta> {
     let path = object.uri().to_owned();
-    guarded(&path, None, || inspect_unguarded(object, projection))?
+    guarded(&path, None, || inspect_unguarded(object, projection, true))?
 }
 
-fn inspect_unguarded(object: Arc<Object>, projection: &Projection) -> Result<ShardMeta> {
+/// [`inspect`] from the footer alone: the projection's columns are found but no record is
+/// decoded, for a caller that checks their types itself (a token stage, which inspects every
+/// shard at open and would otherwise read a page of each).
+pub fn inspect_footer(object: Arc<Object>, projection: &Projection) -> Result<ShardMeta> {
+    let path = object.uri().to_owned();
+    guarded(&path, None, || inspect_unguarded(object, projection, false))?
+}
+
+fn inspect_unguarded(
+    object: Arc<Object>,
+    projection: &Projection,
+    decode_first: bool,
+) -> Result<ShardMeta> {
     let path = &object.uri().to_owned();
     let metadata = load_metadata(&object)?;
     if metadata.metadata().file_metadata().num_rows() == 0 {
@@ -451,7 +463,7 @@ fn inspect_unguarded(object: Arc<Object>, projection: &Projection) -> Result<Sha
         longest_record: 0,
         index: ShardIndex::Parquet(index.clone()),
     };
-    if rows > 0 {
+    if rows > 0 && decode_first {
         // Decoding the first record checks every projected column's type now, not mid-run.
         let mut reader = Reader::open(object, index);
         let mut chunk = Chunk::padded(projection, 1);
@@ -862,6 +874,12 @@ fn selected_rows<R: ChunkReader + 'static>(
 }
 
 /// The index of a shard inspected with `projection`, for readers of whole lists (token shards).
+/// The Arrow type of the first column `index` projects; `None` for an empty shard's index.
+pub(super) fn projected_type(index: &ParquetIndex) -> Option<&DataType> {
+    let &root = index.roots.first()?;
+    Some(index.metadata.schema().field(root).data_type())
+}
+
 pub(super) fn index_of(meta: &ShardMeta) -> Option<Arc<ParquetIndex>> {
     match &meta.index {
         ShardIndex::Parquet(index) => Some(index.clone()),
@@ -927,12 +945,16 @@ pub(super) fn for_each_list(
             return Ok(());
         }
         if let Some(file) = object.local_file() {
-            let direct = Arc::new(file.try_clone().map_err(|e| Error::io(&path, e))?);
-            let Some(rest) = lists_direct(&direct, index, (ranges, values), &path, each)? else {
-                return Ok(());
+            // Counted like every other read of the shard (`bytes_read`).
+            let reads = (index, (ranges, values), path.as_str());
+            return match object.meter() {
+                Some(meter) => local_lists(|| metered(file, meter), reads, each),
+                None => local_lists(
+                    || file.try_clone().map_err(|e| Error::io(&path, e)),
+                    reads,
+                    each,
+                ),
             };
-            let file = file.try_clone().map_err(|e| Error::io(&path, e))?;
-            return lists(file, index, (&rest, values), &path, each);
         }
         let pieces = object.read_pieces(&index.fetch_ranges(ranges, projection))?;
         let fetched = Arc::new(Fetched::from_pieces(object.clone(), pieces));
@@ -950,6 +972,19 @@ pub(super) fn for_each_list(
         )
         .map_err(|e| fetched.take_failure().unwrap_or(e))
     })?
+}
+
+/// [`for_each_list`] over a local shard, each reader on its own handle from `open`.
+fn local_lists<R: ChunkReader + 'static>(
+    open: impl Fn() -> Result<R>,
+    (index, (ranges, values), path): (&ParquetIndex, (&[Range<u64>], bool), &str),
+    each: &mut EachList<'_>,
+) -> Result<()> {
+    let direct = Arc::new(open()?);
+    let Some(rest) = lists_direct(&direct, index, (ranges, values), path, each)? else {
+        return Ok(());
+    };
+    lists(open()?, index, (&rest, values), path, each)
 }
 
 /// Hands `each` the records of `ranges` read page by page (`parquet_direct`), as far as the
@@ -1009,12 +1044,21 @@ pub(super) fn list_lengths(
         return Ok(None);
     };
     let metadata = index.metadata.metadata();
+    // A shard the saver wrote lists them in its footer, which open has read already.
+    if let Some(lengths) = super::list_lengths::footer_lengths(metadata, root, rows) {
+        return Ok(Some(lengths));
+    }
     guarded(&path, None, || {
         if let Some(file) = object.local_file() {
-            let file = Arc::new(file.try_clone().map_err(|e| Error::io(&path, e))?);
-            return Ok(
-                super::list_lengths::list_lengths(&file, metadata, root, rows).unwrap_or(None),
-            );
+            // Counted like every other read of the shard (`bytes_read`).
+            let found = if let Some(meter) = object.meter() {
+                let file = Arc::new(metered(file, meter)?);
+                super::list_lengths::list_lengths(&file, metadata, root, rows)
+            } else {
+                let file = Arc::new(file.try_clone().map_err(|e| Error::io(&path, e))?);
+                super::list_lengths::list_lengths(&file, metadata, root, rows)
+            };
+            return Ok(found.unwrap_or(None));
         }
         let all = 0..rows;
         let fetched = Arc::new(Fetched::new(
@@ -1225,7 +1269,9 @@ impl Batches {
 }
 
 /// Writes `batches` (all of `schema`) as one Parquet file: zstd-compressed pages with a page
-/// index, so that streams select just the pages holding the rows a rank reads.
+/// index, so that streams select just the pages holding the rows a rank reads, and for each
+/// list column of integers without nulls its record lengths in the footer
+/// ([`super::list_lengths::footer_value`]), so that a packing stage plans from the footer.
 pub fn write(
     out: impl Write + Send,
     schema: SchemaRef,
@@ -1241,12 +1287,52 @@ pub fn write(
     let properties = WriterProperties::builder()
         .set_compression(Compression::ZSTD(ZstdLevel::default()))
         .build();
+    let footer: Vec<KeyValue> = schema
+        .fields()
+        .iter()
+        .enumerate()
+        .filter_map(|(k, field)| {
+            let value = super::list_lengths::footer_value(&integer_list_lengths(batches, k)?)?;
+            let key = format!("{}{}", super::list_lengths::FOOTER_KEY_PREFIX, field.name());
+            Some(KeyValue::new(key, value))
+        })
+        .collect();
     let mut writer = ArrowWriter::try_new(out, schema, Some(properties)).map_err(refused)?;
     for batch in batches {
         writer.write(batch).map_err(refused)?;
     }
+    for entry in footer {
+        writer.append_key_value_metadata(entry);
+    }
     writer.close().map_err(refused)?;
     Ok(())
+}
+
+/// The record lengths of column `k` of `batches` where it is a list of integers holding no
+/// null, list or element; `None` otherwise.
+fn integer_list_lengths(batches: &[RecordBatch], k: usize) -> Option<Vec<u64>> {
+    let mut lengths = Vec::new();
+    for batch in batches {
+        let column = batch.column(k);
+        let (values, offsets): (&dyn Array, Vec<u64>) = match column.data_type() {
+            DataType::List(_) => {
+                let list = column.as_list::<i32>();
+                let offsets = list.offsets().iter().map(|&o| o as u64).collect();
+                (list.values().as_ref(), offsets)
+            }
+            DataType::LargeList(_) => {
+                let list = column.as_list::<i64>();
+                let offsets = list.offsets().iter().map(|&o| o as u64).collect();
+                (list.values().as_ref(), offsets)
+            }
+            _ => return None,
+        };
+        if column.null_count() > 0 || values.null_count() > 0 || !values.data_type().is_integer() {
+            return None;
+        }
+        lengths.extend(offsets.windows(2).map(|w| w[1] - w[0]));
+    }
+    Some(lengths)
 }
 
 #[cfg(test)]

@@ -185,6 +185,32 @@ fn token_projection(field: &str) -> Result<Projection> {
     }])
 }
 
+/// Refuses a Parquet shard whose column `field` is not a list of integer ids, naming it.
+fn check_token_column(path: &str, index: &parquet::ParquetIndex, field: &str) -> Result<()> {
+    let Some(data_type) = parquet::projected_type(index) else {
+        // An empty shard has no columns to check, and no tokens.
+        return Ok(());
+    };
+    let ids = match data_type {
+        arrow_schema::DataType::List(item)
+        | arrow_schema::DataType::LargeList(item)
+        | arrow_schema::DataType::FixedSizeList(item, _) => item.data_type().is_integer(),
+        _ => false,
+    };
+    if ids {
+        return Ok(());
+    }
+    Err(Error::Projection {
+        path: path.to_owned(),
+        row: 0,
+        field: field.to_owned(),
+        source_field: field.to_owned(),
+        message: format!(
+            "a token stage reads a list of integer ids from it; the shard's column is {data_type}"
+        ),
+    })
+}
+
 /// Inspects a token shard for `layout`: counts its tokens, reads its document boundaries where
 /// the layout packs, and plans its windows. A plan needing more than `max_plan` bytes is
 /// refused before it grows past them. A Parquet shard whose documents are its records is
@@ -252,10 +278,13 @@ pub fn inspect(
         }
         Encoding::Parquet => {
             let projection = token_projection(layout.field())?;
-            let meta = parquet::inspect(object.clone(), &projection)?;
+            // Every shard of a token stage is inspected at open: its footer, not a page, says
+            // whether the token column is one (its ids are checked against the dtype as read).
+            let meta = parquet::inspect_footer(object.clone(), &projection)?;
             let index = parquet::index_of(&meta).ok_or_else(|| Error::Internal {
                 message: "a Parquet inspection without its index".to_owned(),
             })?;
+            check_token_column(&path, &index, layout.field())?;
             // Record offsets are held for the stream's life: a shard of many (empty) records
             // must not reserve more than the limit leaves.
             if (meta.rows + 1).saturating_mul(8) > max_plan {
