@@ -453,20 +453,32 @@ fn validate_document<'a>(
     validate_resources(threads, rank, world_size)
 }
 
-/// A stage's [`StageRules`], from a config's stage or a resolved one (they name these fields
-/// alike).
-macro_rules! stage_rules {
-    ($stage:expr) => {
-        StageRules {
-            batch_size: $stage.batch_size,
-            shuffle: $stage.shuffle,
-            infinite: $stage.infinite,
-            ramp: $stage.ramp,
-            packing: $stage.packing.as_ref(),
-            windows: $stage.windows.as_ref(),
-            sources: $stage.sources.len(),
-        }
-    };
+/// [`validate_document`] for a config or a resolved document (they name these options alike),
+/// with `$check` run on each source, bound to `$source` and named by `$option`.
+macro_rules! validate_config {
+    ($config:expr, |$option:ident, $source:ident| $check:expr) => {{
+        let config = $config;
+        let stages = config.stages.iter().map(|stage| StageRules {
+            batch_size: stage.batch_size,
+            shuffle: stage.shuffle,
+            infinite: stage.infinite,
+            ramp: stage.ramp,
+            packing: stage.packing.as_ref(),
+            windows: stage.windows.as_ref(),
+            sources: stage.sources.len(),
+        });
+        let resources = (config.threads, config.rank, config.world_size);
+        validate_document(
+            &config.fields,
+            stages,
+            config.validation_pass,
+            resources,
+            |$option, s, j| {
+                let $source = &config.stages[s].sources[j];
+                $check
+            },
+        )
+    }};
 }
 
 impl StreamConfig {
@@ -480,51 +492,42 @@ impl StreamConfig {
 
     /// Checks everything that can be checked without touching storage.
     pub fn validate(&self) -> Result<()> {
-        let stages = self.stages.iter().map(|stage| stage_rules!(stage));
-        let resources = (self.threads, self.rank, self.world_size);
-        validate_document(
-            &self.fields,
-            stages,
-            self.validation_pass,
-            resources,
-            |option, s, j| {
-                let source = &self.stages[s].sources[j];
-                match source {
-                    SourceSpec::Files {
-                        files, encoding, ..
-                    } => {
-                        if let Some(name) = encoding {
-                            Encoding::parse(name, &format!("{option}.encoding"))?;
-                        }
-                        if files.is_empty() {
-                            return Err(Error::config(
-                                format!("{option}.files"),
-                                "at least one file is required",
-                            ));
-                        }
+        validate_config!(self, |option, source| {
+            match source {
+                SourceSpec::Files {
+                    files, encoding, ..
+                } => {
+                    if let Some(name) = encoding {
+                        Encoding::parse(name, &format!("{option}.encoding"))?;
                     }
-                    SourceSpec::Manifest {
-                        manifest_uri,
-                        curriculum_stages,
-                        ..
-                    } => {
-                        if manifest_uri.is_empty() {
-                            return Err(Error::config(
-                                format!("{option}.manifest_uri"),
-                                "must not be empty",
-                            ));
-                        }
-                        if curriculum_stages.as_ref().is_some_and(Vec::is_empty) {
-                            return Err(Error::config(
+                    if files.is_empty() {
+                        return Err(Error::config(
+                            format!("{option}.files"),
+                            "at least one file is required",
+                        ));
+                    }
+                }
+                SourceSpec::Manifest {
+                    manifest_uri,
+                    curriculum_stages,
+                    ..
+                } => {
+                    if manifest_uri.is_empty() {
+                        return Err(Error::config(
+                            format!("{option}.manifest_uri"),
+                            "must not be empty",
+                        ));
+                    }
+                    if curriculum_stages.as_ref().is_some_and(Vec::is_empty) {
+                        return Err(Error::config(
                             format!("{option}.curriculum_stages"),
                             "name at least one stage, or omit it to read the split's root order",
                         ));
-                        }
                     }
                 }
-                validate_weight(option, source.weight())
-            },
-        )
+            }
+            validate_weight(option, source.weight())
+        })
     }
 }
 
@@ -891,29 +894,20 @@ impl ResolvedConfig {
     /// Checks the rules a resolved document keeps, as [`StreamConfig::validate`] does for a
     /// config: a checkpoint's document is read from a file and trusted no further than that.
     pub fn validate(&self) -> Result<()> {
-        let stages = self.stages.iter().map(|stage| stage_rules!(stage));
-        let resources = (self.threads, self.rank, self.world_size);
-        validate_document(
-            &self.fields,
-            stages,
-            self.validation_pass,
-            resources,
-            |option, s, j| {
-                let source = &self.stages[s].sources[j];
-                validate_weight(option, source.weight)?;
-                let rows = source
-                    .shards
-                    .iter()
-                    .try_fold(0u64, |acc, shard| acc.checked_add(shard.rows));
-                if rows.is_none_or(|rows| rows == 0) {
-                    return Err(Error::config(
-                        format!("{option}.shards"),
-                        "the source must hold between 1 and 2^64 - 1 rows",
-                    ));
-                }
-                Ok(())
-            },
-        )
+        validate_config!(self, |option, source| {
+            validate_weight(option, source.weight)?;
+            let rows = source
+                .shards
+                .iter()
+                .try_fold(0u64, |acc, shard| acc.checked_add(shard.rows));
+            if rows.is_none_or(|rows| rows == 0) {
+                return Err(Error::config(
+                    format!("{option}.shards"),
+                    "the source must hold between 1 and 2^64 - 1 rows",
+                ));
+            }
+            Ok(())
+        })
     }
 
     /// Serialises the document as JSON.
