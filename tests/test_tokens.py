@@ -433,6 +433,35 @@ def test_bin_and_parquet_token_shards_read_from_s3_as_from_local_disk(
                 np.testing.assert_array_equal(a[name], b[name])
 
 
+def test_a_saver_written_token_shard_on_s3_opens_from_its_footer(
+    tmp_path: Path,
+    s3_server: LocalS3Server,
+    boto3_client: Any,
+    s3_prefix: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("O41_INSPECT_CACHE", "off")
+    docs = corpus([40 + (53 * i) % 700 for i in range(2400)])
+    saver = TrainingData().dataset_saver(tmp_path / "saved" / "data-manifest-v1.json")
+    saver.save("train", None, [{"tokens": d} for d in docs], shard_id="0")
+    saver.commit_manifest()
+    (local,) = (tmp_path / "saved").rglob("*.parquet")
+    uri = upload(boto3_client, local, f"{s3_prefix}saved.parquet")
+    config = packed([local], 128)
+    expected = rows(config)
+    config = replace(config, stages=[replace(config.stages[0], sources=[FileSource(files=[uri])])])
+    got = []
+    with data_for(s3_server).batch_stream(config) as stream:
+        # The one ranged request for the file's last 256 KiB (its footer), none for the pages.
+        assert token_column_bytes(local) > 4 * 256 * 1024
+        assert stream.stats.open.bytes_read <= 256 * 1024
+        for batch in stream:
+            got.extend({k: v[r].copy() for k, v in batch.arrays().items()} for r in range(batch.num_rows))
+    assert len(got) == len(expected) > 0
+    for a, b in zip(got, expected, strict=True):
+        assert all(np.array_equal(a[k], b[k]) for k in a)
+
+
 def test_stream_windows_read_a_parquet_column_of_lists_as_one_stream(tmp_path: Path) -> None:
     docs = corpus([5, 0, 9, 3, 14, 1])  # records of ids 1..32, one of them empty
     path = write_lists(tmp_path / "lists.parquet", docs, writer="polars")
