@@ -305,7 +305,8 @@ def main() -> None:
   {SEQ:,}. `packed`: `Packing(seq_len={SEQ}, bins={BINS})` delivering the tokens, `@segment_ids`
   and `@positions` (three columns to unpacked's one); `packed tokens`: the tokens alone;
   `{CACHED}`: `packed` with the shards' list lengths in the inspection cache (what a
-  second open or a resume on the same host finds). `packed .bin` and `packed .bin tokens`: the
+  second open or a resume on the same host finds, and what any open of shards the dataset saver
+  wrote finds in their footers, `docs/formats.md`). `packed .bin` and `packed .bin tokens`: the
   same from the `.bin` copy. Timed from the open call (packing's plan included: a read of the
   Parquet token column's pages for their list lengths, or a scan of the `.bin` for eos ids) to
   the last batch; each contender in
@@ -366,12 +367,12 @@ three columns against {ratio("packed .bin tokens")} for its tokens). Groups of 4
 (interleaved runs), nor did filling `@segment_ids` and `@positions` without a multiply:
 writing them is bound by memory, not by arithmetic.
 
-The three-column figure was 0.91x in the previous run (75.3 against 82.4 million document
-tokens/s). Every contender got faster since, through the run-length decoder (dictionary indices
-unpacked eight at a time, straight into their entries) and a first batch that waits only for
-its own rows; `unpacked`, all of whose bytes come through that decoder, gained more than the
-packed contenders, whose extra columns do not. So the ratio fell below the goal while packed
-batches themselves got faster.
+The three-column figure read 0.91x on 2026-12-01 before the faster run-length decoder (75.3
+against 82.4 million document tokens/s), and 0.70-0.81x in the runs since. Every contender got
+faster through that decoder (dictionary indices unpacked eight at a time, straight into their
+entries) and a first batch that waits only for its own rows; `unpacked`, all of whose bytes
+come through that decoder, gained more than the packed contenders, whose extra columns do not.
+So the ratio fell below the goal while packed batches themselves got faster.
 """
     write_section("pack", report)
     print(f"wrote {RESULTS}")
