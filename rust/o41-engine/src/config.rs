@@ -419,15 +419,14 @@ struct StageRules<'a> {
 
 /// The checks a config and a resolved document share, in the order their errors are reported;
 /// `source(option, s, j)` checks the `j`th source of stage `s`, whose option path is `option`.
-fn validate_document<'a>(
+fn validate_document(
     fields: &[FieldSpec],
-    stages: impl Iterator<Item = StageRules<'a>>,
+    stages: &[StageRules<'_>],
     validation_pass: bool,
     (threads, rank, world_size): (usize, usize, usize),
     mut source: impl FnMut(&str, usize, usize) -> Result<()>,
 ) -> Result<()> {
     validate_fields(fields)?;
-    let stages: Vec<StageRules<'a>> = stages.collect();
     if stages.is_empty() {
         return Err(Error::config("stages", "at least one stage is required"));
     }
@@ -458,19 +457,23 @@ fn validate_document<'a>(
 macro_rules! validate_config {
     ($config:expr, |$option:ident, $source:ident| $check:expr) => {{
         let config = $config;
-        let stages = config.stages.iter().map(|stage| StageRules {
-            batch_size: stage.batch_size,
-            shuffle: stage.shuffle,
-            infinite: stage.infinite,
-            ramp: stage.ramp,
-            packing: stage.packing.as_ref(),
-            windows: stage.windows.as_ref(),
-            sources: stage.sources.len(),
-        });
+        let stages: Vec<StageRules<'_>> = config
+            .stages
+            .iter()
+            .map(|stage| StageRules {
+                batch_size: stage.batch_size,
+                shuffle: stage.shuffle,
+                infinite: stage.infinite,
+                ramp: stage.ramp,
+                packing: stage.packing.as_ref(),
+                windows: stage.windows.as_ref(),
+                sources: stage.sources.len(),
+            })
+            .collect();
         let resources = (config.threads, config.rank, config.world_size);
         validate_document(
             &config.fields,
-            stages,
+            &stages,
             config.validation_pass,
             resources,
             |$option, s, j| {

@@ -140,13 +140,18 @@ fn parquet_v2_seed() -> Vec<u8> {
     )
 }
 
-fn parquet_seed_with(properties: WriterProperties) -> Vec<u8> {
+/// `records()` as one Arrow batch: `v` an int64 column, `t` a list of int32.
+fn seed_batch() -> RecordBatch {
     let (v, t): (Vec<i64>, Vec<Vec<i32>>) = records().into_iter().unzip();
     let v: ArrayRef = Arc::new(Int64Array::from(v));
     let t: ArrayRef = Arc::new(ListArray::from_iter_primitive::<Int32Type, _, _>(
         t.into_iter().map(|l| Some(l.into_iter().map(Some))),
     ));
-    let batch = RecordBatch::try_from_iter([("v", v), ("t", t)]).unwrap();
+    RecordBatch::try_from_iter([("v", v), ("t", t)]).unwrap()
+}
+
+fn parquet_seed_with(properties: WriterProperties) -> Vec<u8> {
+    let batch = seed_batch();
     let mut out = Vec::new();
     let mut writer = ArrowWriter::try_new(&mut out, batch.schema(), Some(properties)).unwrap();
     writer.write(&batch).unwrap();
@@ -342,17 +347,9 @@ fn parquet_v2_shards() {
     fuzz_shards(Encoding::Parquet, parquet_v2_seed());
 }
 
-/// A Parquet shard of token lists, planned for packing as a token stage plans it: list lengths
-/// from the pages' levels, or from decoding the lists where those do not read. Only the plan is
-/// fuzzed here; reading the lists is `parquet_shards`' `t` column.
 /// The seed's records as the dataset saver writes them: their token lists' lengths in the footer.
 fn saved_parquet_seed() -> Vec<u8> {
-    let (v, t): (Vec<i64>, Vec<Vec<i32>>) = records().into_iter().unzip();
-    let v: ArrayRef = Arc::new(Int64Array::from(v));
-    let t: ArrayRef = Arc::new(ListArray::from_iter_primitive::<Int32Type, _, _>(
-        t.into_iter().map(|l| Some(l.into_iter().map(Some))),
-    ));
-    let batch = RecordBatch::try_from_iter([("v", v), ("t", t)]).unwrap();
+    let batch = seed_batch();
     let path = std::env::temp_dir().join(format!("o41-fuzz-saved-{}.parquet", std::process::id()));
     let path_str = path.to_string_lossy().into_owned();
     formats::write_shard(
@@ -370,6 +367,9 @@ fn saved_parquet_seed() -> Vec<u8> {
     bytes
 }
 
+/// A Parquet shard of token lists, planned for packing as a token stage plans it: list lengths
+/// from the pages' levels, or from decoding the lists where those do not read. Only the plan is
+/// fuzzed here; reading the lists is `parquet_shards`' `t` column.
 #[test]
 fn parquet_token_shards() {
     fuzz_token_plans(parquet_seed());

@@ -13,7 +13,7 @@ use arrow_array::cast::AsArray;
 use arrow_array::types::{
     Int16Type, Int32Type, Int64Type, Int8Type, UInt16Type, UInt32Type, UInt64Type, UInt8Type,
 };
-use arrow_array::{Array, RecordBatch};
+use arrow_array::{Array, OffsetSizeTrait, RecordBatch};
 use arrow_schema::{DataType, SchemaRef};
 use parquet::arrow::arrow_reader::{
     ArrowReaderMetadata, ArrowReaderOptions, ParquetRecordBatchReader,
@@ -873,13 +873,13 @@ fn selected_rows<R: ChunkReader + 'static>(
         .build()
 }
 
-/// The index of a shard inspected with `projection`, for readers of whole lists (token shards).
 /// The Arrow type of the first column `index` projects; `None` for an empty shard's index.
 pub(super) fn projected_type(index: &ParquetIndex) -> Option<&DataType> {
     let &root = index.roots.first()?;
     Some(index.metadata.schema().field(root).data_type())
 }
 
+/// The index of a shard inspected with `projection`, for readers of whole lists (token shards).
 pub(super) fn index_of(meta: &ShardMeta) -> Option<Arc<ParquetIndex>> {
     match &meta.index {
         ShardIndex::Parquet(index) => Some(index.clone()),
@@ -1051,14 +1051,18 @@ pub(super) fn list_lengths(
     guarded(&path, None, || {
         if let Some(file) = object.local_file() {
             // Counted like every other read of the shard (`bytes_read`).
-            let found = if let Some(meter) = object.meter() {
-                let file = Arc::new(metered(file, meter)?);
-                super::list_lengths::list_lengths(&file, metadata, root, rows)
-            } else {
-                let file = Arc::new(file.try_clone().map_err(|e| Error::io(&path, e))?);
-                super::list_lengths::list_lengths(&file, metadata, root, rows)
-            };
-            return Ok(found.unwrap_or(None));
+            fn levels<R: ChunkReader + 'static>(
+                file: R,
+                (metadata, root, rows): (&ParquetMetaData, usize, u64),
+            ) -> Option<Vec<u64>> {
+                super::list_lengths::list_lengths(&Arc::new(file), metadata, root, rows)
+                    .unwrap_or(None)
+            }
+            let column = (metadata.as_ref(), root, rows);
+            return Ok(match object.meter() {
+                Some(meter) => levels(metered(file, meter)?, column),
+                None => levels(file.try_clone().map_err(|e| Error::io(&path, e))?, column),
+            });
         }
         let all = 0..rows;
         let fetched = Arc::new(Fetched::new(
@@ -1311,26 +1315,27 @@ pub fn write(
 /// The record lengths of column `k` of `batches` where it is a list of integers holding no
 /// null, list or element; `None` otherwise.
 fn integer_list_lengths(batches: &[RecordBatch], k: usize) -> Option<Vec<u64>> {
-    let mut lengths = Vec::new();
-    for batch in batches {
-        let column = batch.column(k);
-        let (values, offsets): (&dyn Array, Vec<u64>) = match column.data_type() {
-            DataType::List(_) => {
-                let list = column.as_list::<i32>();
-                let offsets = list.offsets().iter().map(|&o| o as u64).collect();
-                (list.values().as_ref(), offsets)
-            }
-            DataType::LargeList(_) => {
-                let list = column.as_list::<i64>();
-                let offsets = list.offsets().iter().map(|&o| o as u64).collect();
-                (list.values().as_ref(), offsets)
-            }
-            _ => return None,
-        };
+    fn append<O: OffsetSizeTrait>(column: &dyn Array, lengths: &mut Vec<u64>) -> Option<()> {
+        let list = column.as_list::<O>();
+        let values = list.values();
         if column.null_count() > 0 || values.null_count() > 0 || !values.data_type().is_integer() {
             return None;
         }
-        lengths.extend(offsets.windows(2).map(|w| w[1] - w[0]));
+        lengths.extend(
+            list.offsets()
+                .windows(2)
+                .map(|w| (w[1] - w[0]).as_usize() as u64),
+        );
+        Some(())
+    }
+    let mut lengths = Vec::new();
+    for batch in batches {
+        let column = batch.column(k).as_ref();
+        match column.data_type() {
+            DataType::List(_) => append::<i32>(column, &mut lengths)?,
+            DataType::LargeList(_) => append::<i64>(column, &mut lengths)?,
+            _ => return None,
+        }
     }
     Some(lengths)
 }
