@@ -1,7 +1,8 @@
 """Shard formats from other writers, every Parquet codec and page format, iter_shard and the writers.
 
 Shards come from anywhere: each standard Parquet codec and page layout written by pyarrow, and
-Parquet and JSON Lines written by polars (a second, independent implementation), must stream.
+Parquet and JSON Lines written by polars and Parquet written by DuckDB (independent
+implementations, each with its own page layouts), must stream.
 ``iter_shard`` reads through the same engine readers as a stream, so its records and row numbers
 agree with the stream's; the saver writes through the engine's writers.
 """
@@ -15,6 +16,7 @@ import struct
 from pathlib import Path
 from typing import Any
 
+import duckdb
 import msgpack
 import numpy as np
 import polars as pl
@@ -103,6 +105,29 @@ def test_every_page_format_streams(tmp_path: Path, layout: dict[str, Any]) -> No
     path = tmp_path / "layout.parquet"
     pq.write_table(table(), path, compression="SNAPPY", row_group_size=100, data_page_size=512, **layout)
     assert_streams_exactly(path)
+
+
+@pytest.mark.parametrize("version", ["V1", "V2"])
+@pytest.mark.parametrize("codec", ["uncompressed", "snappy", "gzip", "zstd", "brotli", "lz4_raw"])
+def test_parquet_written_by_duckdb_streams(tmp_path: Path, version: str, codec: str) -> None:
+    path = tmp_path / f"duckdb-{version}-{codec}.parquet"
+    with duckdb.connect() as db:
+        db.register("source", table())
+        db.execute(
+            f"COPY source TO '{path}' "
+            f"(FORMAT parquet, COMPRESSION '{codec}', ROW_GROUP_SIZE 100, PARQUET_VERSION {version})"
+        )
+    if version == "V2":
+        # Not pyarrow's layout: delta and byte-stream-split encodings, which the tests above
+        # write only when asked.
+        chunk = pq.ParquetFile(path).metadata.row_group(0)
+        assert {chunk.column(i).path_in_schema: chunk.column(i).encodings[-1] for i in range(3)} == {
+            "x": "DELTA_BINARY_PACKED",
+            "f": "BYTE_STREAM_SPLIT",
+            "ids.list.element": "DELTA_BINARY_PACKED",
+        }
+    assert_streams_exactly(path)
+    assert list(iter_shard("parquet", path)) == table().to_pylist()
 
 
 @pytest.mark.parametrize("codec", ["uncompressed", "snappy", "gzip", "brotli", "lz4", "zstd"])

@@ -14,6 +14,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import duckdb
 import numpy as np
 import polars as pl
 import pyarrow as pa
@@ -65,11 +66,23 @@ def write_bin(path: Path, docs: Docs, dtype: str = "uint16", eos: int | None = E
 
 
 def write_lists(path: Path, docs: Docs, writer: str = "pyarrow") -> Path:
-    """A Parquet shard of one record per document, its tokens in a list column ``tokens``."""
+    """A Parquet shard of one record per document, its tokens in a list column ``tokens``.
+
+    ``writer``: ``pyarrow``, ``polars``, or ``duckdb-V1`` / ``duckdb-V2`` (DuckDB's
+    ``PARQUET_VERSION``; V2 delta-encodes the ids).
+    """
+    table = pa.table({"tokens": pa.array(docs, pa.list_(pa.int32())), "n": [len(d) for d in docs]})
     if writer == "polars":
-        pl.DataFrame({"tokens": docs, "n": [len(d) for d in docs]}).write_parquet(path)
+        pl.DataFrame({"tokens": docs, "n": [len(d) for d in docs]}).write_parquet(path, row_group_size=7)
+    elif writer.startswith("duckdb-"):
+        version = writer.removeprefix("duckdb-")
+        with duckdb.connect() as db:
+            db.register("lists", table)
+            db.execute(
+                f"COPY lists TO '{path}' "
+                f"(FORMAT parquet, COMPRESSION 'zstd', ROW_GROUP_SIZE 7, PARQUET_VERSION {version})"
+            )
     else:
-        table = pa.table({"tokens": pa.array(docs, pa.list_(pa.int32())), "n": [len(d) for d in docs]})
         pq.write_table(table, path, row_group_size=7)
     return path
 
@@ -198,6 +211,19 @@ def test_parquet_records_pack_as_documents(
     docs = corpus(lengths)
     path = write_lists(tmp_path_factory.mktemp("pq") / "corpus.parquet", docs)
     check_packed(rows(packed([path], seq_len, bins)), docs, seq_len, eos=False)
+
+
+@pytest.mark.parametrize("writer", ["polars", "duckdb-V1", "duckdb-V2"])
+def test_token_lists_from_other_writers_pack_as_pyarrow_written_ones_do(tmp_path: Path, writer: str) -> None:
+    # Open plans from each writer's repetition and definition levels, and the reader takes the
+    # ids from its encodings: the windows are the same whoever wrote the shard.
+    docs = corpus([(37 * i) % 300 for i in range(200)])
+    expected = rows(packed([write_lists(tmp_path / "pyarrow.parquet", docs)], 128, bins=4))
+    check_packed(expected, docs, 128, eos=False)
+    got = rows(packed([write_lists(tmp_path / f"{writer}.parquet", docs, writer=writer)], 128, bins=4))
+    assert len(got) == len(expected)
+    for a, b in zip(got, expected, strict=True):
+        assert all(np.array_equal(a[k], b[k]) for k in a)
 
 
 def test_parquet_written_by_polars_and_split_at_eos_reads_as_one_stream(tmp_path: Path) -> None:
