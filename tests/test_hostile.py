@@ -495,3 +495,44 @@ def test_credentials_in_the_endpoint_url_are_refused_without_repeating_them() ->
         )
     assert "hunter2" not in str(info.value)
     assert info.value.option == "s3_base_url"
+
+
+# A pyarrow-written shard (nullable int, string and list columns, version 1 pages, uncompressed)
+# with two bytes of its pages overwritten so that the Parquet decoder asserts on them
+# (`Option::unwrap()` on a `None` in parquet-rs's page reader) instead of returning an error.
+DECODER_PANICS = Path(__file__).parent / "data" / "parquet-decoder-panics.parquet"
+
+
+@pytest.mark.parametrize("read", ["iter_shard", "stream"])
+def test_a_page_the_decoder_asserts_on_is_a_malformed_shard_and_prints_no_panic(read: str) -> None:
+    call = {
+        "iter_shard": f"outcome(lambda: list(iter_shard('parquet', {str(DECODER_PANICS)!r})))",
+        "stream": stream_call(DECODER_PANICS, field='ProjectedField("ids", "ids", "i32", length=4, pad=-1)'),
+    }[read]
+    prelude = "from o41_training_data import *\n" + textwrap.dedent(
+        """
+        def outcome(call):
+            try:
+                call()
+            except O41Error as err:
+                print(type(err).__name__, "|", err, flush=True)
+        """
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", prelude + textwrap.dedent(call)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+        env={**os.environ, "RUST_BACKTRACE": "1"},
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    kind, message = done.stdout.strip().split(" | ", 1)
+    assert kind == "MalformedShardError"
+    # The assertion's message and place are in the error; if the decoder stops asserting on this
+    # page, the last check fails, and this test needs a page it does assert on.
+    assert message.startswith(f"{DECODER_PANICS}, row 0: malformed parquet shard: the Parquet decoder failed")
+    assert "(at parquet-" in message, message
+    # Not on stderr: no "thread ... panicked at" line, no backtrace.
+    assert "panicked" not in done.stderr, done.stderr
+    assert "backtrace" not in done.stderr, done.stderr

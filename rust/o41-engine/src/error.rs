@@ -2,7 +2,9 @@
 //! that the message alone tells a user what to fix; the Python binding maps each variant to one
 //! class of the documented exception hierarchy.
 
+use std::cell::{Cell, RefCell};
 use std::fmt;
+use std::sync::Once;
 
 /// Result alias used across the engine.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
@@ -164,17 +166,70 @@ impl fmt::Display for FieldSuffix<'_> {
     }
 }
 
+/// A panic's message.
+fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
+    panic
+        .downcast_ref::<&str>()
+        .map(|s| (*s).to_owned())
+        .or_else(|| panic.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "unknown cause".to_owned())
+}
+
+thread_local! {
+    /// Set while this thread runs code under [`catch_quietly`].
+    static QUIET: Cell<bool> = const { Cell::new(false) };
+    /// Where this thread's last quiet panic happened, for its error message.
+    static QUIET_LOCATION: RefCell<Option<String>> = const { RefCell::new(None) };
+}
+
+static QUIET_HOOK: Once = Once::new();
+
+/// Runs `f`, turning a panic into its message and where it happened, without the panic being
+/// printed. For decoders that panic on malformed input where they should return an error
+/// (arrow-rs asserts on some corrupt Parquet pages): such a panic is the input's fault and
+/// reaches the user as an error naming the input, so the standard hook's stderr report (a
+/// backtrace, with `RUST_BACKTRACE` set) would only look like a crash. The hook installed here
+/// passes every other panic, on any thread, to the hook it replaced; a hook installed later
+/// replaces it, and such panics are printed again.
+pub fn catch_quietly<T>(f: impl FnOnce() -> T) -> std::result::Result<T, String> {
+    QUIET_HOOK.call_once(|| {
+        let previous = std::panic::take_hook();
+        std::panic::set_hook(Box::new(move |info| {
+            if QUIET.with(Cell::get) {
+                let at = info.location().map(|l| {
+                    // The crate-relative path: a dependency's location is absolute under the
+                    // registry, which says nothing more.
+                    let file = l.file();
+                    let from = file
+                        .rfind("/src/")
+                        .and_then(|i| file[..i].rfind('/').map(|j| j + 1))
+                        .unwrap_or(0);
+                    format!("{}:{}:{}", &file[from..], l.line(), l.column())
+                });
+                QUIET_LOCATION.with(|slot| *slot.borrow_mut() = at);
+            } else {
+                previous(info);
+            }
+        }));
+    });
+    let outer = QUIET.with(|q| q.replace(true));
+    let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f));
+    QUIET.with(|q| q.set(outer));
+    outcome.map_err(|panic| {
+        let message = panic_message(panic.as_ref());
+        match QUIET_LOCATION.with(|slot| slot.borrow_mut().take()) {
+            Some(at) => format!("{message} (at {at})"),
+            None => message,
+        }
+    })
+}
+
 impl Error {
     /// The error for a panic caught at a thread boundary: a bug reported with its cause, never an
     /// abort or a silent end of a stream.
     pub fn from_panic(panic: &(dyn std::any::Any + Send)) -> Self {
-        let cause = panic
-            .downcast_ref::<&str>()
-            .map(|s| (*s).to_owned())
-            .or_else(|| panic.downcast_ref::<String>().cloned())
-            .unwrap_or_else(|| "unknown cause".to_owned());
         Error::Internal {
-            message: format!("an engine thread panicked: {cause}"),
+            message: format!("an engine thread panicked: {}", panic_message(panic)),
         }
     }
 

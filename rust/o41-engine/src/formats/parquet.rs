@@ -336,20 +336,17 @@ fn read_metadata(object: &Arc<Object>) -> Result<ArrowReaderMetadata> {
 
 /// Runs `f`, which drives the Parquet decoder over the shard at `path`. The decoder asserts on
 /// some malformed pages instead of returning an error: such a panic is the shard's fault, and is
-/// reported as a malformed shard, not as a crash.
+/// reported as a malformed shard, not as a crash, nor printed as one.
 fn guarded<T>(
     path: &str,
     row: Option<u64>,
     f: impl FnOnce() -> T,
 ) -> std::result::Result<T, Error> {
-    std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).map_err(|panic| {
-        let Error::Internal { message } = Error::from_panic(panic.as_ref()) else {
-            unreachable!("from_panic builds an internal error")
-        };
+    crate::error::catch_quietly(f).map_err(|panic| {
         format_error(
             path,
             row,
-            format!("the Parquet decoder failed on it: {message}"),
+            format!("the Parquet decoder failed on it: {panic}"),
         )
     })
 }
