@@ -350,9 +350,9 @@ with 64 open windows comes within a point of it; 8 (the default) within about tw
 floor is near zero and packing reaches the target (8,192 tokens, `bins=64`). A corpus whose
 documents are short against the window (web text against 2,048-token windows) is the easy case.
 A run that can let documents straddle windows gets under the target with stream windows, which
-exist already: only each shard's last window is padded, and `@segment_ids` and `@positions`
-still mark where documents begin (a document cut by a window boundary continues its positions
-in the next window).
+exist already: only each shard's last window is padded, and over Parquet records
+`@segment_ids` and `@positions` still mark where documents begin (a document cut by a window
+boundary continues its positions in the next window; `docs/order.md`).
 
 Throughput: Parquet token lists delivering the tokens alone, as `unpacked` does, are at
 {ratio("packed tokens")} of its document tokens/s, and at {ratio("packed")} with `@segment_ids`

@@ -20,7 +20,7 @@ import polars as pl
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from hypothesis import given
+from hypothesis import assume, given
 from hypothesis import strategies as st
 from o41_training_data import (
     BatchStreamConfig,
@@ -504,6 +504,44 @@ def test_stream_windows_read_a_parquet_column_of_lists_as_one_stream(tmp_path: P
     windows = [row["tokens"][: int(np.count_nonzero(row["segment_ids"]))].tolist() for row in rows(config)]
     # Windows cross record boundaries: the records' lists are one stream of 32 ids.
     assert windows == [list(range(1 + 7 * w, min(9 + 7 * w, 33))) for w in range(5)]
+
+
+@given(
+    lengths=st.lists(st.integers(0, 20), min_size=1, max_size=30),
+    seq_len=st.integers(1, 12),
+    writer=st.sampled_from(["pyarrow", "polars"]),
+)
+def test_stream_windows_over_records_mark_each_record_as_a_document(
+    tmp_path_factory: pytest.TempPathFactory, lengths: list[int], seq_len: int, writer: str
+) -> None:
+    # A window cut anywhere, with segment ids and positions that still name documents: a record
+    # starting inside the window opens a new segment at position 0; the one the window starts
+    # in continues its positions.
+    assume(sum(lengths) > 0)  # a shard of no tokens is a source of no rows, refused at open
+    docs = corpus(lengths)
+    path = write_lists(tmp_path_factory.mktemp("windows") / "lists.parquet", docs, writer=writer)
+    config = BatchStreamConfig(
+        fields=fields(seq_len + 1),
+        stages=[
+            Stage(
+                sources=[FileSource(files=[str(path)])], batch_size=1, windows=TokenWindows("tokens", seq_len)
+            )
+        ],
+    )
+    where = {t: (d, p) for d, doc in enumerate(docs) for p, t in enumerate(doc)}
+    stream = [t for doc in docs for t in doc]
+    delivered = rows(config)
+    assert len(delivered) == max(1, -(-(len(stream) - 1) // seq_len))
+    for w, row in enumerate(delivered):
+        used = int(np.count_nonzero(row["segment_ids"]))
+        tokens = row["tokens"][:used].tolist()
+        assert tokens == stream[w * seq_len : w * seq_len + seq_len + 1]
+        assert (row["segment_ids"][used:] == 0).all()
+        documents = [where[t][0] for t in tokens]
+        # Segment k + 1 is the window's k-th document, in order.
+        first_of = {d: k + 1 for k, d in enumerate(dict.fromkeys(documents))}
+        assert row["segment_ids"][:used].tolist() == [first_of[d] for d in documents]
+        assert row["positions"][:used].tolist() == [where[t][1] for t in tokens]
 
 
 def test_a_bin_shard_in_a_stage_of_records_is_refused_naming_the_file(tmp_path: Path) -> None:

@@ -23,7 +23,10 @@ use crate::encoding::Encoding;
 use crate::error::{Error, Result};
 use crate::fields::Projection;
 use crate::inspect_cache::InspectCache;
-use crate::order::pack::{stream_window, stream_windows, PackPlan, Packer, Piece};
+use crate::order::pack::{
+    most_stream_pieces, stream_window, stream_window_pieces, stream_windows, PackPlan, Packer,
+    Piece,
+};
 use crate::storage::{sibling, Object, Storage};
 
 /// The file beside a `.bin` shard that describes it.
@@ -113,17 +116,46 @@ impl TokenIndex {
     /// The largest position within its document of any token the windows hold (0 for none):
     /// what an `@positions` column must be able to hold.
     pub fn largest_position(&self) -> u64 {
-        match &self.plan {
-            Some(plan) => plan.largest_position(),
-            None => self.tokens.saturating_sub(1),
+        match (&self.plan, &self.file) {
+            (Some(plan), _) => plan.largest_position(),
+            // Stream windows count positions from each record's start.
+            (None, TokenFile::Parquet { record_starts, .. }) => record_starts
+                .windows(2)
+                .map(|r| r[1] - r[0])
+                .max()
+                .unwrap_or(0)
+                .saturating_sub(1),
+            (None, TokenFile::Bin { .. }) => self.tokens.saturating_sub(1),
         }
     }
 
-    /// Window `w`'s pieces, appended to `out`.
+    /// Most pieces of any window.
+    fn most_pieces(&self) -> u64 {
+        match (&self.plan, &self.file) {
+            (Some(plan), _) => plan.most_pieces(),
+            (None, TokenFile::Parquet { record_starts, .. }) => {
+                most_stream_pieces(self.tokens, self.stride(), record_starts)
+            }
+            (None, TokenFile::Bin { .. }) => 1,
+        }
+    }
+
+    /// Tokens between stream windows' starts.
+    fn stride(&self) -> u64 {
+        self.layout.row_tokens() - 1
+    }
+
+    /// Window `w`'s pieces, appended to `out`. A stream window over Parquet records is cut where
+    /// a record starts, each record being a document; a `.bin` stream's documents are not
+    /// known without a scan for eos ids, which open does only to pack, so its window is one
+    /// piece.
     fn pieces(&self, w: u64, out: &mut Vec<Piece>) {
-        match &self.plan {
-            Some(plan) => out.extend_from_slice(plan.window(w)),
-            None => out.push(stream_window(self.tokens, self.layout.row_tokens() - 1, w)),
+        match (&self.plan, &self.file) {
+            (Some(plan), _) => out.extend_from_slice(plan.window(w)),
+            (None, TokenFile::Parquet { record_starts, .. }) => {
+                stream_window_pieces(self.tokens, self.stride(), w, record_starts, out);
+            }
+            (None, TokenFile::Bin { .. }) => out.push(stream_window(self.tokens, self.stride(), w)),
         }
     }
 }
@@ -381,7 +413,7 @@ pub fn inspect(
         plan: packer.map(Packer::finish),
     };
     // A job also lists where each of its windows' pieces goes, and widens a piece's ids.
-    let pieces = index.plan.as_ref().map_or(1, PackPlan::most_pieces);
+    let pieces = index.most_pieces().max(1);
     let listing = JOB_ROWS * pieces * std::mem::size_of::<Need>() as u64 + 8 * row_tokens;
     Ok(ShardMeta {
         rows: index.windows(),

@@ -199,6 +199,67 @@ pub fn stream_window(tokens: u64, seq_len: u64, w: u64) -> Piece {
     }
 }
 
+/// Stream window `w`'s pieces where the stream's documents are known: `starts` holds each
+/// document's first token in stream order (the first is 0; an empty document repeats the next
+/// one's start). The window is cut where a document starts inside it, and each piece's
+/// position counts from its own document's first token, so a window's `@segment_ids` and
+/// `@positions` mark documents as a packed window's do; only the cuts at the window's ends
+/// are not documents' ends. Appended to `out`.
+pub fn stream_window_pieces(
+    tokens: u64,
+    seq_len: u64,
+    w: u64,
+    starts: &[u64],
+    out: &mut Vec<Piece>,
+) {
+    let window = stream_window(tokens, seq_len, w);
+    let end = window.start + u64::from(window.len);
+    // Starts up to the window's first token: the last of them begins its document.
+    let inside = starts.partition_point(|&s| s <= window.start);
+    let mut begin = window.start;
+    let mut position = window.start - inside.checked_sub(1).map_or(0, |i| starts[i]);
+    for &next in starts[inside..].iter().take_while(|&&s| s < end) {
+        if next > begin {
+            out.push(Piece {
+                start: begin,
+                position,
+                len: (next - begin) as u32,
+            });
+            begin = next;
+            position = 0;
+        }
+    }
+    out.push(Piece {
+        start: begin,
+        position,
+        len: (end - begin) as u32,
+    });
+}
+
+/// The most pieces [`stream_window_pieces`] gives any window of the stream (0 for none), in
+/// one pass over the windows and the starts.
+pub fn most_stream_pieces(tokens: u64, seq_len: u64, starts: &[u64]) -> u64 {
+    let mut most = 0;
+    let mut next = 0; // the first start not yet past
+    for w in 0..stream_windows(tokens, seq_len) {
+        let window = stream_window(tokens, seq_len, w);
+        let end = window.start + u64::from(window.len);
+        while next < starts.len() && starts[next] <= window.start {
+            next += 1;
+        }
+        let mut pieces = 1;
+        let mut last = window.start;
+        for &s in starts[next..].iter().take_while(|&&s| s < end) {
+            if s > last {
+                pieces += 1;
+                last = s;
+            }
+        }
+        most = most.max(pieces);
+    }
+    most
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -246,6 +307,71 @@ mod tests {
         assert_eq!(p.window(0)[0].len, 8);
         assert_eq!(p.window(1)[0].len, 7);
         assert_eq!(p.window(2)[0].len, 5);
+    }
+
+    fn starts(lengths: &[u64]) -> Vec<u64> {
+        lengths
+            .iter()
+            .scan(0, |at, &len| {
+                let start = *at;
+                *at += len;
+                Some(start)
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_stream_window_is_cut_where_documents_start() {
+        // Documents of 3, 0, 4 and 5 tokens; windows of 5 + 1 tokens.
+        let starts = starts(&[3, 0, 4, 5]);
+        let pieces = |w| {
+            let mut out = Vec::new();
+            stream_window_pieces(12, 5, w, &starts, &mut out);
+            out.iter()
+                .map(|p| (p.start, p.position, p.len))
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(pieces(0), vec![(0, 0, 3), (3, 0, 3)]);
+        assert_eq!(pieces(1), vec![(5, 2, 2), (7, 0, 4)]);
+        assert_eq!(pieces(2), vec![(10, 3, 2)]);
+        assert_eq!(most_stream_pieces(12, 5, &starts), 2);
+    }
+
+    proptest! {
+        /// A stream window's pieces tile it in order, each inside one document, cut exactly at
+        /// the documents that start inside it, with positions counted from each document's
+        /// start; the most pieces of any window is what the pieces say.
+        #[test]
+        fn stream_window_pieces_mark_every_document(
+            lengths in proptest::collection::vec(0u64..12, 0..40),
+            seq_len in 1u64..16,
+        ) {
+            let starts = starts(&lengths);
+            let tokens: u64 = lengths.iter().sum();
+            let document_of = |t: u64| starts.partition_point(|&s| s <= t) - 1;
+            let mut most = 0;
+            for w in 0..stream_windows(tokens, seq_len) {
+                let window = stream_window(tokens, seq_len, w);
+                let mut pieces = Vec::new();
+                stream_window_pieces(tokens, seq_len, w, &starts, &mut pieces);
+                most = most.max(pieces.len() as u64);
+                let mut at = window.start;
+                for (k, piece) in pieces.iter().enumerate() {
+                    prop_assert_eq!(piece.start, at);
+                    prop_assert!(piece.len > 0);
+                    let last = piece.start + u64::from(piece.len) - 1;
+                    let doc = document_of(piece.start);
+                    prop_assert_eq!(document_of(last), doc, "one document a piece");
+                    prop_assert_eq!(piece.position, piece.start - starts[doc]);
+                    if k > 0 {
+                        prop_assert_eq!(piece.position, 0, "a later piece starts a document");
+                    }
+                    at = last + 1;
+                }
+                prop_assert_eq!(at, window.start + u64::from(window.len));
+            }
+            prop_assert_eq!(most_stream_pieces(tokens, seq_len, &starts), most);
+        }
     }
 
     #[test]
