@@ -11,6 +11,11 @@ contenders read it into batches of 32 x 2,048 int32 tokens, consumed by a NumPy 
 - ``packed``: ``Stage(packing=Packing(field="input_ids", seq_len=2048, bins=8))``, delivering the
   tokens and the ``@segment_ids`` and ``@positions`` of every window;
 - ``packed tokens``: the same, delivering the tokens alone (as ``unpacked`` does);
+- ``packed tokens + positions``: the tokens and ``@positions`` (enough for padding-free
+  attention: a position that restarts at 0 marks where a document starts);
+- ``packed tokens + lengths``: the tokens and ``@segment_lengths`` (a row of 32), from which
+  variable-length attention takes its boundaries (their running sums are FlashAttention's
+  ``cu_seqlens``) and the segment ids and positions follow;
 - ``packed, plan cached``: ``packed`` on a host whose inspection cache holds the shards' list
   lengths (a second open or resume), so open plans without reading the token column;
 - ``packed .bin``: packing the ``.bin`` copy, tokens and both extra fields;
@@ -51,6 +56,9 @@ THREADS = 2
 GOAL = 0.9
 PADDING_GOAL = 0.02
 CACHED = "packed, plan cached"
+POSITIONS = "packed tokens + positions"
+LENGTHS = "packed tokens + lengths"
+MOST_SEGMENTS = 32
 
 
 def bin_copy(shards: list[Path], out: Path) -> list[Path]:
@@ -146,8 +154,11 @@ def config(name: str, shards: list[str]):  # type: ignore[no-untyped-def]
         ProjectedField(name="segment_ids", source="@segment_ids", dtype="i32", length=SEQ),
         ProjectedField(name="positions", source="@positions", dtype="i32", length=SEQ),
     ]
+    lengths = ProjectedField(name="lengths", source="@segment_lengths", dtype="i32", length=MOST_SEGMENTS)
     return BatchStreamConfig(
-        fields=[tokens] if name.endswith("tokens") else [tokens, *extra],
+        fields={"packed tokens": [tokens], "packed .bin tokens": [tokens], POSITIONS: [tokens, extra[1]]}.get(
+            name, [tokens, lengths] if name == LENGTHS else [tokens, *extra]
+        ),
         stages=[
             Stage(
                 sources=[FileSource(files=shards)],
@@ -184,13 +195,15 @@ def one_pass(name: str, shards: list[str]) -> dict[str, float]:
             checksum += int(ids.sum(dtype=np.int64))
             if "segment_ids" in arrays:
                 real += int(np.count_nonzero(arrays["segment_ids"]))
+            elif "lengths" in arrays:
+                real += int(arrays["lengths"].sum(dtype=np.int64))
             elif stats is None:
                 real += int(np.count_nonzero(ids != -1))
             rows += batch.num_rows
     seconds = time.perf_counter() - start
     cpu = time.process_time() - cpu
     slots = rows * SEQ
-    if stats is not None and name.endswith("tokens"):
+    if stats is not None and real == 0:
         # Without segment ids the batches do not show their padding: the epoch's, from the plan.
         real = round(slots * (1 - stats.padding_fraction))
     return {
@@ -234,6 +247,8 @@ def main() -> None:
         "unpacked": shards,
         "packed": shards,
         "packed tokens": shards,
+        POSITIONS: shards,
+        LENGTHS: shards,
         CACHED: shards,
         "packed .bin": bins,
         "packed .bin tokens": bins,
@@ -304,6 +319,12 @@ def main() -> None:
   threads, a NumPy sum per batch. `unpacked`: one document per row, truncated or padded to
   {SEQ:,}. `packed`: `Packing(seq_len={SEQ}, bins={BINS})` delivering the tokens, `@segment_ids`
   and `@positions` (three columns to unpacked's one); `packed tokens`: the tokens alone;
+  `{POSITIONS}`: the tokens and `@positions`, enough for padding-free attention (a
+  position that restarts at 0 marks where a document starts; Hugging Face Transformers can
+  infer the boundaries from `position_ids` alone for standard attention); `{LENGTHS}`: the
+  tokens and `@segment_lengths` (a row of {MOST_SEGMENTS}), the boundaries variable-length
+  attention takes (their running sums are FlashAttention's `cu_seqlens`), from which the
+  segment ids and positions follow;
   `{CACHED}`: `packed` with the shards' list lengths in the inspection cache (what a
   second open or a resume on the same host finds, and what any open of shards the dataset saver
   wrote finds in their footers, `docs/formats.md`). `packed .bin` and `packed .bin tokens`: the
@@ -365,7 +386,16 @@ the planner writes them from the plan; `.bin` pays the same ({ratio("packed .bin
 three columns against {ratio("packed .bin tokens")} for its tokens). Groups of 48 MiB instead of
 16, and a job per decode thread in each group, did not change the three-column figure
 (interleaved runs), nor did filling `@segment_ids` and `@positions` without a multiply:
-writing them is bound by memory, not by arithmetic.
+writing them is bound by memory, not by arithmetic. Each per-token column costs about what
+the tokens' own delivery does: {ratio(POSITIONS)} with `@positions` alone.
+
+The same boundaries as one row of {MOST_SEGMENTS} segment lengths per window
+(`@segment_lengths`, 128 bytes against 8 KiB for each per-token column) keep the tokens' rate:
+**{ratio(LENGTHS)}** (`{LENGTHS}`). They carry what the per-token columns do (a segment id is
+the index of the length whose running sum passes the token, a position the distance from that
+sum), and their running sums are the `cu_seqlens` that FlashAttention's variable-length
+functions take, so a trainer that builds its attention mask on the device needs no per-token
+column from the loader. The padding in that row is measured from the delivered lengths.
 
 The three-column figure read 0.91x on 2026-12-01 before the faster run-length decoder (75.3
 against 82.4 million document tokens/s), and 0.70-0.81x in the runs since. Every contender got

@@ -213,6 +213,69 @@ def test_parquet_records_pack_as_documents(
     check_packed(rows(packed([path], seq_len, bins)), docs, seq_len, eos=False)
 
 
+def lengths_config(path: Path, seq_len: int, bins: int, layout: str, most: int) -> BatchStreamConfig:
+    """Tokens, segment ids and a ``@segment_lengths`` row of ``most`` elements (pad -1)."""
+    width = seq_len + 1 if layout == "windows" else seq_len
+    stage_layout: dict[str, object] = (
+        {"windows": TokenWindows("tokens", seq_len)}
+        if layout == "windows"
+        else {"packing": Packing(field="tokens", seq_len=seq_len, bins=bins)}
+    )
+    return BatchStreamConfig(
+        fields=[
+            *fields(width)[:2],
+            ProjectedField(name="lengths", source="@segment_lengths", dtype="i32", length=most, pad=-1),
+        ],
+        stages=[Stage(sources=[FileSource(files=[str(path)])], batch_size=1, **stage_layout)],  # type: ignore[arg-type]
+    )
+
+
+@given(
+    lengths=st.lists(st.integers(0, 40), min_size=1, max_size=30).filter(any),
+    seq_len=st.integers(4, 24),
+    bins=st.integers(1, 6),
+    layout=st.sampled_from(["bin", "parquet", "windows"]),
+)
+def test_segment_lengths_are_the_segments_of_each_window(
+    tmp_path_factory: pytest.TempPathFactory, lengths: list[int], seq_len: int, bins: int, layout: str
+) -> None:
+    docs = corpus(lengths)
+    folder = tmp_path_factory.mktemp("lengths")
+    path = write_bin(folder / "c.bin", docs) if layout == "bin" else write_lists(folder / "c.parquet", docs)
+    # A row as long as the window holds every segment it can have.
+    delivered = rows(lengths_config(path, seq_len, bins, layout, most=seq_len + 1))
+    runs = []
+    for row in delivered:
+        used = int(np.count_nonzero(row["segment_ids"]))
+        ids = row["segment_ids"][:used]
+        runs.append(np.diff(np.flatnonzero(np.diff(ids, prepend=-1, append=-1))).tolist())
+        assert row["lengths"][: len(runs[-1])].tolist() == runs[-1]
+        assert (row["lengths"][len(runs[-1]) :] == -1).all()
+    # The shortest row that holds the most segments of any window opens; one shorter is refused
+    # at open, naming the field and the shard.
+    most = max(len(r) for r in runs)
+    assert len(rows(lengths_config(path, seq_len, bins, layout, most=most))) == len(delivered)
+    if most > 1:
+        with pytest.raises(ConfigError, match=rf"c\.(bin|parquet): a window holds {most} segments") as info:
+            open_batch_stream(lengths_config(path, seq_len, bins, layout, most=most - 1))
+        assert info.value.option == "fields[2].length"
+
+
+def test_segment_lengths_are_checked_like_the_other_window_columns(tmp_path: Path) -> None:
+    path = write_lists(tmp_path / "lists.parquet", corpus([3, 4]))
+    records = BatchStreamConfig(
+        fields=[ProjectedField(name="lengths", source="@segment_lengths", dtype="i32", length=4)],
+        stages=[Stage(sources=[FileSource(files=[str(path)])], batch_size=1)],
+    )
+    with pytest.raises(ConfigError, match=r"fields\[0\]\.source.*stages\[0\]"):
+        open_batch_stream(records)
+    for dtype in ("f32", "bool"):
+        config = lengths_config(path, 8, 2, "parquet", most=2)
+        wrong = ProjectedField(name="lengths", source="@segment_lengths", dtype=dtype, length=2)  # type: ignore[arg-type]
+        with pytest.raises(ConfigError, match=r"fields\[2\].*segment lengths"):
+            open_batch_stream(replace(config, fields=[*config.fields[:2], wrong]))
+
+
 @pytest.mark.parametrize("writer", ["polars", "duckdb-V1", "duckdb-V2"])
 def test_token_lists_from_other_writers_pack_as_pyarrow_written_ones_do(tmp_path: Path, writer: str) -> None:
     # Open plans from each writer's repetition and definition levels, and the reader takes the

@@ -222,6 +222,15 @@ pub const MAX_SEQ_LEN: u64 = 1 << 30;
 pub const SEGMENT_IDS: &str = "@segment_ids";
 /// See [`SEGMENT_IDS`].
 pub const POSITIONS: &str = "@positions";
+/// The reserved source a token stage fills with the lengths of a window's segments, in order,
+/// then pad: per row rather than per token, what variable-length attention kernels take (their
+/// running sums are the `cu_seqlens` that `FlashAttention`'s varlen functions take).
+pub const SEGMENT_LENGTHS: &str = "@segment_lengths";
+
+/// Whether `source` is one of the columns a token stage fills from its windows.
+pub fn is_window_source(source: &str) -> bool {
+    [SEGMENT_IDS, POSITIONS, SEGMENT_LENGTHS].contains(&source)
+}
 
 /// How a token stage turns shards into rows.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -276,7 +285,7 @@ fn validate_tokens(
         if let Some((i, f)) = fields
             .iter()
             .enumerate()
-            .find(|(_, f)| f.source == SEGMENT_IDS || f.source == POSITIONS)
+            .find(|(_, f)| is_window_source(&f.source))
         {
             return Err(Error::config(
                 format!("fields[{i}].source"),
@@ -320,8 +329,23 @@ fn validate_tokens(
     let row = layout.row_tokens() as usize;
     let mut found = false;
     for (i, f) in fields.iter().enumerate() {
-        let token_column =
-            f.source == layout.field() || f.source == SEGMENT_IDS || f.source == POSITIONS;
+        if f.source == SEGMENT_LENGTHS {
+            // A row of the window's segment lengths: its length is the most segments a window
+            // may hold (checked against each shard's windows at open).
+            if !matches!(f.dtype, DType::I32 | DType::I64) || f.shape.len() != 1 || f.shape[0] == 0
+            {
+                return Err(Error::config(
+                    format!("fields[{i}]"),
+                    format!(
+                        "'{SEGMENT_LENGTHS}' of {option} is a row of segment lengths: declare \
+                         dtype i32 or i64 and a length of at least 1, the most segments a window \
+                         may hold"
+                    ),
+                ));
+            }
+            continue;
+        }
+        let token_column = f.source == layout.field() || is_window_source(&f.source);
         if !token_column {
             if f.source.starts_with('@') {
                 continue; // the reserved scalars (`@row`, `@shard`, ...) describe the window
@@ -329,7 +353,7 @@ fn validate_tokens(
             return Err(Error::config(
                 format!("fields[{i}].source"),
                 format!(
-                    "{option} reads its rows as token windows, which carry '{}', '{SEGMENT_IDS}', '{POSITIONS}' and the reserved scalars, not '{}'",
+                    "{option} reads its rows as token windows, which carry '{}', '{SEGMENT_IDS}', '{POSITIONS}', '{SEGMENT_LENGTHS}' and the reserved scalars, not '{}'",
                     layout.field(),
                     f.source
                 ),

@@ -38,10 +38,7 @@ impl Synthetic {
 
     fn parse(source: &str, option: &str) -> Result<Option<Self>> {
         // Token stages fill these per token, as the reader of a record field would.
-        if !source.starts_with('@')
-            || source == crate::config::SEGMENT_IDS
-            || source == crate::config::POSITIONS
-        {
+        if !source.starts_with('@') || crate::config::is_window_source(source) {
             return Ok(None);
         }
         Self::ALL
@@ -182,7 +179,7 @@ impl Projection {
     }
 
     /// The columns read from records, and for each its index here: not the synthetic ones, nor
-    /// a token stage's `@segment_ids` and `@positions`, which the planner fills from the
+    /// a token stage's window columns (`@segment_ids`, ...), which the planner fills from the
     /// windows' plan (`formats::fill_window`).
     pub fn record_columns(&self) -> (Projection, Vec<usize>) {
         let (map, columns): (Vec<usize>, Vec<ProjectedColumn>) = self

@@ -98,8 +98,8 @@ pub struct Plan {
     pub decode: DecodeMeter,
     /// The encodings of the stream's shards, in first-seen order.
     pub encodings: Vec<Encoding>,
-    /// The token stages' per-token columns the planner fills (`@segment_ids`, `@positions`),
-    /// by batch column.
+    /// The token stages' window columns the planner fills (`@segment_ids`, `@positions`,
+    /// `@segment_lengths`), by batch column.
     pub window_columns: Vec<(usize, WindowColumn)>,
     /// Buffers of batches being filled and delivered, within the bound's batches term.
     pub batch_buffers: Arc<BufferPool>,
@@ -176,7 +176,7 @@ impl Plan {
             }
             shard_ids.push(ids);
         }
-        check_positions(&projection, &shards)?;
+        check_window_columns(&projection, &shards)?;
         let shape = config.pipeline_shape()?;
         let prefetching = shards.iter().any(|s| storage::is_remote(&s.path));
         let known = MemoryBound::compute(
@@ -595,10 +595,10 @@ fn split_jobs(
     }
 }
 
-/// Fills the token stages' per-token columns of batch slot `slot`, which holds window `window`
+/// Fills the token stages' window columns of batch slot `slot`, which holds window `window`
 /// of shard `shard`: every element of the slot's row, since these columns are not cleared first
 /// (`Chunk` of a batch, [`Planner::batch_buffer`]). Token shards are inspected at open and
-/// their positions checked against the columns' dtypes there ([`check_positions`]), so this
+/// their windows checked against the columns there ([`check_window_columns`]), so this
 /// cannot fail; a shard without its plan would get padding.
 fn fill_windows(
     plan: &Plan,
@@ -624,27 +624,44 @@ fn fill_windows(
     }
 }
 
-/// Refuses an `@positions` column whose dtype cannot hold a position some token shard's
-/// windows reach (a document of more than 2^31 tokens in an `i32` column).
-fn check_positions(projection: &Projection, shards: &[ShardEntry]) -> Result<()> {
+/// Refuses, before the first batch, a window column some token shard's windows would not fit:
+/// an `@positions` whose dtype cannot hold a position they reach (a document of more than 2^31
+/// tokens in an `i32` column), an `@segment_lengths` shorter than the most segments a window
+/// holds.
+fn check_window_columns(projection: &Projection, shards: &[ShardEntry]) -> Result<()> {
     for (k, column) in projection.columns.iter().enumerate() {
-        if WindowColumn::of(&column.source) != Some(WindowColumn::Positions)
-            || column.dtype != DType::I32
-        {
+        let kind = WindowColumn::of(&column.source);
+        let positions = kind == Some(WindowColumn::Positions) && column.dtype == DType::I32;
+        if !positions && kind != Some(WindowColumn::Lengths) {
             continue;
         }
         for shard in shards {
             let Some(index) = shard.inspected().and_then(ShardMeta::tokens) else {
                 continue;
             };
-            let largest = index.largest_position();
-            if largest > i32::MAX as u64 {
+            if positions && index.largest_position() > i32::MAX as u64 {
                 return Err(Error::config(
                     format!("fields[{k}].dtype"),
                     format!(
-                        "{}: a document reaches position {largest}, which i32 cannot hold; \
+                        "{}: a document reaches position {}, which i32 cannot hold; \
                          declare '{}' as i64",
-                        shard.path, column.name
+                        shard.path,
+                        index.largest_position(),
+                        column.name
+                    ),
+                ));
+            }
+            if !positions && index.most_pieces() > column.width as u64 {
+                return Err(Error::config(
+                    format!("fields[{k}].length"),
+                    format!(
+                        "{}: a window holds {} segments, more than the {} of '{}'; declare a \
+                         length of at least {}",
+                        shard.path,
+                        index.most_pieces(),
+                        column.width,
+                        column.name,
+                        index.most_pieces()
                     ),
                 ));
             }

@@ -350,7 +350,11 @@ class Packing:
     Every row is then one window, and three projected fields describe it, each an ``i32`` or
     ``i64`` of length ``seq_len``: the tokens (``source=field``), ``source="@segment_ids"``
     (which document of the window each token is from: 1, 2, ..., and the pad for padding) and
-    ``source="@positions"`` (each token's position within its document).
+    ``source="@positions"`` (each token's position within its document). Per row instead of
+    per token, ``source="@segment_lengths"`` (``i32`` or ``i64`` of any length ``k``) holds the
+    window's segment lengths in order, then the pad: what variable-length attention takes
+    (FlashAttention's ``cu_seqlens`` are their running sums), at a fraction of the bytes of a
+    per-token column. Open refuses a ``k`` smaller than the most segments a window holds.
 
     The windows are planned per shard from its documents alone, so they are the same on every
     rank count and after every resume; ``Shuffle`` then orders windows like any rows. See
@@ -386,8 +390,8 @@ class TokenWindows:
     Each shard's stream (a ``.bin`` file, or a Parquet column of token lists read as one
     stream) is cut so that the last token of a window is the first of the next: every
     transition is in exactly one window, and a shard's last window is padded. The token field
-    (``source=field``) is an ``i32`` or ``i64`` of length ``seq_len + 1``; ``@segment_ids`` and
-    ``@positions`` may be projected too. Over Parquet records each record is a document, as
+    (``source=field``) is an ``i32`` or ``i64`` of length ``seq_len + 1``; ``@segment_ids``,
+    ``@positions`` and ``@segment_lengths`` (see :class:`Packing`) may be projected too. Over Parquet records each record is a document, as
     for :class:`Packing` without ``eos_id``: a window's segments are the records it holds, in
     order, and positions count from each record's first token (the record a window starts in
     continues from the window before). A ``.bin`` window is one segment, its positions counted

@@ -17,7 +17,7 @@ use serde::Deserialize;
 
 use super::{parquet, ReadFailure, ShardIndex, ShardMeta, ShardReader};
 use crate::columns::{Chunk, ColumnBuf};
-use crate::config::{FieldSpec, TokenLayout, POSITIONS, SEGMENT_IDS};
+use crate::config::{FieldSpec, TokenLayout, POSITIONS, SEGMENT_IDS, SEGMENT_LENGTHS};
 use crate::dtype::DType;
 use crate::encoding::Encoding;
 use crate::error::{Error, Result};
@@ -129,8 +129,8 @@ impl TokenIndex {
         }
     }
 
-    /// Most pieces of any window.
-    fn most_pieces(&self) -> u64 {
+    /// Most pieces of any window: the length an `@segment_lengths` row needs.
+    pub fn most_pieces(&self) -> u64 {
         match (&self.plan, &self.file) {
             (Some(plan), _) => plan.most_pieces(),
             (None, TokenFile::Parquet { record_starts, .. }) => {
@@ -513,6 +513,9 @@ pub enum WindowColumn {
     Segments,
     /// `@positions`: a token's position within its document, 0 for padding.
     Positions,
+    /// `@segment_lengths`: the tokens of each piece of the window, in order, then pad; one
+    /// element per piece rather than per token.
+    Lengths,
 }
 
 impl WindowColumn {
@@ -521,15 +524,17 @@ impl WindowColumn {
         match source {
             SEGMENT_IDS => Some(WindowColumn::Segments),
             POSITIONS => Some(WindowColumn::Positions),
+            SEGMENT_LENGTHS => Some(WindowColumn::Lengths),
             _ => None,
         }
     }
 }
 
 /// Writes window `w`'s `kind` column into elements `row` of `out` (one window): the pieces'
-/// values, then `pad` to the row's end, so every element of the row is written. The value that
-/// does not fit the column's dtype is the error (checked for every shard at open, see
-/// [`TokenIndex::largest_position`]).
+/// values (per token, or one length per piece), then `pad` to the row's end, so every element
+/// of the row is written. The value that does not fit the column's dtype, or the number of
+/// pieces that does not fit the row, is the error (checked for every shard at open, see
+/// [`TokenIndex::largest_position`] and [`TokenIndex::most_pieces`]).
 pub fn fill_window(
     index: &TokenIndex,
     w: u64,
@@ -542,11 +547,16 @@ pub fn fill_window(
     index.pieces(w, pieces);
     let mut first = row.start;
     for (i, piece) in pieces.iter().enumerate() {
-        let len = (piece.len as usize).min(row.end - first);
-        match kind {
-            WindowColumn::Segments => fill(out, first..first + len, i as u64 + 1, 0)?,
-            WindowColumn::Positions => fill(out, first..first + len, piece.position, 1)?,
+        let (len, value, step) = match kind {
+            WindowColumn::Segments => (piece.len as usize, i as u64 + 1, 0),
+            WindowColumn::Positions => (piece.len as usize, piece.position, 1),
+            WindowColumn::Lengths => (1, piece.len.into(), 0),
+        };
+        if first + len > row.end && kind == WindowColumn::Lengths {
+            return Err(pieces.len() as u64);
         }
+        let len = len.min(row.end - first);
+        fill(out, first..first + len, value, step)?;
         first += len;
     }
     out.fill_int(first..row.end, pad);
