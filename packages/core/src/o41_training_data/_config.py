@@ -391,11 +391,12 @@ class TokenWindows:
     stream) is cut so that the last token of a window is the first of the next: every
     transition is in exactly one window, and a shard's last window is padded. The token field
     (``source=field``) is an ``i32`` or ``i64`` of length ``seq_len + 1``; ``@segment_ids``,
-    ``@positions`` and ``@segment_lengths`` (see :class:`Packing`) may be projected too. Over Parquet records each record is a document, as
-    for :class:`Packing` without ``eos_id``: a window's segments are the records it holds, in
-    order, and positions count from each record's first token (the record a window starts in
-    continues from the window before). A ``.bin`` window is one segment, its positions counted
-    from the shard's first token: its documents are not read to cut windows.
+    ``@positions`` and ``@segment_lengths`` (see :class:`Packing`) may be projected too. Over
+    Parquet records each record is a document, as for :class:`Packing` without ``eos_id``: a
+    window's segments are the records it holds, in order, and positions count from each
+    record's first token (the record a window starts in continues from the window before). A
+    ``.bin`` window is one segment, its positions counted from the shard's first token: its
+    documents are not read to cut windows.
 
     Examples:
         >>> TokenWindows(field="tokens", seq_len=2048).seq_len
