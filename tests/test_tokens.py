@@ -215,10 +215,11 @@ def test_parquet_records_pack_as_documents(
 
 def lengths_config(path: Path, seq_len: int, bins: int, layout: str, most: int) -> BatchStreamConfig:
     """Tokens, segment ids and a ``@segment_lengths`` row of ``most`` elements (pad -1)."""
-    width = seq_len + 1 if layout == "windows" else seq_len
+    windowed = layout.startswith("windows")
+    width = seq_len + 1 if windowed else seq_len
     stage_layout: dict[str, object] = (
-        {"windows": TokenWindows("tokens", seq_len)}
-        if layout == "windows"
+        {"windows": TokenWindows("tokens", seq_len, eos_id=EOS if layout.endswith("eos") else None)}
+        if windowed
         else {"packing": Packing(field="tokens", seq_len=seq_len, bins=bins)}
     )
     return BatchStreamConfig(
@@ -234,14 +235,14 @@ def lengths_config(path: Path, seq_len: int, bins: int, layout: str, most: int) 
     lengths=st.lists(st.integers(0, 40), min_size=1, max_size=30).filter(any),
     seq_len=st.integers(4, 24),
     bins=st.integers(1, 6),
-    layout=st.sampled_from(["bin", "parquet", "windows"]),
+    layout=st.sampled_from(["bin", "parquet", "windows", "windows, bin eos"]),
 )
 def test_segment_lengths_are_the_segments_of_each_window(
     tmp_path_factory: pytest.TempPathFactory, lengths: list[int], seq_len: int, bins: int, layout: str
 ) -> None:
     docs = corpus(lengths)
     folder = tmp_path_factory.mktemp("lengths")
-    path = write_bin(folder / "c.bin", docs) if layout == "bin" else write_lists(folder / "c.parquet", docs)
+    path = write_bin(folder / "c.bin", docs) if "bin" in layout else write_lists(folder / "c.parquet", docs)
     # A row as long as the window holds every segment it can have.
     delivered = rows(lengths_config(path, seq_len, bins, layout, most=seq_len + 1))
     runs = []
@@ -490,6 +491,43 @@ def test_packing_options_are_checked_with_their_path(option: str, value: object)
         )
 
 
+@pytest.mark.parametrize("value", [-1, "0", 1.5])
+def test_a_window_eos_id_is_checked_with_its_path(value: object) -> None:
+    with pytest.raises(ConfigError, match=r"stages\[0\]\.windows\.eos_id"):
+        BatchStreamConfig(
+            fields=fields(9),
+            stages=[
+                Stage(
+                    sources=[FileSource(files=["a.bin"])],
+                    batch_size=1,
+                    windows=TokenWindows("tokens", 8, eos_id=value),  # type: ignore[arg-type]
+                )
+            ],
+        )
+
+
+def test_eos_cut_windows_count_their_document_starts_against_the_memory_limit(tmp_path: Path) -> None:
+    path = write_bin(tmp_path / "corpus.bin", corpus([1] * 100_000), dtype="uint32")
+    config = BatchStreamConfig(
+        fields=fields(9),
+        stages=[
+            Stage(
+                sources=[FileSource(files=[str(path)])],
+                batch_size=1,
+                windows=TokenWindows("tokens", 8, eos_id=EOS),
+            )
+        ],
+    )
+    with open_batch_stream(config) as stream:
+        bound = stream.memory_bound
+    assert bound.token_plans >= 8 * 100_000  # a start for each of the 100,000 documents
+    tight = replace(config, memory_limit_bytes=bound.total - bound.token_plans + 100_000)
+    # Refused while planned, or by the bound that counts the starts; either way at open.
+    with pytest.raises(ConfigError, match=r"window plan needs more than|token plans 800\d\d\d\b") as info:
+        open_batch_stream(tight)
+    assert info.value.option == "memory_limit_bytes"
+
+
 def test_a_plan_beyond_the_memory_limit_is_refused_while_it_is_planned(tmp_path: Path) -> None:
     path = write_bin(tmp_path / "corpus.bin", corpus([1] * 100_000), dtype="uint32")
     config = packed([path], 8)
@@ -572,39 +610,48 @@ def test_stream_windows_read_a_parquet_column_of_lists_as_one_stream(tmp_path: P
 @given(
     lengths=st.lists(st.integers(0, 20), min_size=1, max_size=30),
     seq_len=st.integers(1, 12),
-    writer=st.sampled_from(["pyarrow", "polars"]),
+    shard=st.sampled_from(["pyarrow records", "polars records", "bin, eos", "parquet chunks, eos"]),
 )
-def test_stream_windows_over_records_mark_each_record_as_a_document(
-    tmp_path_factory: pytest.TempPathFactory, lengths: list[int], seq_len: int, writer: str
+def test_stream_windows_mark_the_documents_they_hold(
+    tmp_path_factory: pytest.TempPathFactory, lengths: list[int], seq_len: int, shard: str
 ) -> None:
-    # A window cut anywhere, with segment ids and positions that still name documents: a record
-    # starting inside the window opens a new segment at position 0; the one the window starts
-    # in continues its positions.
-    assume(sum(lengths) > 0)  # a shard of no tokens is a source of no rows, refused at open
+    # A window cut anywhere, with segment ids and positions that still name documents: a
+    # document starting inside the window opens a new segment at position 0; the one the window
+    # starts in continues its positions. Documents are records, or with eos_id the spans ending
+    # at it, whatever the records (here chunks of 4 ids cut through documents).
     docs = corpus(lengths)
-    path = write_lists(tmp_path_factory.mktemp("windows") / "lists.parquet", docs, writer=writer)
+    eos = shard.endswith("eos")
+    spans = [[*doc, EOS] for doc in docs] if eos else docs
+    stream = [t for span in spans for t in span]
+    assume(stream)  # a shard of no tokens is a source of no rows, refused at open
+    document = [d for d, span in enumerate(spans) for _ in span]
+    position = [p for span in spans for p in range(len(span))]
+    folder = tmp_path_factory.mktemp("windows")
+    if shard == "bin, eos":
+        path = write_bin(folder / "stream.bin", docs)
+    elif shard == "parquet chunks, eos":
+        path = folder / "chunks.parquet"
+        chunks = [stream[i : i + 4] for i in range(0, len(stream), 4)]
+        pq.write_table(pa.table({"tokens": pa.array(chunks, pa.list_(pa.int32()))}), path)
+    else:
+        assume(sum(lengths) > 0)
+        path = write_lists(folder / "lists.parquet", docs, writer=shard.split()[0])
+    windows = TokenWindows("tokens", seq_len, eos_id=EOS if eos else None)
     config = BatchStreamConfig(
         fields=fields(seq_len + 1),
-        stages=[
-            Stage(
-                sources=[FileSource(files=[str(path)])], batch_size=1, windows=TokenWindows("tokens", seq_len)
-            )
-        ],
+        stages=[Stage(sources=[FileSource(files=[str(path)])], batch_size=1, windows=windows)],
     )
-    where = {t: (d, p) for d, doc in enumerate(docs) for p, t in enumerate(doc)}
-    stream = [t for doc in docs for t in doc]
     delivered = rows(config)
     assert len(delivered) == max(1, -(-(len(stream) - 1) // seq_len))
     for w, row in enumerate(delivered):
+        held = slice(w * seq_len, w * seq_len + seq_len + 1)
         used = int(np.count_nonzero(row["segment_ids"]))
-        tokens = row["tokens"][:used].tolist()
-        assert tokens == stream[w * seq_len : w * seq_len + seq_len + 1]
+        assert row["tokens"][:used].tolist() == stream[held]
         assert (row["segment_ids"][used:] == 0).all()
-        documents = [where[t][0] for t in tokens]
         # Segment k + 1 is the window's k-th document, in order.
-        first_of = {d: k + 1 for k, d in enumerate(dict.fromkeys(documents))}
-        assert row["segment_ids"][:used].tolist() == [first_of[d] for d in documents]
-        assert row["positions"][:used].tolist() == [where[t][1] for t in tokens]
+        number = {d: k + 1 for k, d in enumerate(dict.fromkeys(document[held]))}
+        assert row["segment_ids"][:used].tolist() == [number[d] for d in document[held]]
+        assert row["positions"][:used].tolist() == position[held]
 
 
 def test_a_bin_shard_in_a_stage_of_records_is_refused_naming_the_file(tmp_path: Path) -> None:

@@ -211,6 +211,11 @@ pub struct WindowsSpec {
     pub field: String,
     /// Tokens between window starts; a window holds `seq_len + 1`.
     pub seq_len: u64,
+    /// The id that ends a document, when the windows' segments are to follow documents cut at
+    /// it (open then scans each shard for it); without it a Parquet record is a document and a
+    /// `.bin` window is one segment.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub eos_id: Option<u64>,
 }
 
 /// Most windows a packing keeps open: first-fit looks at each of them for every document.

@@ -151,6 +151,8 @@ def _check_tokens(option: str, stage: Stage) -> None:
             raise _invalid(f"{option}.windows", f"expected a TokenWindows, got {type(windows).__name__}")
         _check_token_field(f"{option}.windows.field", windows.field)
         _integer(f"{option}.windows.seq_len", windows.seq_len, minimum=1, maximum=_MAX_SEQ_LEN)
+        if windows.eos_id is not None:
+            _integer(f"{option}.windows.eos_id", windows.eos_id, minimum=0)
 
 
 def _check_token_field(option: str, field: object) -> None:
@@ -391,12 +393,14 @@ class TokenWindows:
     stream) is cut so that the last token of a window is the first of the next: every
     transition is in exactly one window, and a shard's last window is padded. The token field
     (``source=field``) is an ``i32`` or ``i64`` of length ``seq_len + 1``; ``@segment_ids``,
-    ``@positions`` and ``@segment_lengths`` (see :class:`Packing`) may be projected too. Over
-    Parquet records each record is a document, as for :class:`Packing` without ``eos_id``: a
-    window's segments are the records it holds, in order, and positions count from each
-    record's first token (the record a window starts in continues from the window before). A
-    ``.bin`` window is one segment, its positions counted from the shard's first token: its
-    documents are not read to cut windows.
+    ``@positions`` and ``@segment_lengths`` (see :class:`Packing`) may be projected too, and
+    follow the documents a window holds: its segments are those documents, in order, and
+    positions count from each document's first token (the document a window starts in
+    continues from the window before). With ``eos_id``, documents are the spans of the stream
+    that end at it, as for :class:`Packing`, and open scans each shard for it (a ``.bin`` shard
+    is read once, a Parquet column's ids decoded once). Without it a Parquet record is a
+    document, and a ``.bin`` window is one segment with positions counted from the shard's
+    first token.
 
     Examples:
         >>> TokenWindows(field="tokens", seq_len=2048).seq_len
@@ -406,13 +410,18 @@ class TokenWindows:
 
     field: str
     seq_len: int
+    eos_id: int | None = None
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "seq_len", _as_int(self.seq_len))
+        for name in ("seq_len", "eos_id"):
+            object.__setattr__(self, name, _as_int(getattr(self, name)))
 
     def to_dict(self) -> dict[str, Any]:
         """The windows as the engine's JSON document expects them."""
-        return {"field": self.field, "seq_len": self.seq_len}
+        out: dict[str, Any] = {"field": self.field, "seq_len": self.seq_len}
+        if self.eos_id is not None:
+            out["eos_id"] = self.eos_id
+        return out
 
 
 @dataclass(frozen=True)

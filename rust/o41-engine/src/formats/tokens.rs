@@ -70,6 +70,9 @@ pub struct TokenIndex {
     tokens: u64,
     /// Windows of a packed layout; stream windows are computed.
     plan: Option<PackPlan>,
+    /// Where each document of the stream starts, then the stream's end, for stream windows cut
+    /// at an eos id (a Parquet shard's records serve otherwise).
+    starts: Option<Vec<u64>>,
 }
 
 impl TokenIndex {
@@ -103,40 +106,49 @@ impl TokenIndex {
         self.layout.row_tokens()
     }
 
-    /// Bytes the index holds for as long as the stream runs: the packing plan and a Parquet
-    /// shard's record offsets.
+    /// Bytes the index holds for as long as the stream runs: the packing plan or the
+    /// documents' starts, and a Parquet shard's record offsets.
     pub fn bytes(&self) -> u64 {
         let records = match &self.file {
             TokenFile::Parquet { record_starts, .. } => 8 * record_starts.len() as u64,
             TokenFile::Bin { .. } => 0,
         };
-        records + self.plan.as_ref().map_or(0, PackPlan::bytes)
+        let starts = self.starts.as_ref().map_or(0, |s| 8 * s.len() as u64);
+        records + starts + self.plan.as_ref().map_or(0, PackPlan::bytes)
     }
 
     /// The largest position within its document of any token the windows hold (0 for none):
     /// what an `@positions` column must be able to hold.
     pub fn largest_position(&self) -> u64 {
-        match (&self.plan, &self.file) {
+        match (&self.plan, self.documents()) {
             (Some(plan), _) => plan.largest_position(),
-            // Stream windows count positions from each record's start.
-            (None, TokenFile::Parquet { record_starts, .. }) => record_starts
+            // Stream windows count positions from each document's start.
+            (None, Some(starts)) => starts
                 .windows(2)
                 .map(|r| r[1] - r[0])
                 .max()
                 .unwrap_or(0)
                 .saturating_sub(1),
-            (None, TokenFile::Bin { .. }) => self.tokens.saturating_sub(1),
+            (None, None) => self.tokens.saturating_sub(1),
         }
     }
 
     /// Most pieces of any window: the length an `@segment_lengths` row needs.
     pub fn most_pieces(&self) -> u64 {
-        match (&self.plan, &self.file) {
+        match (&self.plan, self.documents()) {
             (Some(plan), _) => plan.most_pieces(),
-            (None, TokenFile::Parquet { record_starts, .. }) => {
-                most_stream_pieces(self.tokens, self.stride(), record_starts)
-            }
-            (None, TokenFile::Bin { .. }) => 1,
+            (None, Some(starts)) => most_stream_pieces(self.tokens, self.stride(), starts),
+            (None, None) => 1,
+        }
+    }
+
+    /// Where the documents of the stream start, then its end, for stream windows: those cut at
+    /// an eos id, or else a Parquet shard's records; `None` for a `.bin` stream not cut.
+    fn documents(&self) -> Option<&[u64]> {
+        match (&self.starts, &self.file) {
+            (Some(starts), _) => Some(starts),
+            (None, TokenFile::Parquet { record_starts, .. }) => Some(record_starts),
+            (None, TokenFile::Bin { .. }) => None,
         }
     }
 
@@ -145,17 +157,16 @@ impl TokenIndex {
         self.layout.row_tokens() - 1
     }
 
-    /// Window `w`'s pieces, appended to `out`. A stream window over Parquet records is cut where
-    /// a record starts, each record being a document; a `.bin` stream's documents are not
-    /// known without a scan for eos ids, which open does only to pack, so its window is one
-    /// piece.
+    /// Window `w`'s pieces, appended to `out`. A stream window is cut where a document starts
+    /// inside it ([`TokenIndex::documents`]); a `.bin` stream not cut at an eos id has no
+    /// documents known, and its window is one piece.
     fn pieces(&self, w: u64, out: &mut Vec<Piece>) {
-        match (&self.plan, &self.file) {
+        match (&self.plan, self.documents()) {
             (Some(plan), _) => out.extend_from_slice(plan.window(w)),
-            (None, TokenFile::Parquet { record_starts, .. }) => {
-                stream_window_pieces(self.tokens, self.stride(), w, record_starts, out);
+            (None, Some(starts)) => {
+                stream_window_pieces(self.tokens, self.stride(), w, starts, out);
             }
-            (None, TokenFile::Bin { .. }) => out.push(stream_window(self.tokens, self.stride(), w)),
+            (None, None) => out.push(stream_window(self.tokens, self.stride(), w)),
         }
     }
 }
@@ -243,8 +254,53 @@ fn check_token_column(path: &str, index: &parquet::ParquetIndex, field: &str) ->
     })
 }
 
+/// Where inspection puts the documents it finds: packing places them in windows, stream
+/// windows cut at an eos id keep where each starts.
+enum Documents {
+    Pack(Packer),
+    Starts(Vec<u64>),
+}
+
+impl Documents {
+    fn of(layout: &TokenLayout) -> Option<Self> {
+        match layout {
+            TokenLayout::Packed(p) => {
+                Some(Documents::Pack(Packer::new(p.seq_len, p.bins as usize)))
+            }
+            TokenLayout::Windows(w) => w.eos_id.map(|_| Documents::Starts(Vec::new())),
+        }
+    }
+
+    /// Document `start..start + len` of the stream.
+    fn push(&mut self, start: u64, len: u64) {
+        match self {
+            Documents::Pack(packer) => packer.push(start, len),
+            Documents::Starts(starts) => starts.push(start),
+        }
+    }
+
+    /// Bytes held so far, against the stream's memory limit.
+    fn bytes(&self) -> u64 {
+        match self {
+            Documents::Pack(packer) => packer.bytes(),
+            Documents::Starts(starts) => 8 * starts.len() as u64,
+        }
+    }
+
+    /// The packing plan, or the starts followed by the stream's end.
+    fn finish(self, tokens: u64) -> (Option<PackPlan>, Option<Vec<u64>>) {
+        match self {
+            Documents::Pack(packer) => (Some(packer.finish()), None),
+            Documents::Starts(mut starts) => {
+                starts.push(tokens);
+                (None, Some(starts))
+            }
+        }
+    }
+}
+
 /// Inspects a token shard for `layout`: counts its tokens, reads its document boundaries where
-/// the layout packs, and plans its windows. A plan needing more than `max_plan` bytes is
+/// the layout packs or cuts windows at an eos id, and plans its windows. A plan needing more than `max_plan` bytes is
 /// refused before it grows past them. A Parquet shard whose documents are its records is
 /// planned from its list lengths in `cache` when they are there (they are stored there when
 /// not), without decoding its token column; the reader holds every record to those lengths.
@@ -259,12 +315,9 @@ pub fn inspect(
     let path = object.uri().to_owned();
     let eos = match layout {
         TokenLayout::Packed(p) => p.eos_id,
-        TokenLayout::Windows(_) => None,
+        TokenLayout::Windows(w) => w.eos_id,
     };
-    let mut packer = match layout {
-        TokenLayout::Packed(p) => Some(Packer::new(p.seq_len, p.bins as usize)),
-        TokenLayout::Windows(_) => None,
-    };
+    let mut documents = Documents::of(layout);
     let too_large = |bytes: u64| {
         Error::config(
             "memory_limit_bytes",
@@ -291,7 +344,7 @@ pub fn inspect(
                 ));
             }
             let tokens = object.size() / width;
-            if let Some(packer) = packer.as_mut() {
+            if let Some(documents) = documents.as_mut() {
                 let Some(eos) = eos.or(meta_eos) else {
                     return Err(Error::config(
                         "packing.eos_id",
@@ -301,7 +354,7 @@ pub fn inspect(
                         ),
                     ));
                 };
-                scan_bin(object, width, eos, packer, max_plan, &too_large)?;
+                scan_bin(object, width, eos, documents, max_plan, &too_large)?;
             }
             // A job fetches its windows' bytes, and at most as many again in the gaps it reads
             // through to save requests.
@@ -327,10 +380,10 @@ pub fn inspect(
             let mut longest = 0u64;
             let mut doc_start = 0u64;
             // Only an eos cut needs the ids; counts and record documents need the lengths.
-            let values = eos.is_some() && packer.is_some();
+            let values = eos.is_some() && documents.is_some();
             // Record lengths plan a shard whose documents are its records.
             let pin = object.pin();
-            let cache = cache.filter(|_| eos.is_none() || packer.is_none());
+            let cache = cache.filter(|_| !values);
             let cached = cache
                 .and_then(|c| c.lookup_lengths(&path, encoding, &pin, layout.field(), max_plan))
                 .filter(|lengths| lengths.len() as u64 == meta.rows);
@@ -343,21 +396,21 @@ pub fn inspect(
             let mut each = |_, len, values: parquet::Ids<'_>| -> Result<()> {
                 record_starts.push(tokens);
                 longest = longest.max(len);
-                if let Some(packer) = packer.as_mut() {
+                if let Some(documents) = documents.as_mut() {
                     match eos {
                         // Documents are cut at eos ids in the stream of all records.
                         Some(eos) => {
                             for (k, v) in values.iter().enumerate() {
                                 if u64::try_from(v) == Ok(eos) {
                                     let end = tokens + k as u64 + 1;
-                                    packer.push(doc_start, end - doc_start);
+                                    documents.push(doc_start, end - doc_start);
                                     doc_start = end;
                                 }
                             }
                         }
-                        None => packer.push(tokens, len),
+                        None => documents.push(tokens, len),
                     }
-                    let bytes = packer.bytes() + 8 * record_starts.len() as u64;
+                    let bytes = documents.bytes() + 8 * record_starts.len() as u64;
                     if bytes > max_plan {
                         return Err(too_large(max_plan));
                     }
@@ -377,9 +430,9 @@ pub fn inspect(
                 let lengths: Vec<u64> = record_starts.windows(2).map(|w| w[1] - w[0]).collect();
                 cache.store_lengths(&path, encoding, &pin, layout.field(), &lengths);
             }
-            if let (Some(packer), Some(_)) = (packer.as_mut(), eos) {
+            if let (Some(documents), Some(_)) = (documents.as_mut(), eos) {
                 if doc_start < tokens {
-                    packer.push(doc_start, tokens - doc_start);
+                    documents.push(doc_start, tokens - doc_start);
                 }
             }
             // The Parquet decoder's own, one record of the longest list and a decode batch of
@@ -406,11 +459,13 @@ pub fn inspect(
             ))
         }
     };
+    let (plan, starts) = documents.map_or((None, None), |d| d.finish(tokens));
     let index = TokenIndex {
         layout: layout.clone(),
         file,
         tokens,
-        plan: packer.map(Packer::finish),
+        plan,
+        starts,
     };
     // A job also lists where each of its windows' pieces goes, and widens a piece's ids.
     let pieces = index.most_pieces().max(1);
@@ -440,13 +495,13 @@ fn for_each_record(
     parquet::for_each_list(object, index, (all, values), projection, each)
 }
 
-/// Scans a `.bin` stream for `eos`, placing each document it closes (and the tail after the
-/// last) with `packer`.
+/// Scans a `.bin` stream for `eos`, handing each document it closes (and the tail after the
+/// last) to `documents`.
 fn scan_bin(
     object: &Object,
     width: u64,
     eos: u64,
-    packer: &mut Packer,
+    documents: &mut Documents,
     max_plan: u64,
     too_large: &dyn Fn(u64) -> Error,
 ) -> Result<()> {
@@ -464,12 +519,12 @@ fn scan_bin(
         let whole = filled - filled % width as usize;
         for id in buf[..whole].chunks_exact(width as usize) {
             if read_id(id) == eos {
-                packer.push(doc_start, token + 1 - doc_start);
+                documents.push(doc_start, token + 1 - doc_start);
                 doc_start = token + 1;
             }
             token += 1;
         }
-        if packer.bytes() > max_plan {
+        if documents.bytes() > max_plan {
             return Err(too_large(max_plan));
         }
         buf.copy_within(whole..filled, 0);
@@ -491,7 +546,7 @@ fn scan_bin(
         ));
     }
     if doc_start < token {
-        packer.push(doc_start, token - doc_start);
+        documents.push(doc_start, token - doc_start);
     }
     Ok(())
 }
@@ -990,6 +1045,7 @@ mod tests {
         let layout = TokenLayout::Windows(WindowsSpec {
             field: "t".to_owned(),
             seq_len: 2,
+            eos_id: None,
         });
         let tokens: Vec<Vec<i32>> = windows(&uri, &layout)
             .unwrap()
@@ -1004,6 +1060,7 @@ mod tests {
         let layout = TokenLayout::Windows(WindowsSpec {
             field: "t".to_owned(),
             seq_len: 2,
+            eos_id: None,
         });
         for (name, meta) in [
             ("dtype", r#"{"dtype": "int8"}"#),
