@@ -300,10 +300,11 @@ impl Documents {
 }
 
 /// Inspects a token shard for `layout`: counts its tokens, reads its document boundaries where
-/// the layout packs or cuts windows at an eos id, and plans its windows. A plan needing more than `max_plan` bytes is
-/// refused before it grows past them. A Parquet shard whose documents are its records is
-/// planned from its list lengths in `cache` when they are there (they are stored there when
-/// not), without decoding its token column; the reader holds every record to those lengths.
+/// the layout packs or cuts windows at an eos id, and plans its windows. A plan needing more
+/// than `max_plan` bytes is refused before it grows past them. A Parquet shard whose documents
+/// are its records is planned from its list lengths in `cache` when they are there (they are
+/// stored there when not), without decoding its token column; the reader holds every record to
+/// those lengths.
 pub fn inspect(
     storage: &Storage,
     object: &Arc<Object>,
