@@ -386,8 +386,9 @@ the planner writes them from the plan; `.bin` pays the same ({ratio("packed .bin
 three columns against {ratio("packed .bin tokens")} for its tokens). Groups of 48 MiB instead of
 16, and a job per decode thread in each group, did not change the three-column figure
 (interleaved runs), nor did filling `@segment_ids` and `@positions` without a multiply:
-writing them is bound by memory, not by arithmetic. Each per-token column costs about what
-the tokens' own delivery does: {ratio(POSITIONS)} with `@positions` alone.
+writing them is bound by memory, not by arithmetic. Each per-token column adds another
+8 KiB a row to write and to read: {ratio(POSITIONS)} with `@positions` alone, against
+{ratio("packed tokens")} for the tokens alone.
 
 The same boundaries as one row of {MOST_SEGMENTS} segment lengths per window
 (`@segment_lengths`, 128 bytes against 8 KiB for each per-token column) keep the tokens' rate:
@@ -398,7 +399,7 @@ functions take, so a trainer that builds its attention mask on the device needs 
 column from the loader. The padding in that row is measured from the delivered lengths.
 
 The three-column figure read 0.91x on 2026-12-01 before the faster run-length decoder (75.3
-against 82.4 million document tokens/s), and 0.70-0.81x in the runs since. Every contender got
+against 82.4 million document tokens/s), and 0.70-0.82x in the runs since. Every contender got
 faster through that decoder (dictionary indices unpacked eight at a time, straight into their
 entries) and a first batch that waits only for its own rows; `unpacked`, all of whose bytes
 come through that decoder, gained more than the packed contenders, whose extra columns do not.
