@@ -528,6 +528,19 @@ def test_eos_cut_windows_count_their_document_starts_against_the_memory_limit(tm
     assert info.value.option == "memory_limit_bytes"
 
 
+def test_window_columns_are_not_counted_as_decoded_rows(tmp_path: Path) -> None:
+    # Read jobs decode the tokens alone; the planner writes the window columns into batches,
+    # where the bound counts them.
+    path = write_lists(tmp_path / "lists.parquet", corpus([5, 9, 3]))
+    with open_batch_stream(packed([path], 8)) as stream:
+        three = stream.memory_bound
+    tokens_only = replace(packed([path], 8), fields=fields(8)[:1])
+    with open_batch_stream(tokens_only) as stream:
+        one = stream.memory_bound
+    assert three.decode_units == one.decode_units > 0
+    assert three.batches > one.batches
+
+
 def test_a_plan_beyond_the_memory_limit_is_refused_while_it_is_planned(tmp_path: Path) -> None:
     path = write_bin(tmp_path / "corpus.bin", corpus([1] * 100_000), dtype="uint32")
     config = packed([path], 8)

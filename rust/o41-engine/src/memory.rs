@@ -143,7 +143,8 @@ pub struct MemoryBound {
     /// Batches queued for the consumer, the one it holds, and two planned groups being filled
     /// (each at least one shuffle window of rows).
     pub batches: u64,
-    /// Decoded rows of read jobs in flight.
+    /// Decoded rows of read jobs in flight: only their record columns, since synthetic and
+    /// token-window columns are written straight into batches.
     pub decode_units: u64,
     /// Open shard readers' buffers.
     pub readers: u64,
@@ -176,6 +177,8 @@ impl MemoryBound {
         scratch: ShardScratch,
     ) -> Result<Self> {
         let row_bytes = projection.row_bytes() as u64;
+        // What a read job's chunk holds (`Plan::records`).
+        let decoded_bytes = projection.record_columns().0.row_bytes() as u64;
         let held_batches = shape
             .prefetch_batches
             .checked_add(1)
@@ -190,7 +193,7 @@ impl MemoryBound {
         };
         let bound = MemoryBound {
             batches: product(&[batch_rows, row_bytes])?,
-            decode_units: product(&[shape.max_jobs, MAX_JOB_ROWS, row_bytes])?,
+            decode_units: product(&[shape.max_jobs, MAX_JOB_ROWS, decoded_bytes])?,
             readers: product(&[shape.threads, READERS_PER_WORKER, READER_BYTES])?,
             decode_scratch: product(&[scratch_holders, scratch.largest])?,
             token_plans: scratch.token_plans,

@@ -336,7 +336,8 @@ class MemoryBound:
     batches: int
     """Batches queued for the consumer and held by it, plus two planned groups of rows."""
     decode_units: int
-    """Decoded rows of read jobs in flight."""
+    """Decoded rows of read jobs in flight: their record columns only, since reserved columns
+    (``@row_id``, ``@segment_ids``, ...) are written straight into batches."""
     readers: int
     """Open shard readers' buffers."""
     decode_scratch: int
