@@ -329,12 +329,18 @@ def test_saver_written_token_records_pack_through_a_manifest(tmp_path: Path) -> 
     check_packed(rows(config), docs, 8, eos=False)
 
 
-def test_packing_resumes_and_changes_rank_count_with_the_same_windows(tmp_path: Path) -> None:
+@pytest.mark.parametrize("layout", ["packing", "windows cut at eos"])
+def test_token_windows_resume_and_change_rank_count_with_the_same_rows(tmp_path: Path, layout: str) -> None:
     docs = corpus([13, 2, 7, 30, 5, 5, 9, 1, 22, 4, 8, 3] * 3)
     path = write_bin(tmp_path / "corpus.bin", docs)
     config = packed(
         [path], 16, bins=3, batch_size=2, shuffle=Shuffle(buffer_rows=6, unit_rows=1), infinite=True
     )
+    if layout == "windows cut at eos":
+        # Every window column, segment lengths included, is a function of the window alone.
+        stage = replace(config.stages[0], packing=None, windows=TokenWindows("tokens", 15, eos_id=EOS))
+        lengths = ProjectedField(name="lengths", source="@segment_lengths", dtype="i32", length=16)
+        config = replace(config, fields=[*fields(16), lengths], stages=[stage])
     assert_resumable(config, batches=12)
     single = rows(config, limit=12)
 
