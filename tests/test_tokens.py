@@ -253,8 +253,12 @@ def test_segment_lengths_are_the_segments_of_each_window(
         assert row["lengths"][: len(runs[-1])].tolist() == runs[-1]
         assert (row["lengths"][len(runs[-1]) :] == -1).all()
     # The shortest row that holds the most segments of any window opens; one shorter is refused
-    # at open, naming the field and the shard.
+    # at open, naming the field and the shard. Token stats report that length up front.
     most = max(len(r) for r in runs)
+    with open_batch_stream(lengths_config(path, seq_len, bins, layout, most=seq_len + 1)) as stream:
+        (stats,) = stream.token_stats
+    assert stats is not None
+    assert stats.most_segments == most
     assert len(rows(lengths_config(path, seq_len, bins, layout, most=most))) == len(delivered)
     if most > 1:
         with pytest.raises(ConfigError, match=rf"c\.(bin|parquet): a window holds {most} segments") as info:

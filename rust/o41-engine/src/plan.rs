@@ -263,11 +263,13 @@ impl Plan {
                     tokens: 0,
                     windows: 0,
                     row_tokens: layout.row_tokens(),
+                    most_segments: 0,
                 };
                 for &k in sources.iter().flatten() {
                     if let Some(index) = self.shards[k].inspected().and_then(ShardMeta::tokens) {
                         stats.tokens += index.placed();
                         stats.windows += index.windows();
+                        stats.most_segments = stats.most_segments.max(index.most_pieces());
                     }
                 }
                 Some(stats)
@@ -360,6 +362,8 @@ pub struct TokenStats {
     pub windows: u64,
     /// Tokens per window, padding included.
     pub row_tokens: u64,
+    /// The most segments any window holds: the shortest `@segment_lengths` row that fits.
+    pub most_segments: u64,
 }
 
 impl TokenStats {

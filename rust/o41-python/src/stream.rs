@@ -246,6 +246,7 @@ impl Stream {
                         d.set_item("tokens", s.tokens)?;
                         d.set_item("windows", s.windows)?;
                         d.set_item("row_tokens", s.row_tokens)?;
+                        d.set_item("most_segments", s.most_segments)?;
                         d.set_item("padding_fraction", s.padding_fraction())?;
                         Ok(d)
                     })

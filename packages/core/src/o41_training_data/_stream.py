@@ -313,7 +313,8 @@ class TokenStats:
     """What one epoch of a token stage's windows holds (``Stage(packing=...)`` or ``windows=``).
 
     Examples:
-        >>> TokenStats(tokens=3, windows=1, row_tokens=4, padding_fraction=0.25).padding_fraction
+        >>> stats = TokenStats(tokens=3, windows=1, row_tokens=4, padding_fraction=0.25, most_segments=2)
+        >>> stats.padding_fraction
         0.25
 
     """
@@ -327,6 +328,9 @@ class TokenStats:
     """Tokens per window, padding included."""
     padding_fraction: float
     """The share of the windows' token slots that is padding."""
+    most_segments: int
+    """The most segments (documents, or pieces of them) any window holds: the shortest
+    ``@segment_lengths`` field that fits."""
 
 
 @dataclass(frozen=True)
