@@ -156,8 +156,8 @@ def config(name: str, shards: list[str]):  # type: ignore[no-untyped-def]
     ]
     lengths = ProjectedField(name="lengths", source="@segment_lengths", dtype="i32", length=MOST_SEGMENTS)
     return BatchStreamConfig(
-        fields={"packed tokens": [tokens], "packed .bin tokens": [tokens], POSITIONS: [tokens, extra[1]]}.get(
-            name, [tokens, lengths] if name == LENGTHS else [tokens, *extra]
+        fields={POSITIONS: [tokens, extra[1]], LENGTHS: [tokens, lengths]}.get(
+            name, [tokens] if name.endswith("tokens") else [tokens, *extra]
         ),
         stages=[
             Stage(

@@ -643,29 +643,28 @@ fn check_window_columns(projection: &Projection, shards: &[ShardEntry]) -> Resul
             let Some(index) = shard.inspected().and_then(ShardMeta::tokens) else {
                 continue;
             };
-            if positions && index.largest_position() > i32::MAX as u64 {
-                return Err(Error::config(
-                    format!("fields[{k}].dtype"),
-                    format!(
-                        "{}: a document reaches position {}, which i32 cannot hold; \
-                         declare '{}' as i64",
-                        shard.path,
-                        index.largest_position(),
-                        column.name
-                    ),
-                ));
+            if positions {
+                let largest = index.largest_position();
+                if largest > i32::MAX as u64 {
+                    return Err(Error::config(
+                        format!("fields[{k}].dtype"),
+                        format!(
+                            "{}: a document reaches position {largest}, which i32 cannot hold; \
+                             declare '{}' as i64",
+                            shard.path, column.name
+                        ),
+                    ));
+                }
+                continue;
             }
-            if !positions && index.most_pieces() > column.width as u64 {
+            let most = index.most_pieces();
+            if most > column.width as u64 {
                 return Err(Error::config(
                     format!("fields[{k}].length"),
                     format!(
-                        "{}: a window holds {} segments, more than the {} of '{}'; declare a \
-                         length of at least {}",
-                        shard.path,
-                        index.most_pieces(),
-                        column.width,
-                        column.name,
-                        index.most_pieces()
+                        "{}: a window holds {most} segments, more than the {} of '{}'; declare \
+                         a length of at least {most}",
+                        shard.path, column.width, column.name
                     ),
                 ));
             }

@@ -601,6 +601,9 @@ pub fn fill_window(
 ) -> std::result::Result<(), u64> {
     pieces.clear();
     index.pieces(w, pieces);
+    if kind == WindowColumn::Lengths && pieces.len() > row.len() {
+        return Err(pieces.len() as u64);
+    }
     let mut first = row.start;
     for (i, piece) in pieces.iter().enumerate() {
         let (len, value, step) = match kind {
@@ -608,9 +611,6 @@ pub fn fill_window(
             WindowColumn::Positions => (piece.len as usize, piece.position, 1),
             WindowColumn::Lengths => (1, piece.len.into(), 0),
         };
-        if first + len > row.end && kind == WindowColumn::Lengths {
-            return Err(pieces.len() as u64);
-        }
         let len = len.min(row.end - first);
         fill(out, first..first + len, value, step)?;
         first += len;

@@ -236,28 +236,17 @@ pub fn stream_window_pieces(
     });
 }
 
-/// The most pieces [`stream_window_pieces`] gives any window of the stream (0 for none), in
-/// one pass over the windows and the starts.
+/// The most pieces [`stream_window_pieces`] gives any window of the stream (0 for none).
 pub fn most_stream_pieces(tokens: u64, seq_len: u64, starts: &[u64]) -> u64 {
-    let mut most = 0;
-    let mut next = 0; // the first start not yet past
-    for w in 0..stream_windows(tokens, seq_len) {
-        let window = stream_window(tokens, seq_len, w);
-        let end = window.start + u64::from(window.len);
-        while next < starts.len() && starts[next] <= window.start {
-            next += 1;
-        }
-        let mut pieces = 1;
-        let mut last = window.start;
-        for &s in starts[next..].iter().take_while(|&&s| s < end) {
-            if s > last {
-                pieces += 1;
-                last = s;
-            }
-        }
-        most = most.max(pieces);
-    }
-    most
+    let mut pieces = Vec::new();
+    (0..stream_windows(tokens, seq_len))
+        .map(|w| {
+            pieces.clear();
+            stream_window_pieces(tokens, seq_len, w, starts, &mut pieces);
+            pieces.len() as u64
+        })
+        .max()
+        .unwrap_or(0)
 }
 
 #[cfg(test)]
