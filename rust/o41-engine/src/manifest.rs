@@ -3,6 +3,7 @@
 //! named curriculum selections of shards. Locations are relative to the manifest's directory
 //! unless absolute, so a copied dataset directory stays valid.
 
+use std::borrow::Cow;
 use std::collections::{BTreeMap, HashSet};
 use std::path::Path;
 
@@ -18,18 +19,21 @@ pub const MANIFEST_FORMAT: &str = "o41-data-manifest";
 /// The version this release reads and writes.
 pub const MANIFEST_VERSION: u32 = 1;
 
-/// One physical shard of a split.
+/// One physical shard of a split. Its strings borrow from the document where they can: open
+/// parses a million-shard manifest without an allocation per shard.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct ManifestShard {
+pub struct ManifestShard<'a> {
     /// Where the shard is, relative to the manifest's directory unless absolute.
-    pub location: String,
+    #[serde(borrow)]
+    pub location: Cow<'a, str>,
     /// Records in the shard.
     pub rows: u64,
     /// Size of the shard object in bytes.
     pub bytes: u64,
     /// `algorithm:hex` checksum of the shard object.
-    pub checksum: String,
+    #[serde(borrow)]
+    pub checksum: Cow<'a, str>,
     /// Curriculum stage the shard was saved under, if any.
     #[serde(default)]
     pub curriculum_stage: Option<String>,
@@ -54,9 +58,10 @@ pub struct Curriculum {
 /// One split: its shards in root order and its curriculum selections.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct Split {
+pub struct Split<'a> {
     /// Every physical shard once, in root order.
-    pub shards: Vec<ManifestShard>,
+    #[serde(borrow)]
+    pub shards: Vec<ManifestShard<'a>>,
     /// Named selections.
     #[serde(default)]
     pub curricula: Vec<Curriculum>,
@@ -65,7 +70,7 @@ pub struct Split {
 /// A data manifest.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct Manifest {
+pub struct Manifest<'a> {
     /// Always [`MANIFEST_FORMAT`].
     pub format: String,
     /// Document version.
@@ -73,7 +78,8 @@ pub struct Manifest {
     /// Encoding of every shard.
     pub data_format: Encoding,
     /// Splits by name.
-    pub splits: BTreeMap<String, Split>,
+    #[serde(borrow)]
+    pub splits: BTreeMap<String, Split<'a>>,
 }
 
 /// Refuses a document whose `format` is not a data manifest's or whose `version` this release
@@ -103,16 +109,16 @@ fn invalid(uri: &str, message: impl std::fmt::Display) -> Error {
     }
 }
 
-impl Manifest {
-    /// Reads and checks the manifest at `uri`, a local path or an `s3://` location.
-    pub fn load(uri: &str, storage: &Storage) -> Result<Self> {
+impl<'a> Manifest<'a> {
+    /// Reads the document at `uri`, a local path or an `s3://` location, for
+    /// [`Manifest::from_json`] (which borrows from it).
+    pub fn read(uri: &str, storage: &Storage) -> Result<String> {
         let bytes = storage.read(uri)?;
-        let text = std::str::from_utf8(&bytes).map_err(|e| invalid(uri, e))?;
-        Self::from_json(text, uri)
+        String::from_utf8(Vec::from(bytes)).map_err(|e| invalid(uri, e))
     }
 
     /// Parses and checks a manifest document; `uri` names it in errors.
-    pub fn from_json(text: &str, uri: &str) -> Result<Self> {
+    pub fn from_json(text: &'a str, uri: &str) -> Result<Self> {
         // One pass straight into the types (a million-shard manifest is 100 MB). Only a document
         // that does not parse is read again for its header, so a file that is not a manifest, or
         // one of another version, is reported as that rather than as its first unknown field.
@@ -150,16 +156,18 @@ impl Manifest {
     /// shards without repeats, unique selection names.
     pub fn validate(&self, uri: &str) -> Result<()> {
         for (name, split) in &self.splits {
-            let mut locations: HashSet<&str, FnvBuild> =
-                HashSet::with_capacity_and_hasher(split.shards.len(), FnvBuild::default());
-            for shard in &split.shards {
-                if !locations.insert(shard.location.as_str()) {
-                    return Err(invalid(
-                        uri,
-                        format!("split '{name}' lists shard '{}' twice", shard.location),
-                    ));
-                }
+            let listed: Vec<&str> = split.shards.iter().map(|s| &*s.location).collect();
+            if let Some(location) = first_repeat(&listed) {
+                return Err(invalid(
+                    uri,
+                    format!("split '{name}' lists shard '{location}' twice"),
+                ));
             }
+            let locations: HashSet<&str, FnvBuild> = if split.curricula.is_empty() {
+                HashSet::default()
+            } else {
+                listed.iter().copied().collect()
+            };
             let mut names = HashSet::new();
             for curriculum in &split.curricula {
                 if !names.insert(curriculum.name.as_str()) {
@@ -202,7 +210,7 @@ impl Manifest {
         split: &str,
         stages: Option<&[String]>,
         option: &str,
-    ) -> Result<Vec<&ManifestShard>> {
+    ) -> Result<Vec<&ManifestShard<'a>>> {
         let Some(found) = self.splits.get(split) else {
             let names: Vec<&str> = self.splits.keys().map(String::as_str).collect();
             return Err(Error::config(
@@ -216,11 +224,8 @@ impl Manifest {
         let Some(stages) = stages else {
             return Ok(found.shards.iter().collect());
         };
-        let by_location: BTreeMap<&str, &ManifestShard> = found
-            .shards
-            .iter()
-            .map(|s| (s.location.as_str(), s))
-            .collect();
+        let by_location: BTreeMap<&str, &ManifestShard> =
+            found.shards.iter().map(|s| (&*s.location, s)).collect();
         let mut chosen = Vec::new();
         let mut seen = HashSet::new();
         for stage in stages {
@@ -256,7 +261,7 @@ impl Manifest {
                 ));
             }
             for shard in selected {
-                if seen.insert(shard.location.as_str()) {
+                if seen.insert(&*shard.location) {
                     chosen.push(shard);
                 }
             }
@@ -299,9 +304,7 @@ impl ShardLocations {
         if storage::is_remote(location) || Path::new(location).is_absolute() {
             return location.to_owned();
         }
-        let plain = location
-            .split('/')
-            .all(|part| !matches!(part, "" | "." | ".."));
+        let plain = is_plain(location);
         if plain && self.uri.contains('/') {
             // What `sibling` gives when nothing is to be resolved, without splitting.
             let dir = &self.uri[..self.dir_len];
@@ -313,6 +316,59 @@ impl ShardLocations {
         }
         storage::sibling(&self.uri, location)
     }
+}
+
+/// The item of `items` met a second time first, if any. Sorts cheap hashes rather than filling
+/// a hash set: a million-shard split's set costs a cache miss per shard, a sort of hashes does
+/// not. Items whose hashes collide are told apart by sorting them, so colliding keys cost
+/// `n log n`, never `n^2`.
+fn first_repeat<'s>(items: &[&'s str]) -> Option<&'s str> {
+    let mut keyed: Vec<(u64, usize)> = items
+        .iter()
+        .enumerate()
+        .map(|(i, item)| (word_hash(item.as_bytes()), i))
+        .collect();
+    keyed.sort_unstable();
+    let mut first: Option<usize> = None;
+    for run in keyed.chunk_by_mut(|a, b| a.0 == b.0) {
+        if run.len() < 2 {
+            continue;
+        }
+        run.sort_unstable_by_key(|&(_, i)| (items[i], i));
+        for pair in run.windows(2) {
+            if items[pair[0].1] == items[pair[1].1] && first.is_none_or(|f| pair[1].1 < f) {
+                first = Some(pair[1].1);
+            }
+        }
+    }
+    first.map(|i| items[i])
+}
+
+/// A fast, non-cryptographic hash of `bytes`, eight at a time (`FxHash`'s step).
+fn word_hash(bytes: &[u8]) -> u64 {
+    const K: u64 = 0x517c_c1b7_2722_0a95;
+    let step = |h: u64, word: u64| (h.rotate_left(5) ^ word).wrapping_mul(K);
+    let mut words = bytes.chunks_exact(8);
+    let mut h = bytes.len() as u64;
+    for word in &mut words {
+        h = step(h, u64::from_le_bytes(word.try_into().expect("eight bytes")));
+    }
+    let rest = words.remainder();
+    if !rest.is_empty() {
+        let mut last = [0u8; 8];
+        last[..rest.len()].copy_from_slice(rest);
+        h = step(h, u64::from_le_bytes(last));
+    }
+    h
+}
+
+/// Whether `location` is relative and has no empty, `.` or `..` part: joined to a directory
+/// as it is. One pass over the bytes (this runs once per shard of a manifest).
+fn is_plain(location: &str) -> bool {
+    location
+        .as_bytes()
+        .split(|&b| b == b'/')
+        .all(|part| !matches!(part, b"" | b"." | b".."))
 }
 
 /// What a manifest lists for a shard another tool wrote: its record count, its size and the
@@ -349,6 +405,22 @@ pub fn describe_shard(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn first_repeat_names_the_item_repeated_first() {
+        assert_eq!(first_repeat(&[]), None);
+        assert_eq!(first_repeat(&["a", "b", "c"]), None);
+        assert_eq!(first_repeat(&["a", "b", "b", "a"]), Some("b"));
+        assert_eq!(first_repeat(&["a", "b", "a", "b", "b"]), Some("a"));
+        let many: Vec<String> = (0..10_000)
+            .map(|k| format!("part-{k:05}.parquet"))
+            .collect();
+        let mut items: Vec<&str> = many.iter().map(String::as_str).collect();
+        assert_eq!(first_repeat(&items), None);
+        items.push("part-04321.parquet");
+        items.push("part-00007.parquet");
+        assert_eq!(first_repeat(&items), Some("part-04321.parquet"));
+    }
 
     #[test]
     fn shard_locations_join_as_the_lexical_resolution_does() {

@@ -190,15 +190,14 @@ fn decode(
     job: &mut Job,
     chunk: &mut Chunk,
 ) -> std::result::Result<(), ReadFailure> {
-    let entry = &plan.shards[job.shard];
-    let meter = &plan.meters[entry.source];
+    let entry = plan.shard(job.shard);
     if let Some(pos) = readers.iter().position(|(k, _)| *k == job.shard) {
         readers[..=pos].rotate_right(1);
     } else {
         let meta = plan.meta(storage, job.shard)?;
         let storage = plan.metered(storage, job.shard);
-        let reader = formats::open(&storage, &entry.path, entry.encoding, meta)?;
-        meter.shard_opened();
+        let reader = formats::open(&storage, entry.path(), entry.encoding(), meta)?;
+        entry.meter().shard_opened();
         // A few open readers per worker, so consecutive jobs on a shard continue in place.
         if readers.len() as u64 == READERS_PER_WORKER {
             readers.pop();
@@ -218,8 +217,8 @@ fn decode(
         Ok(()) => job.ranges.iter().map(|r| r.end - r.start).sum(),
         Err(failure) => failure.rows_done as u64,
     };
-    meter.rows(rows);
-    plan.decode.decoded(entry.encoding, rows, decode);
+    entry.meter().rows(rows);
+    plan.decode.decoded(entry.encoding(), rows, decode);
     outcome
 }
 
@@ -302,10 +301,10 @@ impl Assembler {
                 let Some((mut job, dests)) = queued.pop_front() else {
                     break;
                 };
-                let entry = &plan.shards[job.shard];
+                let entry = plan.shard(job.shard);
                 job.prefetch = entry.inspected().and_then(|meta| {
                     let storage = plan.metered(&self.storage, job.shard);
-                    formats::prefetch(&storage, &entry.path, meta, &job.ranges, &plan.records)
+                    formats::prefetch(&storage, entry.path(), meta, &job.ranges, &plan.records)
                 });
                 in_flight.insert(
                     job.id,

@@ -13,7 +13,7 @@ use std::sync::{Arc, OnceLock};
 use arrow_schema::SchemaRef;
 
 use crate::columns::{batch_schema, Chunk};
-use crate::config::{ResolvedConfig, TokenLayout};
+use crate::config::{ResolvedConfig, ResolvedShard, TokenLayout};
 use crate::dtype::{DType, Element};
 use crate::encoding::Encoding;
 use crate::error::{Error, Result};
@@ -28,28 +28,65 @@ use crate::pool::BufferPool;
 use crate::resolve::Resolved;
 use crate::storage::{self, Storage};
 
-/// One shard of the stream: where it is, what the stream was promised about it, and, once
-/// something read it, its inspection.
-pub struct ShardEntry {
-    /// Location.
-    pub path: String,
-    /// Encoding.
-    pub encoding: Encoding,
-    /// Rows (and size or version, where known) the shard is held to when first inspected.
-    pub promise: Promise,
-    /// The source it belongs to: an index into [`Plan::meters`].
-    pub source: usize,
-    /// How the shard's stage reads tokens: its rows are then windows.
-    pub layout: Option<Arc<TokenLayout>>,
-    /// Row count, read index and version, from open or from the shard's first read (boxed:
-    /// most of a million-shard corpus is never inspected by one rank).
-    meta: OnceLock<Box<ShardMeta>>,
+/// The shards of one source: flat shard ids `first..` up to the next source's `first`. What a
+/// shard is (location, encoding, promise) stays in the resolved document alone, so a
+/// million-shard stream holds each location once.
+struct SourceShards {
+    /// Stage and source index in the resolved document.
+    stage: usize,
+    source: usize,
+    /// Flat id of the source's first shard.
+    first: usize,
+    /// Who promised the shards' row counts (and sizes or versions).
+    origin: PromiseOrigin,
+    /// How the source's stage reads tokens: its shards' rows are then windows.
+    layout: Option<Arc<TokenLayout>>,
 }
 
-impl ShardEntry {
+/// One shard of the stream, by flat id: where it is, what the stream was promised about it,
+/// and, once something read it, its inspection.
+#[derive(Clone, Copy)]
+pub struct ShardEntry<'a> {
+    /// The shard in the resolved document.
+    resolved: &'a ResolvedShard,
+    /// Its source.
+    source: &'a SourceShards,
+    /// What its source read.
+    meter: &'a Arc<Meter>,
+    /// Its inspection, once made.
+    meta: &'a OnceLock<Box<ShardMeta>>,
+}
+
+impl<'a> ShardEntry<'a> {
+    /// Location.
+    pub fn path(&self) -> &'a str {
+        &self.resolved.path
+    }
+
+    /// Encoding.
+    pub fn encoding(&self) -> Encoding {
+        self.resolved.encoding
+    }
+
     /// The inspection, if the shard has been inspected.
-    pub fn inspected(&self) -> Option<&ShardMeta> {
+    pub fn inspected(&self) -> Option<&'a ShardMeta> {
         self.meta.get().map(AsRef::as_ref)
+    }
+
+    /// What the shard's source read.
+    pub fn meter(&self) -> &'a Meter {
+        self.meter
+    }
+
+    /// Rows (and size or version, where known) the shard is held to when first inspected.
+    fn promise(&self) -> Promise {
+        Promise {
+            origin: self.source.origin,
+            rows: self.resolved.rows,
+            bytes: self.resolved.bytes,
+            version: self.resolved.version.clone(),
+            sha256: self.resolved.sha256.clone(),
+        }
     }
 }
 
@@ -74,10 +111,13 @@ pub struct Plan {
     pub records: Projection,
     /// Batch column of each record column.
     pub record_map: Vec<usize>,
-    /// Every shard once, flat.
-    pub shards: Vec<ShardEntry>,
-    /// Flat shard id by stage, source and shard.
-    pub shard_ids: Vec<Vec<Vec<usize>>>,
+    /// Every source, in stage then source order, with the flat ids of its shards.
+    sources: Vec<SourceShards>,
+    /// Index into `sources` of each stage's first source.
+    stage_sources: Vec<usize>,
+    /// Every shard's inspection once made, by flat id (boxed: most of a million-shard corpus
+    /// is never inspected by one rank).
+    inspections: Vec<OnceLock<Box<ShardMeta>>>,
     /// Schema of delivered batches.
     pub schema: SchemaRef,
     /// The working-set bound, checked at open.
@@ -91,8 +131,8 @@ pub struct Plan {
     /// The resolved config's fingerprint, computed at the first position asked for: it
     /// hashes every shard entry, which open itself does not need.
     fingerprint: OnceLock<String>,
-    /// What each source read, in stage then source order; shards find theirs by
-    /// [`ShardEntry::source`]. Kept for the stream's life, across advances.
+    /// What each source read, in stage then source order (as `sources`). Kept for the
+    /// stream's life, across advances.
     pub meters: Vec<Arc<Meter>>,
     /// Decode time and rows by encoding.
     pub decode: DecodeMeter,
@@ -113,7 +153,7 @@ impl Plan {
         let Resolved {
             config,
             projection,
-            metas,
+            inspected,
             scratch,
             resumed,
             storage,
@@ -130,55 +170,49 @@ impl Plan {
             .enumerate()
             .filter_map(|(k, c)| WindowColumn::of(&c.source).map(|kind| (k, kind)))
             .collect();
-        let mut shards = Vec::new();
-        let mut shard_ids = Vec::new();
-        let mut meters = Vec::new();
+        let mut sources = Vec::new();
+        let mut stage_sources = Vec::with_capacity(config.stages.len());
         let mut encodings = Vec::new();
-        let mut token_plans = 0u64;
-        for (stage, stage_metas) in config.stages.iter().zip(metas) {
-            let mut ids = Vec::new();
+        let mut prefetching = false;
+        let mut shard_count = 0;
+        for (s, stage) in config.stages.iter().enumerate() {
+            stage_sources.push(sources.len());
             let layout = stage.token_layout().map(Arc::new);
-            for (source, source_metas) in stage.sources.iter().zip(stage_metas) {
+            for (j, source) in stage.sources.iter().enumerate() {
                 let origin = match (resumed, &source.manifest) {
                     (true, _) => PromiseOrigin::Checkpoint,
                     // A token shard's rows are the windows open counted, not the manifest's.
                     (false, Some(_)) if layout.is_none() => PromiseOrigin::Manifest,
                     (false, _) => PromiseOrigin::Listing,
                 };
-                let mut source_ids = Vec::new();
-                let meter = meters.len();
-                meters.push(Arc::new(Meter::default()));
-                for (shard, meta) in source.shards.iter().zip(source_metas) {
+                sources.push(SourceShards {
+                    stage: s,
+                    source: j,
+                    first: shard_count,
+                    origin,
+                    layout: layout.clone(),
+                });
+                shard_count += source.shards.len();
+                for shard in &source.shards {
                     if !encodings.contains(&shard.encoding) {
                         encodings.push(shard.encoding);
                     }
-                    source_ids.push(shards.len());
-                    token_plans += meta
-                        .as_deref()
-                        .and_then(ShardMeta::tokens)
-                        .map_or(0, TokenIndex::bytes);
-                    shards.push(ShardEntry {
-                        path: shard.path.clone(),
-                        encoding: shard.encoding,
-                        source: meter,
-                        promise: Promise {
-                            origin,
-                            rows: shard.rows,
-                            bytes: shard.bytes,
-                            version: shard.version.clone(),
-                            sha256: shard.sha256.clone(),
-                        },
-                        layout: layout.clone(),
-                        meta: meta.map(OnceLock::from).unwrap_or_default(),
-                    });
+                    prefetching |= storage::is_remote(&shard.path);
                 }
-                ids.push(source_ids);
             }
-            shard_ids.push(ids);
         }
-        check_window_columns(&projection, &shards)?;
+        let token_plans = inspected
+            .iter()
+            .filter_map(|(_, meta)| meta.tokens())
+            .map(TokenIndex::bytes)
+            .sum();
+        let mut inspections: Vec<OnceLock<Box<ShardMeta>>> =
+            (0..shard_count).map(|_| OnceLock::new()).collect();
+        for (id, meta) in inspected {
+            inspections[id] = OnceLock::from(meta);
+        }
+        let meters = sources.iter().map(|_| Arc::new(Meter::default())).collect();
         let shape = config.pipeline_shape()?;
-        let prefetching = shards.iter().any(|s| storage::is_remote(&s.path));
         let known = MemoryBound::compute(
             &shape,
             &projection,
@@ -213,7 +247,7 @@ impl Plan {
                 token_plans,
             },
         )?;
-        Ok(Plan {
+        let plan = Plan {
             schema: batch_schema(&projection),
             resolved: config,
             // Reads of the stream's shards count into their source's meter, not open's.
@@ -224,8 +258,9 @@ impl Plan {
             projection,
             records,
             record_map,
-            shards,
-            shard_ids,
+            sources,
+            stage_sources,
+            inspections,
             bound,
             scratch_reserved,
             group_rows: shape.group_rows,
@@ -237,7 +272,32 @@ impl Plan {
             window_columns,
             batch_buffers: BufferPool::new(bound.batches),
             job_buffers: BufferPool::new(bound.decode_units),
-        })
+        };
+        check_window_columns(&plan)?;
+        Ok(plan)
+    }
+
+    /// Shard `id` (a flat id).
+    pub fn shard(&self, id: usize) -> ShardEntry<'_> {
+        let k = self.sources.partition_point(|s| s.first <= id) - 1;
+        let source = &self.sources[k];
+        ShardEntry {
+            resolved: &self.resolved.stages[source.stage].sources[source.source].shards
+                [id - source.first],
+            source,
+            meter: &self.meters[k],
+            meta: &self.inspections[id],
+        }
+    }
+
+    /// The flat id of shard `shard` of source `source` of stage `stage`.
+    pub fn shard_id(&self, stage: usize, source: usize, shard: usize) -> usize {
+        self.sources[self.stage_sources[stage] + source].first + shard
+    }
+
+    /// Shard `id`'s inspection, if it has been inspected.
+    pub fn inspected(&self, id: usize) -> Option<&ShardMeta> {
+        self.inspections[id].get().map(AsRef::as_ref)
     }
 
     /// The resolved config's fingerprint.
@@ -247,7 +307,7 @@ impl Plan {
 
     /// `storage`, counting into the meter of shard `shard`'s source.
     pub fn metered(&self, storage: &Storage, shard: usize) -> Storage {
-        storage.with_meter(self.meters[self.shards[shard].source].clone())
+        storage.with_meter(self.shard(shard).meter.clone())
     }
 
     /// What the token stages' windows hold, per stage (`None` for a stage of records), from
@@ -256,8 +316,8 @@ impl Plan {
         self.resolved
             .stages
             .iter()
-            .zip(&self.shard_ids)
-            .map(|(stage, sources)| {
+            .enumerate()
+            .map(|(s, stage)| {
                 let layout = stage.token_layout()?;
                 let mut stats = TokenStats {
                     tokens: 0,
@@ -265,8 +325,10 @@ impl Plan {
                     row_tokens: layout.row_tokens(),
                     most_segments: 0,
                 };
-                for &k in sources.iter().flatten() {
-                    if let Some(index) = self.shards[k].inspected().and_then(ShardMeta::tokens) {
+                let first = self.shard_id(s, 0, 0);
+                for k in first..first + stage.sources.iter().map(|s| s.shards.len()).sum::<usize>()
+                {
+                    if let Some(index) = self.inspected(k).and_then(ShardMeta::tokens) {
                         stats.tokens += index.placed();
                         stats.windows += index.windows();
                         stats.most_segments = stats.most_segments.max(index.most_pieces());
@@ -291,15 +353,16 @@ impl Plan {
     /// its promise and to the stream's scratch reservation; a failure is not remembered, so a
     /// later read (after `advance`, say) tries again.
     pub fn meta(&self, storage: &Storage, shard: usize) -> Result<&ShardMeta> {
-        let entry = &self.shards[shard];
-        if let Some(meta) = entry.meta.get() {
-            return Ok(meta.as_ref());
+        let entry = self.shard(shard);
+        if let Some(meta) = entry.inspected() {
+            return Ok(meta);
         }
         let meta = formats::inspect_shard(
-            &self.metered(storage, shard),
-            &entry.path,
-            entry.encoding,
+            &storage.with_meter(entry.meter.clone()),
+            entry.path(),
+            entry.encoding(),
             entry
+                .source
                 .layout
                 .as_deref()
                 .map(|layout| formats::TokenInspection {
@@ -311,7 +374,7 @@ impl Plan {
                 self.scratch_reserved.min(formats::MAX_RECORD_BYTES),
                 self.bound.limit - self.bound.total(),
             ),
-            Some(&entry.promise),
+            Some(&entry.promise()),
         )?;
         if meta.scratch_bytes > self.scratch_reserved {
             return Err(Error::config(
@@ -321,7 +384,9 @@ impl Plan {
                      reserved at open from the shards it inspected then (its row groups or \
                      records are much larger than theirs); raise memory_limit_bytes, or rewrite \
                      the shard with smaller row groups",
-                    entry.path, meta.scratch_bytes, self.scratch_reserved
+                    entry.path(),
+                    meta.scratch_bytes,
+                    self.scratch_reserved
                 ),
             ));
         }
@@ -335,7 +400,7 @@ impl Plan {
         let mut todo: Vec<usize> = shards
             .iter()
             .copied()
-            .filter(|&k| self.shards[k].meta.get().is_none())
+            .filter(|&k| self.inspected(k).is_none())
             .collect();
         todo.sort_unstable();
         todo.dedup();
@@ -344,7 +409,7 @@ impl Plan {
         } else if !todo.is_empty() {
             let remote = todo
                 .iter()
-                .any(|&k| storage::is_remote(&self.shards[k].path));
+                .any(|&k| storage::is_remote(self.shard(k).path()));
             let threads = crate::resolve::inspection_concurrency(self.resolved.threads, remote);
             let _ =
                 crate::resolve::parallel(&todo, threads, |&k| self.meta(storage, k).map(|_| ()));
@@ -501,7 +566,7 @@ impl Planner {
                 }
                 let at = order.slot_at(&self.segment, t, &mut self.layouts);
                 fill_synthetic(&plan, &mut buffer, slot, &at);
-                let shard = plan.shard_ids[at.stage][at.row.source][at.row.at.shard];
+                let shard = plan.shard_id(at.stage, at.row.source, at.row.at.shard);
                 fill_windows(
                     &plan,
                     &mut buffer,
@@ -532,9 +597,7 @@ impl Planner {
             let shards: Vec<usize> = wanted.iter().map(|w| w.0).collect();
             plan.inspect_all(storage, &shards);
             split_jobs(wanted, jobs, next_job, |shard, row| {
-                plan.shards[shard]
-                    .inspected()
-                    .map_or(0, |m| m.block_of(row))
+                plan.inspected(shard).map_or(0, |m| m.block_of(row))
             });
         }
         true
@@ -610,7 +673,7 @@ fn fill_windows(
     (slot, shard, window): (usize, usize, u64),
     pieces: &mut Vec<crate::order::pack::Piece>,
 ) {
-    let index = plan.shards[shard].inspected().and_then(ShardMeta::tokens);
+    let index = plan.inspected(shard).and_then(ShardMeta::tokens);
     for &(k, kind) in &plan.window_columns {
         let column = &plan.projection.columns[k];
         let row = slot * column.width..(slot + 1) * column.width;
@@ -632,17 +695,18 @@ fn fill_windows(
 /// an `@positions` whose dtype cannot hold a position they reach (a document of more than 2^31
 /// tokens in an `i32` column), an `@segment_lengths` shorter than the most segments a window
 /// holds.
-fn check_window_columns(projection: &Projection, shards: &[ShardEntry]) -> Result<()> {
-    for (k, column) in projection.columns.iter().enumerate() {
+fn check_window_columns(plan: &Plan) -> Result<()> {
+    for (k, column) in plan.projection.columns.iter().enumerate() {
         let kind = WindowColumn::of(&column.source);
         let positions = kind == Some(WindowColumn::Positions) && column.dtype == DType::I32;
         if !positions && kind != Some(WindowColumn::Lengths) {
             continue;
         }
-        for shard in shards {
-            let Some(index) = shard.inspected().and_then(ShardMeta::tokens) else {
+        for id in 0..plan.inspections.len() {
+            let Some(index) = plan.inspected(id).and_then(ShardMeta::tokens) else {
                 continue;
             };
+            let path = plan.shard(id).path();
             if positions {
                 let largest = index.largest_position();
                 if largest > i32::MAX as u64 {
@@ -651,7 +715,7 @@ fn check_window_columns(projection: &Projection, shards: &[ShardEntry]) -> Resul
                         format!(
                             "{}: a document reaches position {largest}, which i32 cannot hold; \
                              declare '{}' as i64",
-                            shard.path, column.name
+                            path, column.name
                         ),
                     ));
                 }
@@ -664,7 +728,7 @@ fn check_window_columns(projection: &Projection, shards: &[ShardEntry]) -> Resul
                     format!(
                         "{}: a window holds {most} segments, more than the {} of '{}'; declare \
                          a length of at least {most}",
-                        shard.path, column.width, column.name
+                        path, column.width, column.name
                     ),
                 ));
             }

@@ -32,9 +32,10 @@ pub struct Resolved {
     pub config: ResolvedConfig,
     /// Validated projection (all columns, synthetic ones included).
     pub projection: Projection,
-    /// Per stage, per source, per shard: the inspection open made, for the shards it read (one
-    /// per source at least, and a plain file list's shards the cache did not know).
-    pub metas: Vec<Vec<Vec<InspectedShard>>>,
+    /// The inspections open made, by flat shard id (stage, then source, then shard order),
+    /// ascending: one shard per source at least, and a plain file list's shards the cache did
+    /// not know.
+    pub inspected: Vec<(usize, Box<ShardMeta>)>,
     /// The decode scratch open knows of: the largest, and whether every shard's is known.
     pub scratch: KnownScratch,
     /// Whether the document comes from a checkpoint: broken promises are then reported as a
@@ -85,14 +86,14 @@ pub fn reopen(config: ResolvedConfig, storage: &Storage) -> Result<Resolved> {
             }
         }
     }
-    let settled = settle(storage, &jobs, &setup)?;
-    let (metas, scratch) = nest(&config, settled);
+    let mut settled = settle(storage, &jobs, &setup)?;
+    drop(jobs);
     let projection = setup.projection;
     Ok(Resolved {
         config,
         projection,
-        metas,
-        scratch,
+        inspected: inspections(&mut settled),
+        scratch: settled.scratch,
         resumed: true,
         storage: storage.clone(),
     })
@@ -113,19 +114,22 @@ struct Job {
     layout: Option<Arc<TokenLayout>>,
 }
 
-/// A shard's metadata where open inspected it; boxed, as most shards have none.
-pub type InspectedShard = Option<Box<ShardMeta>>;
-
-/// What open learnt about one shard.
+/// What open learnt about the shards it looked at. Every other shard is pinned as promised
+/// (its job's promise), so a million-shard manifest costs no entry here per shard.
 struct Settled {
+    /// The shards looked at (listed or inspected), by job index, ascending.
+    shards: Vec<(usize, SettledShard)>,
+    /// The decode scratch known.
+    scratch: KnownScratch,
+}
+
+/// What open learnt about one shard it looked at.
+struct SettledShard {
     rows: u64,
-    version: Option<String>,
-    bytes: Option<u64>,
-    sha256: Option<String>,
-    /// Boxed: only the few shards open inspects have one, and a million-shard source holds an
-    /// entry per shard.
-    meta: InspectedShard,
-    scratch: Option<u64>,
+    /// A listed shard's version and size as open saw them.
+    seen: Option<(Option<String>, u64)>,
+    /// Its inspection, if open made one.
+    meta: Option<Box<ShardMeta>>,
 }
 
 /// Appends the shards `source` (stage `s`, index `j`) reads to `jobs`.
@@ -133,7 +137,7 @@ fn source_jobs(
     source: &SourceSpec,
     (s, j): (usize, usize),
     layout: Option<&Arc<TokenLayout>>,
-    manifests: &mut HashMap<String, Manifest>,
+    manifests: &HashMap<String, Manifest<'_>>,
     jobs: &mut Vec<Job>,
     storage: &Storage,
 ) -> Result<()> {
@@ -182,7 +186,7 @@ fn source_jobs_of(
     source: &SourceSpec,
     (s, j): (usize, usize),
     layout: Option<&Arc<TokenLayout>>,
-    manifests: &mut HashMap<String, Manifest>,
+    manifests: &HashMap<String, Manifest<'_>>,
     jobs: &mut Vec<Job>,
     storage: &Storage,
 ) -> Result<()> {
@@ -217,15 +221,11 @@ fn source_jobs_of(
             ..
         } => {
             let uri = absolute(manifest_uri);
-            if !manifests.contains_key(&uri) {
-                storage
-                    .check(&uri)
-                    .map_err(|e| renamed(e, &format!("{option}.manifest_uri")))?;
-                manifests.insert(uri.clone(), Manifest::load(&uri, storage)?);
-            }
             let manifest = &manifests[&uri];
             let locations = ShardLocations::new(&uri);
-            for shard in manifest.select(split, curriculum_stages.as_deref(), &option)? {
+            let selected = manifest.select(split, curriculum_stages.as_deref(), &option)?;
+            jobs.reserve(selected.len());
+            for shard in selected {
                 jobs.push(Job {
                     layout: layout.cloned(),
                     stage: s,
@@ -257,6 +257,29 @@ fn source_jobs_of(
         }
     }
     Ok(())
+}
+
+/// The documents of the manifests `config` reads, each once, by absolute location, in the order
+/// of the sources that name them.
+fn manifest_texts(config: &StreamConfig, storage: &Storage) -> Result<Vec<(String, String)>> {
+    let mut texts: Vec<(String, String)> = Vec::new();
+    for (s, stage) in config.stages.iter().enumerate() {
+        for (j, source) in stage.sources.iter().enumerate() {
+            let SourceSpec::Manifest { manifest_uri, .. } = source else {
+                continue;
+            };
+            let uri = absolute(manifest_uri);
+            if texts.iter().any(|(known, _)| *known == uri) {
+                continue;
+            }
+            storage
+                .check(&uri)
+                .map_err(|e| renamed(e, &format!("stages[{s}].sources[{j}].manifest_uri")))?;
+            let text = Manifest::read(&uri, storage)?;
+            texts.push((uri, text));
+        }
+    }
+    Ok(texts)
 }
 
 /// The manifest selection `source` reads, as the resolved document records it.
@@ -361,7 +384,7 @@ pub(crate) fn projection_key(fields: &[FieldSpec]) -> String {
 /// counts from the cache where it knows them; inspects the rest of them, and one shard of every
 /// source that none of these covers, so each source's projection is checked at open. A
 /// manifest's or checkpoint's other shards are not touched.
-fn settle(storage: &Storage, jobs: &[Job], setup: &Setup<'_>) -> Result<Vec<Settled>> {
+fn settle(storage: &Storage, jobs: &[Job], setup: &Setup<'_>) -> Result<Settled> {
     let cache = InspectCache::from_env();
     let key = projection_key(setup.fields);
     let remote = jobs.iter().any(|j| storage::is_remote(&j.path));
@@ -404,11 +427,21 @@ fn settle(storage: &Storage, jobs: &[Job], setup: &Setup<'_>) -> Result<Vec<Sett
         .iter()
         .map(|&i| (jobs[i].stage, jobs[i].source))
         .collect();
+    // A source's jobs are consecutive: once it is covered, the rest of them are skipped
+    // without a lookup each.
+    let mut done = None;
     for (i, job) in jobs.iter().enumerate() {
-        // The first shard with records checks the source's projection.
-        if !covered.contains(&(job.stage, job.source)) && known_rows(i).is_some_and(|r| r > 0) {
-            covered.insert((job.stage, job.source));
+        let key = (job.stage, job.source);
+        if done == Some(key) {
+            continue;
+        }
+        if covered.contains(&key) {
+            done = Some(key);
+        } else if known_rows(i).is_some_and(|r| r > 0) {
+            // The first shard with records checks the source's projection.
+            covered.insert(key);
             inspect.push(i);
+            done = Some(key);
         }
     }
     inspect.sort_unstable();
@@ -446,49 +479,46 @@ fn settle(storage: &Storage, jobs: &[Job], setup: &Setup<'_>) -> Result<Vec<Sett
         }
         metas.insert(i, Box::new(meta));
     }
-    Ok(jobs
-        .iter()
-        .enumerate()
-        .map(|(i, job)| {
-            // Most shards are in neither map (a manifest's are only promised): not hashed.
-            let meta = if metas.is_empty() {
-                None
-            } else {
-                metas.remove(&i)
-            };
-            let (pin, cached) = if seen.is_empty() {
-                None
-            } else {
-                seen.remove(&i)
-            }
-            .unzip();
+    let mut looked: Vec<usize> = seen.keys().chain(metas.keys()).copied().collect();
+    looked.sort_unstable();
+    looked.dedup();
+    let mut scratch = KnownScratch {
+        largest: 0,
+        // Only a shard looked at can have its scratch known.
+        complete: looked.len() == jobs.len(),
+    };
+    let shards = looked
+        .into_iter()
+        .map(|i| {
+            let job = &jobs[i];
+            let meta = metas.remove(&i);
+            let (pin, cached) = seen.remove(&i).unzip();
             let cached = cached.flatten();
+            match meta
+                .as_ref()
+                .map(|m| m.scratch_bytes)
+                .or(cached.and_then(|c| c.scratch_bytes))
+            {
+                Some(bytes) => scratch.largest = scratch.largest.max(bytes),
+                None => scratch.complete = false,
+            }
             let pin = meta.as_ref().map(|m| &m.pin).or(pin.as_ref());
-            Settled {
+            let shard = SettledShard {
                 rows: meta
                     .as_ref()
                     .map(|m| m.rows)
                     .or(cached.map(|c| c.rows))
                     .or(job.promise.as_ref().map(|p| p.rows))
                     .expect("every shard is inspected, cached or promised"),
-                // A listed shard is pinned as open saw it; a promised one as promised.
-                version: match (&job.promise, job.listed) {
-                    (Some(promise), false) => promise.version.clone(),
-                    _ => pin.and_then(|p| p.version.clone()),
-                },
-                bytes: match (&job.promise, job.listed) {
-                    (Some(promise), false) => promise.bytes,
-                    _ => pin.map(|p| p.size),
-                },
-                sha256: job.promise.as_ref().and_then(|p| p.sha256.clone()),
-                scratch: meta
-                    .as_ref()
-                    .map(|m| m.scratch_bytes)
-                    .or(cached.and_then(|c| c.scratch_bytes)),
+                seen: pin
+                    .filter(|_| job.listed)
+                    .map(|p| (p.version.clone(), p.size)),
                 meta,
-            }
+            };
+            (i, shard)
         })
-        .collect())
+        .collect();
+    Ok(Settled { shards, scratch })
 }
 
 /// Runs `f` on every item on up to `threads` threads (see [`inspect_threads`]); results keep
@@ -544,41 +574,13 @@ pub(crate) fn parallel<T: Sync, R: Send>(
     out
 }
 
-/// Regroups settled shards by stage and source, and sums up the scratch known.
-fn nest(
-    config: &ResolvedConfig,
-    settled: Vec<Settled>,
-) -> (Vec<Vec<Vec<InspectedShard>>>, KnownScratch) {
-    let mut scratch = KnownScratch {
-        largest: 0,
-        complete: true,
-    };
-    let mut next = settled.into_iter();
-    let metas = config
-        .stages
-        .iter()
-        .map(|stage| {
-            stage
-                .sources
-                .iter()
-                .map(|source| {
-                    source
-                        .shards
-                        .iter()
-                        .map(|_| {
-                            let shard = next.next().expect("one settled entry per shard");
-                            match shard.scratch {
-                                Some(bytes) => scratch.largest = scratch.largest.max(bytes),
-                                None => scratch.complete = false,
-                            }
-                            shard.meta
-                        })
-                        .collect()
-                })
-                .collect()
-        })
-        .collect();
-    (metas, scratch)
+/// The inspections of `settled`, by flat shard id.
+fn inspections(settled: &mut Settled) -> Vec<(usize, Box<ShardMeta>)> {
+    settled
+        .shards
+        .iter_mut()
+        .filter_map(|(i, shard)| Some((*i, shard.meta.take()?)))
+        .collect()
 }
 
 /// Resolves `config`: infers encodings, takes row counts from manifests, the inspection cache or
@@ -586,8 +588,12 @@ fn nest(
 pub fn resolve(config: &StreamConfig, storage: &Storage) -> Result<Resolved> {
     config.validate()?;
     let setup = Setup::new(&config.fields, config.pipeline_shape())?;
+    let texts = manifest_texts(config, storage)?;
+    let manifests = texts
+        .iter()
+        .map(|(uri, text)| Ok((uri.clone(), Manifest::from_json(text, uri)?)))
+        .collect::<Result<HashMap<_, _>>>()?;
     let mut jobs = Vec::new();
-    let mut manifests = HashMap::new();
     let mut counts: Vec<Vec<usize>> = Vec::with_capacity(config.stages.len());
     for (s, stage) in config.stages.iter().enumerate() {
         let mut stage_counts = Vec::with_capacity(stage.sources.len());
@@ -598,7 +604,7 @@ pub fn resolve(config: &StreamConfig, storage: &Storage) -> Result<Resolved> {
                 source,
                 (s, j),
                 layout.as_ref(),
-                &mut manifests,
+                &manifests,
                 &mut jobs,
                 storage,
             )?;
@@ -606,28 +612,44 @@ pub fn resolve(config: &StreamConfig, storage: &Storage) -> Result<Resolved> {
         }
         counts.push(stage_counts);
     }
-    let settled = settle(storage, &jobs, &setup)?;
+    // The jobs own what they need: the documents go before the resolved shards are built.
+    drop(manifests);
+    drop(texts);
+    let mut settled = settle(storage, &jobs, &setup)?;
+    let inspected = inspections(&mut settled);
+    let mut learnt = settled.shards.into_iter().peekable();
     let mut stages = Vec::with_capacity(config.stages.len());
-    let mut all = Vec::with_capacity(jobs.len());
-    let mut next = jobs.into_iter().zip(settled);
+    let mut next = jobs.into_iter().enumerate();
     for (s, stage) in config.stages.iter().enumerate() {
         let mut sources = Vec::new();
         for (j, source) in stage.sources.iter().enumerate() {
             let count = counts[s][j];
             let mut shards = Vec::with_capacity(count);
             for _ in 0..count {
-                let (job, mut settled) = next.next().expect("one settled entry per file");
+                let (i, job) = next.next().expect("one job per shard");
                 debug_assert_eq!((job.stage, job.source), (s, j));
-                let (version, sha256) = (settled.version.take(), settled.sha256.take());
+                let looked = learnt.next_if(|(k, _)| *k == i).map(|(_, shard)| shard);
+                let (promised_rows, promised, sha256) =
+                    job.promise.map_or((None, (None, None), None), |p| {
+                        (Some(p.rows), (p.version, p.bytes), p.sha256)
+                    });
+                let (rows, seen) = match looked {
+                    Some(shard) => (shard.rows, shard.seen),
+                    None => (
+                        promised_rows.expect("a shard open did not look at is promised"),
+                        None,
+                    ),
+                };
+                let (version, bytes) =
+                    seen.map_or(promised, |(version, size)| (version, Some(size)));
                 shards.push(ResolvedShard {
                     path: job.path,
                     encoding: job.encoding,
-                    rows: settled.rows,
+                    rows,
                     version,
-                    bytes: settled.bytes,
+                    bytes,
                     sha256,
                 });
-                all.push(settled);
             }
             let resolved = ResolvedSource {
                 weight: source.weight(),
@@ -664,12 +686,11 @@ pub fn resolve(config: &StreamConfig, storage: &Storage) -> Result<Resolved> {
         memory_limit_bytes: config.memory_limit_bytes,
         validation_pass: config.validation_pass,
     };
-    let (metas, scratch) = nest(&config, all);
     Ok(Resolved {
         config,
         projection: setup.projection,
-        metas,
-        scratch,
+        inspected,
+        scratch: settled.scratch,
         resumed: false,
         storage: storage.clone(),
     })

@@ -13,7 +13,8 @@ use crate::storage::{engine, Storage};
 pub fn load_manifest(py: Python<'_>, uri: &str, storage: Option<&Storage>) -> PyResult<String> {
     let storage = engine(storage);
     blocking(py, |cancel| {
-        Manifest::load(uri, &storage.with_cancel(cancel.clone())).map(|m| m.to_json())
+        let text = Manifest::read(uri, &storage.with_cancel(cancel.clone()))?;
+        Manifest::from_json(&text, uri).map(|m| m.to_json())
     })
 }
 
