@@ -4,12 +4,15 @@
 //! The resolved document is what a checkpoint will store, so it carries a version and no
 //! credentials: only locations, row counts and the user's own settings.
 
+use std::borrow::Cow;
+
 use serde::{Deserialize, Serialize};
 
 use crate::dtype::{DType, Scalar};
 use crate::encoding::Encoding;
 use crate::error::{Error, Result};
 use crate::fnv::Fnv1a;
+use crate::formats::{Promise, PromiseOrigin};
 
 /// Version of the resolved-config document.
 pub const RESOLVED_CONFIG_VERSION: u32 = 1;
@@ -832,6 +835,19 @@ pub struct ResolvedShard {
     /// An object stored with another checksum fails closed when it is first read.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sha256: Option<String>,
+}
+
+impl ResolvedShard {
+    /// What the document promises of the shard, as `origin` made the promise.
+    pub fn promise(&self, origin: PromiseOrigin) -> Promise<'_> {
+        Promise {
+            origin,
+            rows: self.rows,
+            bytes: self.bytes,
+            version: self.version.as_deref().map(Cow::Borrowed),
+            sha256: self.sha256.as_deref().map(Cow::Borrowed),
+        }
+    }
 }
 
 /// The manifest selection a source was resolved from. Recorded so that a checkpoint can be

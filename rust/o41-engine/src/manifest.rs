@@ -407,6 +407,20 @@ mod tests {
     use super::*;
 
     #[test]
+    fn locations_borrow_from_the_document_unless_escaped() {
+        let text = r#"{"format": "o41-data-manifest", "version": 1, "data_format": "parquet",
+            "splits": {"train": {"shards": [
+                {"location": "plain.parquet", "rows": 1, "bytes": 2, "checksum": "none:0"},
+                {"location": "caf\u00e9\\x.parquet", "rows": 1, "bytes": 2, "checksum": "none:0"}
+            ]}}}"#;
+        let manifest = Manifest::from_json(text, "/m.json").unwrap();
+        let shards = &manifest.splits["train"].shards;
+        assert!(matches!(shards[0].location, Cow::Borrowed("plain.parquet")));
+        assert_eq!(shards[1].location, "café\\x.parquet");
+        assert!(matches!(shards[1].location, Cow::Owned(_)));
+    }
+
+    #[test]
     fn first_repeat_names_the_item_repeated_first() {
         assert_eq!(first_repeat(&[]), None);
         assert_eq!(first_repeat(&["a", "b", "c"]), None);

@@ -79,14 +79,8 @@ impl<'a> ShardEntry<'a> {
     }
 
     /// Rows (and size or version, where known) the shard is held to when first inspected.
-    fn promise(&self) -> Promise {
-        Promise {
-            origin: self.source.origin,
-            rows: self.resolved.rows,
-            bytes: self.resolved.bytes,
-            version: self.resolved.version.clone(),
-            sha256: self.resolved.sha256.clone(),
-        }
+    fn promise(&self) -> Promise<'a> {
+        self.resolved.promise(self.source.origin)
     }
 }
 

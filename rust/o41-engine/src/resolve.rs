@@ -7,6 +7,7 @@
 //! host and remembered in the [`InspectCache`]. A resumed stream re-checks its pinned shards the
 //! same way.
 
+use std::borrow::Cow;
 use std::collections::HashMap;
 use std::path::Path;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -66,21 +67,16 @@ pub fn reopen(config: ResolvedConfig, storage: &Storage) -> Result<Resolved> {
     for (s, stage) in config.stages.iter().enumerate() {
         let layout = stage.token_layout().map(Arc::new);
         for (j, source) in stage.sources.iter().enumerate() {
+            jobs.reserve(source.shards.len());
             for shard in &source.shards {
                 storage.check(&shard.path)?;
                 jobs.push(Job {
                     layout: layout.clone(),
                     stage: s,
                     source: j,
-                    path: shard.path.clone(),
+                    path: Cow::Borrowed(&shard.path),
                     encoding: shard.encoding,
-                    promise: Some(Promise {
-                        origin: PromiseOrigin::Checkpoint,
-                        rows: shard.rows,
-                        bytes: shard.bytes,
-                        version: shard.version.clone(),
-                        sha256: shard.sha256.clone(),
-                    }),
+                    promise: Some(shard.promise(PromiseOrigin::Checkpoint)),
                     listed: source.manifest.is_none() || layout.is_some(),
                 });
             }
@@ -99,14 +95,14 @@ pub fn reopen(config: ResolvedConfig, storage: &Storage) -> Result<Resolved> {
     })
 }
 
-/// One shard open must account for.
-struct Job {
+/// One shard open must account for; on resume, it borrows from the checkpoint's document.
+struct Job<'a> {
     stage: usize,
     source: usize,
-    path: String,
+    path: Cow<'a, str>,
     encoding: Encoding,
     /// What a manifest or checkpoint says of the shard.
-    promise: Option<Promise>,
+    promise: Option<Promise<'a>>,
     /// A plain file list's shard: counted through the inspection cache. Token shards are
     /// listed too, and inspected (their windows are not in any manifest or cache).
     listed: bool,
@@ -207,7 +203,7 @@ fn source_jobs_of(
                     layout: layout.cloned(),
                     stage: s,
                     source: j,
-                    path: absolute(file),
+                    path: Cow::Owned(absolute(file)),
                     encoding,
                     promise: None,
                     listed: true,
@@ -230,7 +226,7 @@ fn source_jobs_of(
                     layout: layout.cloned(),
                     stage: s,
                     source: j,
-                    path: locations.path(&shard.location),
+                    path: Cow::Owned(locations.path(&shard.location)),
                     encoding: manifest.data_format,
                     promise: Some(Promise {
                         origin: PromiseOrigin::Manifest,
@@ -240,7 +236,7 @@ fn source_jobs_of(
                         sha256: shard
                             .checksum
                             .strip_prefix("sha256:")
-                            .map(str::to_ascii_lowercase),
+                            .map(|hex| Cow::Owned(hex.to_ascii_lowercase())),
                     }),
                     listed: false,
                 });
@@ -640,15 +636,16 @@ pub fn resolve(config: &StreamConfig, storage: &Storage) -> Result<Resolved> {
                         None,
                     ),
                 };
-                let (version, bytes) =
-                    seen.map_or(promised, |(version, size)| (version, Some(size)));
+                let (version, bytes) = seen.map_or(promised, |(version, size)| {
+                    (version.map(Cow::Owned), Some(size))
+                });
                 shards.push(ResolvedShard {
-                    path: job.path,
+                    path: job.path.into_owned(),
                     encoding: job.encoding,
                     rows,
-                    version,
+                    version: version.map(Cow::into_owned),
                     bytes,
-                    sha256,
+                    sha256: sha256.map(Cow::into_owned),
                 });
             }
             let resolved = ResolvedSource {

@@ -19,6 +19,7 @@ mod rle;
 mod tokens;
 mod value;
 
+use std::borrow::Cow;
 use std::fs::File;
 use std::io::{BufWriter, Write};
 use std::ops::Range;
@@ -103,9 +104,11 @@ enum ShardIndex {
 
 /// What a stream was told about a shard before reading it: by a manifest (rows, size) or by a
 /// checkpoint (rows, and the version or size it pinned). The shard is held to it when it is
-/// first inspected, and fails closed there, naming the shard and the promise it broke.
+/// first inspected, and fails closed there, naming the shard and the promise it broke. Its
+/// strings borrow from the document that made it where they can: a resumed million-shard stream
+/// does not copy every shard's version.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Promise {
+pub struct Promise<'a> {
     /// Who promised: [`PromiseOrigin::Manifest`] or [`PromiseOrigin::Checkpoint`].
     pub origin: PromiseOrigin,
     /// Records in the shard.
@@ -113,10 +116,10 @@ pub struct Promise {
     /// Size of the shard object in bytes, where known.
     pub bytes: Option<u64>,
     /// The object's version (`ETag`, a local file's `mtime:<ns>`), where known.
-    pub version: Option<String>,
+    pub version: Option<Cow<'a, str>>,
     /// The hex SHA-256 of the shard's bytes, where known (a manifest's `sha256:` checksum).
     /// Held against the checksum the writer stored with an object, where storage keeps one.
-    pub sha256: Option<String>,
+    pub sha256: Option<Cow<'a, str>>,
 }
 
 /// Where a [`Promise`] comes from, which decides how a broken one is reported.
@@ -131,7 +134,7 @@ pub enum PromiseOrigin {
     Listing,
 }
 
-impl Promise {
+impl Promise<'_> {
     /// Refuses an object whose size or version is not the promised one, before reading it.
     pub fn check_pin(&self, path: &str, encoding: Encoding, pin: &Pin) -> Result<()> {
         if let Some(bytes) = self.bytes.filter(|&b| b != pin.size) {
@@ -151,7 +154,7 @@ impl Promise {
             };
             return Err(self.broken(path, encoding, message));
         }
-        if let (Some(then), Some(now)) = (&self.version, &pin.version) {
+        if let (Some(then), Some(now)) = (self.version.as_deref(), pin.version.as_deref()) {
             if then != now {
                 let message = match self.origin {
                     PromiseOrigin::Checkpoint => format!(
@@ -181,7 +184,7 @@ impl Promise {
         encoding: Encoding,
         stored: Option<&str>,
     ) -> Result<()> {
-        match (&self.sha256, stored) {
+        match (self.sha256.as_deref(), stored) {
             (Some(promised), Some(stored)) if !promised.eq_ignore_ascii_case(stored) => {
                 let message = match self.origin {
                     PromiseOrigin::Manifest => format!(
