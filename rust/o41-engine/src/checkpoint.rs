@@ -5,6 +5,8 @@
 //! batch of the next round. Everything else is recomputed by the order function, so the
 //! document does not grow with the data, the shuffle window or the run's length.
 
+use std::sync::Arc;
+
 use serde::{Deserialize, Serialize};
 
 use crate::config::ResolvedConfig;
@@ -66,8 +68,9 @@ pub struct Checkpoint {
     pub rows_yielded: u64,
     /// Completed passes over each source of the active stage.
     pub epochs: Vec<u64>,
-    /// The resolved config, including this checkpoint's rank and world size.
-    pub resolved: ResolvedConfig,
+    /// The resolved config, including this checkpoint's rank and world size. Shared with the
+    /// stream that took the checkpoint: taking one does not copy a million-shard document.
+    pub resolved: Arc<ResolvedConfig>,
 }
 
 fn refuse(message: impl Into<String>) -> Error {
@@ -188,8 +191,19 @@ impl Checkpoint {
 
     /// The checkpoint at `position` of the stream `resolved` describes, for the position's rank
     /// and world size.
-    pub fn from_position(mut resolved: ResolvedConfig, position: Position) -> Result<Self> {
+    pub fn from_position(resolved: Arc<ResolvedConfig>, position: Position) -> Result<Self> {
         let fingerprint = resolved.fingerprint();
+        Self::from_fingerprinted(resolved, &fingerprint, position)
+    }
+
+    /// [`Checkpoint::from_position`] for a document whose fingerprint is known (`fingerprint`
+    /// is `resolved.fingerprint()`, which a stream computes once): a stream's checkpoints cost
+    /// no pass over its shards.
+    pub fn from_fingerprinted(
+        mut resolved: Arc<ResolvedConfig>,
+        fingerprint: &str,
+        position: Position,
+    ) -> Result<Self> {
         if position.fingerprint != fingerprint {
             return Err(refuse(format!(
                 "the position belongs to stream {}, not to this one ({fingerprint})",
@@ -202,11 +216,14 @@ impl Checkpoint {
                 position.rank, position.world_size
             )));
         }
-        resolved.rank = position.rank;
-        resolved.world_size = position.world_size;
+        if (resolved.rank, resolved.world_size) != (position.rank, position.world_size) {
+            let retargeted = Arc::make_mut(&mut resolved);
+            retargeted.rank = position.rank;
+            retargeted.world_size = position.world_size;
+        }
         Ok(Checkpoint {
             version: CHECKPOINT_VERSION,
-            fingerprint,
+            fingerprint: fingerprint.to_owned(),
             cursor: position.cursor,
             stage: position.stage,
             batches_yielded: position.batches_yielded,
@@ -229,10 +246,73 @@ impl Checkpoint {
             ));
         }
         let mut out = self.clone();
-        out.resolved.rank = rank;
-        out.resolved.world_size = world_size;
+        let retargeted = Arc::make_mut(&mut out.resolved);
+        retargeted.rank = rank;
+        retargeted.world_size = world_size;
         // A ramped stage's batches must split over the new world too.
         out.resolved.validate()?;
         Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn resolved() -> Arc<ResolvedConfig> {
+        let text = r#"{"version": 1, "fields": [{"name": "v", "source": "v", "dtype": "i64",
+            "shape": [], "pad": 0}], "stages": [{"sources": [{"weight": 1.0, "shards": [{"path":
+            "/d/a.parquet", "encoding": "parquet", "rows": 10, "bytes": 533}]}], "batch_size": 2,
+            "shuffle": null, "infinite": false}], "seed": 0, "threads": 1, "prefetch_batches": 2,
+            "rank": 0, "world_size": 2, "memory_limit_bytes": null}"#;
+        Arc::new(serde_json::from_str(text).unwrap())
+    }
+
+    fn position(fingerprint: String, rank: usize) -> Position {
+        Position {
+            fingerprint,
+            rank,
+            world_size: 2,
+            cursor: Cursor {
+                segment: Segment::first(),
+                next_batch: 2,
+            },
+            stage: 0,
+            batches_yielded: 1,
+            rows_yielded: 2,
+            epochs: vec![0],
+        }
+    }
+
+    #[test]
+    fn a_checkpoint_shares_its_streams_document_unless_it_is_for_another_rank() {
+        let resolved = resolved();
+        let fingerprint = resolved.fingerprint();
+        let own = Checkpoint::from_fingerprinted(
+            resolved.clone(),
+            &fingerprint,
+            position(fingerprint.clone(), 0),
+        )
+        .unwrap();
+        assert!(Arc::ptr_eq(&own.resolved, &resolved));
+        let other = Checkpoint::from_fingerprinted(
+            resolved.clone(),
+            &fingerprint,
+            position(fingerprint.clone(), 1),
+        )
+        .unwrap();
+        assert!(!Arc::ptr_eq(&other.resolved, &resolved));
+        assert_eq!((other.resolved.rank, resolved.rank), (1, 0));
+        assert_eq!(other.resolved.stages, resolved.stages);
+        assert_eq!(
+            other,
+            Checkpoint::from_position(resolved.clone(), position(fingerprint.clone(), 1)).unwrap()
+        );
+        let foreign = position("fnv1a64:0000000000000000".to_owned(), 0);
+        let refused = Checkpoint::from_fingerprinted(resolved, &fingerprint, foreign).unwrap_err();
+        assert!(
+            refused.to_string().contains("belongs to stream"),
+            "{refused}"
+        );
     }
 }

@@ -93,8 +93,8 @@ const MIN_SCRATCH_RESERVE: u64 = 64 << 20;
 /// Everything the threads of a stream share; immutable once built, except for the shards'
 /// inspections, each made once when the shard is first needed.
 pub struct Plan {
-    /// The resolved document.
-    pub resolved: ResolvedConfig,
+    /// The resolved document (shared with the stream's checkpoints).
+    pub resolved: Arc<ResolvedConfig>,
     /// Where shards are read from (without a cancellation flag: each pipeline adds its own).
     pub storage: Storage,
     /// The order function.

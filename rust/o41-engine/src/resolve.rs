@@ -29,8 +29,8 @@ use crate::storage::{self, Pin, Storage};
 /// A resolved config with what open learnt about its shards.
 #[derive(Debug, Clone)]
 pub struct Resolved {
-    /// The pinned document.
-    pub config: ResolvedConfig,
+    /// The pinned document (shared with the checkpoints a stream takes).
+    pub config: Arc<ResolvedConfig>,
     /// Validated projection (all columns, synthetic ones included).
     pub projection: Projection,
     /// The inspections open made, by flat shard id (stage, then source, then shard order),
@@ -60,7 +60,7 @@ pub struct KnownScratch {
 /// row count changed since: a resumed stream must read exactly what the original read. Costs what
 /// open costs: a file list's shards are looked at (size and version) and counted only where the
 /// cache does not know them; a manifest's are held to their pins when first read.
-pub fn reopen(config: ResolvedConfig, storage: &Storage) -> Result<Resolved> {
+pub fn reopen(config: Arc<ResolvedConfig>, storage: &Storage) -> Result<Resolved> {
     config.validate()?;
     let setup = Setup::new(&config.fields, config.pipeline_shape())?;
     let mut jobs = Vec::new();
@@ -671,7 +671,7 @@ pub fn resolve(config: &StreamConfig, storage: &Storage) -> Result<Resolved> {
             windows: stage.windows.clone(),
         });
     }
-    let config = ResolvedConfig {
+    let config = Arc::new(ResolvedConfig {
         version: RESOLVED_CONFIG_VERSION,
         fields: config.fields.clone(),
         stages,
@@ -682,7 +682,7 @@ pub fn resolve(config: &StreamConfig, storage: &Storage) -> Result<Resolved> {
         world_size: config.world_size,
         memory_limit_bytes: config.memory_limit_bytes,
         validation_pass: config.validation_pass,
-    };
+    });
     Ok(Resolved {
         config,
         projection: setup.projection,

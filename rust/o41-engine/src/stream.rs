@@ -584,14 +584,22 @@ impl BatchStream {
     /// The checkpoint after the last delivered batch (which counts as consumed).
     pub fn checkpoint(&self) -> Checkpoint {
         let position = self.position();
-        Checkpoint::from_position(self.plan.resolved.clone(), position)
-            .expect("a stream's own position fits its resolved config")
+        Checkpoint::from_fingerprinted(
+            self.plan.resolved.clone(),
+            self.plan.fingerprint(),
+            position,
+        )
+        .expect("a stream's own position fits its resolved config")
     }
 
     /// The checkpoint at `position`, one of this stream's positions (a batch's, possibly
     /// delivered by another worker of the rank).
     pub fn checkpoint_at(&self, position: &Position) -> Result<Checkpoint> {
-        Checkpoint::from_position(self.plan.resolved.clone(), position.clone())
+        Checkpoint::from_fingerprinted(
+            self.plan.resolved.clone(),
+            self.plan.fingerprint(),
+            position.clone(),
+        )
     }
 
     /// Stops every thread, cancelling reads in flight. Idempotent; any thread may call it.

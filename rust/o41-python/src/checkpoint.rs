@@ -1,5 +1,7 @@
 //! `Checkpoint`: a rank's stream position, as the engine's checkpoint document.
 
+use std::sync::Arc;
+
 use o41_engine::checkpoint::Checkpoint as EngineCheckpoint;
 use o41_engine::config::ResolvedConfig;
 use o41_engine::resolve::check_config;
@@ -48,7 +50,7 @@ impl Checkpoint {
         position: &Position,
         resolved: &Bound<'_, PyAny>,
     ) -> PyResult<Self> {
-        let config: ResolvedConfig = if let Ok(checkpoint) = resolved.cast::<Checkpoint>() {
+        let config: Arc<ResolvedConfig> = if let Ok(checkpoint) = resolved.cast::<Checkpoint>() {
             checkpoint.get().inner.resolved.clone()
         } else {
             let text: String = if resolved.is_instance_of::<PyString>() {
@@ -58,14 +60,14 @@ impl Checkpoint {
                     .call_method1("dumps", (resolved,))?
                     .extract()?
             };
-            serde_json::from_str(&text).map_err(|e| {
+            Arc::new(serde_json::from_str(&text).map_err(|e| {
                 to_py(
                     py,
                     &Error::Checkpoint {
                         message: format!("malformed resolved config: {e}"),
                     },
                 )
-            })?
+            })?)
         };
         EngineCheckpoint::from_position(config, position.inner.clone())
             .map(|inner| Checkpoint { inner })
