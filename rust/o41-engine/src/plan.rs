@@ -289,6 +289,15 @@ impl Plan {
         self.sources[self.stage_sources[stage] + source].first + shard
     }
 
+    /// The flat ids of stage `stage`'s shards.
+    fn stage_shards(&self, stage: usize) -> Range<usize> {
+        let end = self
+            .stage_sources
+            .get(stage + 1)
+            .map_or(self.inspections.len(), |&next| self.sources[next].first);
+        self.shard_id(stage, 0, 0)..end
+    }
+
     /// Shard `id`'s inspection, if it has been inspected.
     pub fn inspected(&self, id: usize) -> Option<&ShardMeta> {
         self.inspections[id].get().map(AsRef::as_ref)
@@ -319,9 +328,7 @@ impl Plan {
                     row_tokens: layout.row_tokens(),
                     most_segments: 0,
                 };
-                let first = self.shard_id(s, 0, 0);
-                for k in first..first + stage.sources.iter().map(|s| s.shards.len()).sum::<usize>()
-                {
+                for k in self.stage_shards(s) {
                     if let Some(index) = self.inspected(k).and_then(ShardMeta::tokens) {
                         stats.tokens += index.placed();
                         stats.windows += index.windows();
@@ -352,7 +359,7 @@ impl Plan {
             return Ok(meta);
         }
         let meta = formats::inspect_shard(
-            &storage.with_meter(entry.meter.clone()),
+            &self.metered(storage, shard),
             entry.path(),
             entry.encoding(),
             entry
