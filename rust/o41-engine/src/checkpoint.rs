@@ -79,6 +79,28 @@ fn refuse(message: impl Into<String>) -> Error {
     }
 }
 
+fn unsupported(version: impl std::fmt::Display) -> Error {
+    refuse(format!(
+        "version {version} is not supported (this release reads version {CHECKPOINT_VERSION})"
+    ))
+}
+
+/// Refuses a document that is not JSON, has no version, or has another version than this
+/// release reads; skips everything else without building it.
+fn check_version(text: &str) -> Result<()> {
+    #[derive(Deserialize)]
+    struct Header {
+        version: Option<serde_json::Value>,
+    }
+    let header: Header =
+        serde_json::from_str(text).map_err(|e| refuse(format!("not valid JSON: {e}")))?;
+    match header.version {
+        Some(v) if v.as_u64() == Some(u64::from(CHECKPOINT_VERSION)) => Ok(()),
+        Some(v) => Err(unsupported(v)),
+        None => Err(refuse("it has no version field; is it a checkpoint?")),
+    }
+}
+
 impl Position {
     /// The position as a small JSON document.
     pub fn to_json(&self) -> String {
@@ -142,25 +164,17 @@ impl Checkpoint {
 
     /// Parses and checks a checkpoint document.
     pub fn from_json(text: &str) -> Result<Self> {
-        // The version first, skipping the rest without building it: a resolved document can
-        // list a million shards, parsed once, straight into its types.
-        #[derive(Deserialize)]
-        struct Header {
-            version: Option<serde_json::Value>,
+        // One pass on the common path: a resolved document can list a million shards, parsed
+        // straight into its types. Only a document that does not parse is scanned again, for
+        // its version, so that one of another release is refused as that, not as malformed.
+        let checkpoint: Checkpoint = serde_json::from_str(text).map_err(|e| {
+            check_version(text)
+                .err()
+                .unwrap_or_else(|| refuse(format!("malformed: {e}")))
+        })?;
+        if checkpoint.version != CHECKPOINT_VERSION {
+            return Err(unsupported(checkpoint.version));
         }
-        let header: Header =
-            serde_json::from_str(text).map_err(|e| refuse(format!("not valid JSON: {e}")))?;
-        match header.version.as_ref().and_then(serde_json::Value::as_u64) {
-            Some(v) if v == u64::from(CHECKPOINT_VERSION) => {}
-            Some(v) => {
-                return Err(refuse(format!(
-                    "version {v} is not supported (this release reads version {CHECKPOINT_VERSION})"
-                )))
-            }
-            None => return Err(refuse("it has no version field; is it a checkpoint?")),
-        }
-        let checkpoint: Checkpoint =
-            serde_json::from_str(text).map_err(|e| refuse(format!("malformed: {e}")))?;
         let expected = checkpoint.resolved.fingerprint();
         if checkpoint.fingerprint != expected {
             return Err(refuse(format!(

@@ -35,7 +35,8 @@ impl Checkpoint {
     /// version, or altered.
     #[staticmethod]
     fn from_json(py: Python<'_>, text: &str) -> PyResult<Self> {
-        EngineCheckpoint::from_json(text)
+        // A million-shard document takes most of a second: other Python threads run meanwhile.
+        py.detach(|| Error::catch(|| EngineCheckpoint::from_json(text)))
             .map(|inner| Checkpoint { inner })
             .map_err(|e| to_py(py, &e))
     }
@@ -98,8 +99,8 @@ impl Checkpoint {
     }
 
     /// The checkpoint as a JSON document.
-    fn to_json(&self) -> String {
-        self.inner.to_json()
+    fn to_json(&self, py: Python<'_>) -> String {
+        py.detach(|| self.inner.to_json())
     }
 
     /// The same position for another rank and world size (elastic resume).
