@@ -56,7 +56,8 @@ pub struct Position {
 pub struct Checkpoint {
     /// Document version.
     pub version: u32,
-    /// Fingerprint of the resolved sources, fields and seed.
+    /// Fingerprint of the resolved sources, fields and seed: always `resolved.fingerprint()`,
+    /// which every constructor computes or checks, so a resumed stream takes it as known.
     pub fingerprint: String,
     /// Position.
     pub cursor: Cursor,

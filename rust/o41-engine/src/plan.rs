@@ -122,8 +122,9 @@ pub struct Plan {
     pub group_rows: u64,
     /// Read jobs in flight at most.
     pub max_jobs: usize,
-    /// The resolved config's fingerprint, computed at the first position asked for: it
-    /// hashes every shard entry, which open itself does not need.
+    /// The resolved config's fingerprint: a resumed stream's is its checkpoint's, an opened
+    /// one's is computed at the first position asked for (it hashes every shard entry, which
+    /// open itself does not need).
     fingerprint: OnceLock<String>,
     /// What each source read, in stage then source order (as `sources`). Kept for the
     /// stream's life, across advances.
@@ -151,6 +152,7 @@ impl Plan {
             scratch,
             resumed,
             storage,
+            fingerprint,
         } = resolved;
         let order = Order::new(&config)?;
         let mut projection = projection;
@@ -259,7 +261,7 @@ impl Plan {
             scratch_reserved,
             group_rows: shape.group_rows,
             max_jobs: shape.max_jobs as usize,
-            fingerprint: OnceLock::new(),
+            fingerprint: fingerprint.map_or_else(OnceLock::new, OnceLock::from),
             meters,
             decode: DecodeMeter::default(),
             encodings,
@@ -816,6 +818,41 @@ mod tests {
             pending.len() as u64,
             1 + plan.group_rows / 8,
             "the next is a whole group"
+        );
+        std::fs::remove_file(path).unwrap();
+    }
+
+    #[test]
+    fn a_resumed_plan_takes_its_checkpoints_fingerprint() {
+        use crate::checkpoint::{Checkpoint, Cursor, Position};
+        let path =
+            std::env::temp_dir().join(format!("o41-resumed-hash-{}.parquet", std::process::id()));
+        let opened = plan(&path, 100);
+        assert!(
+            opened.fingerprint.get().is_none(),
+            "open leaves the hash for later"
+        );
+        let fingerprint = opened.fingerprint().to_owned();
+        let position = Position {
+            fingerprint: fingerprint.clone(),
+            rank: 0,
+            world_size: 1,
+            cursor: Cursor {
+                segment: Segment::first(),
+                next_batch: 1,
+            },
+            stage: 0,
+            batches_yielded: 1,
+            rows_yielded: 8,
+            epochs: vec![0],
+        };
+        let checkpoint = Checkpoint::from_position(opened.resolved.clone(), position).unwrap();
+        let reopened = crate::resolve::reopen(&checkpoint, &Storage::local()).unwrap();
+        let resumed = Plan::new(reopened).unwrap();
+        assert_eq!(
+            resumed.fingerprint.get(),
+            Some(&fingerprint),
+            "not hashed again"
         );
         std::fs::remove_file(path).unwrap();
     }

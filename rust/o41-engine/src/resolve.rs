@@ -13,6 +13,7 @@ use std::path::Path;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
+use crate::checkpoint::Checkpoint;
 use crate::config::{
     FieldSpec, ManifestSelection, ResolvedConfig, ResolvedShard, ResolvedSource, ResolvedStage,
     SourceSpec, StreamConfig, TokenLayout, RESOLVED_CONFIG_VERSION,
@@ -42,6 +43,9 @@ pub struct Resolved {
     /// Whether the document comes from a checkpoint: broken promises are then reported as a
     /// resume that cannot be exact.
     pub resumed: bool,
+    /// The document's fingerprint where it is known already (a checkpoint's): hashing a
+    /// million-shard document again would delay a resumed stream's first batch.
+    pub fingerprint: Option<String>,
     /// Where the shards are read from.
     pub storage: Storage,
 }
@@ -60,7 +64,8 @@ pub struct KnownScratch {
 /// row count changed since: a resumed stream must read exactly what the original read. Costs what
 /// open costs: a file list's shards are looked at (size and version) and counted only where the
 /// cache does not know them; a manifest's are held to their pins when first read.
-pub fn reopen(config: Arc<ResolvedConfig>, storage: &Storage) -> Result<Resolved> {
+pub fn reopen(checkpoint: &Checkpoint, storage: &Storage) -> Result<Resolved> {
+    let config = checkpoint.resolved.clone();
     config.validate()?;
     let setup = Setup::new(&config.fields, config.pipeline_shape())?;
     let mut jobs = Vec::new();
@@ -91,6 +96,7 @@ pub fn reopen(config: Arc<ResolvedConfig>, storage: &Storage) -> Result<Resolved
         inspected: inspections(&mut settled),
         scratch: settled.scratch,
         resumed: true,
+        fingerprint: Some(checkpoint.fingerprint.clone()),
         storage: storage.clone(),
     })
 }
@@ -689,6 +695,7 @@ pub fn resolve(config: &StreamConfig, storage: &Storage) -> Result<Resolved> {
         inspected,
         scratch: settled.scratch,
         resumed: false,
+        fingerprint: None,
         storage: storage.clone(),
     })
 }

@@ -258,10 +258,7 @@ impl BatchStream {
             check_config(&checkpoint.resolved, config)?;
         }
         let meter = Arc::new(Meter::default());
-        let resolved = reopen(
-            checkpoint.resolved.clone(),
-            &storage.with_meter(meter.clone()),
-        )?;
+        let resolved = reopen(checkpoint, &storage.with_meter(meter.clone()))?;
         let start = Start {
             segment: checkpoint.cursor.segment,
             origin: checkpoint.cursor.next_batch,
