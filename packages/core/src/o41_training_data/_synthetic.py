@@ -9,6 +9,7 @@ from __future__ import annotations
 import gzip
 import json
 from pathlib import Path
+from typing import Literal
 
 import numpy as np
 import pyarrow as pa
@@ -25,13 +26,22 @@ def token_table(
     max_length: int = 4096,
     vocab: int = 50_000,
     first_id: int = 0,
+    spread: Literal["normal", "lognormal"] = "normal",
 ) -> pa.Table:
     """A table of ``rows`` tokenised documents with an ``id`` column counting from ``first_id``.
 
-    Lengths are drawn around ``mean_length`` and clipped to ``[1, max_length]``.
+    Lengths average ``mean_length`` and are clipped to ``[1, max_length]``. ``"normal"`` draws
+    them with a standard deviation of a third of the mean; ``"lognormal"`` from a log-normal
+    distribution of shape 1 (median about 0.6 of the mean, one document in twenty over three
+    times the mean), the long tail of many short documents that web text has.
     """
     rng = np.random.default_rng(seed)
-    lengths = np.clip(rng.normal(mean_length, mean_length / 3, rows), 1, max_length).astype(np.int64)
+    if spread == "normal":
+        drawn = rng.normal(mean_length, mean_length / 3, rows)
+    else:
+        # A log-normal's mean is exp(mu + sigma^2 / 2); with sigma 1, mu = ln(mean) - 1/2.
+        drawn = np.rint(rng.lognormal(np.log(mean_length) - 0.5, 1.0, rows))
+    lengths = np.clip(drawn, 1, max_length).astype(np.int64)
     offsets = np.zeros(rows + 1, dtype=np.int32)
     np.cumsum(lengths, out=offsets[1:])
     tokens = rng.integers(0, vocab, int(offsets[-1]), dtype=np.int32)
