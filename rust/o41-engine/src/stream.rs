@@ -361,6 +361,10 @@ impl BatchStream {
             Ok(received) => (Ok(received), false),
             Err(TryRecvError::Disconnected) => (Err(RecvTimeoutError::Disconnected), false),
             Err(TryRecvError::Empty) => {
+                // The batch's position needs the fingerprint, which hashes every shard entry:
+                // hash while the workers read, not after (once; the first batch of a large
+                // corpus otherwise waits for both). Not counted as waiting for the pipeline.
+                self.plan.fingerprint();
                 let waiting = Instant::now();
                 let received = output.recv_timeout(timeout);
                 add_nanos(&self.delivery.wait_nanos, waiting.elapsed());
