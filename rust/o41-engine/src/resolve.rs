@@ -134,27 +134,25 @@ struct SettledShard {
     meta: Option<Box<ShardMeta>>,
 }
 
-/// Appends the shards `source` (stage `s`, index `j`) reads to `jobs`.
-fn source_jobs(
+/// Refuses a source's shards (`jobs`, just appended) that its stage cannot read: a `.bin` token
+/// stream outside a token stage, or a token stage's shard that is neither `.bin` nor Parquet.
+/// A token stage's shards are all inspected at open (their windows are in no manifest).
+fn check_token_sources(
     source: &SourceSpec,
     (s, j): (usize, usize),
-    layout: Option<&Arc<TokenLayout>>,
-    manifests: &HashMap<String, Manifest<'_>>,
-    jobs: &mut Vec<Job>,
-    storage: &Storage,
+    tokens: bool,
+    jobs: &mut [Job],
 ) -> Result<()> {
     let option = format!("stages[{s}].sources[{j}]");
-    let before = jobs.len();
-    source_jobs_of(source, (s, j), layout, manifests, jobs, storage)?;
-    if layout.is_none() {
-        if let Some((k, job)) = jobs[before..]
+    if !tokens {
+        if let Some((k, job)) = jobs
             .iter()
             .enumerate()
             .find(|(_, job)| job.encoding == Encoding::Bin)
         {
             let at = match source {
                 SourceSpec::Files { .. } => format!("{option}.files[{k}]"),
-                SourceSpec::Manifest { .. } => option.clone(),
+                SourceSpec::Manifest { .. } => option,
             };
             return Err(Error::config(
                 at,
@@ -164,27 +162,27 @@ fn source_jobs(
                 ),
             ));
         }
+        return Ok(());
     }
-    if layout.is_some() {
-        for (k, job) in jobs[before..].iter_mut().enumerate() {
-            if !matches!(job.encoding, Encoding::Bin | Encoding::Parquet) {
-                return Err(Error::config(
-                    format!("{option}.encoding"),
-                    format!(
-                        "stages[{s}] packs or windows tokens, which come from .bin or Parquet \
-                         shards; shard {k} ({}) is {}",
-                        job.path,
-                        job.encoding.name()
-                    ),
-                ));
-            }
-            job.listed = true;
+    for (k, job) in jobs.iter_mut().enumerate() {
+        if !matches!(job.encoding, Encoding::Bin | Encoding::Parquet) {
+            return Err(Error::config(
+                format!("{option}.encoding"),
+                format!(
+                    "stages[{s}] packs or windows tokens, which come from .bin or Parquet \
+                     shards; shard {k} ({}) is {}",
+                    job.path,
+                    job.encoding.name()
+                ),
+            ));
         }
+        job.listed = true;
     }
     Ok(())
 }
 
-fn source_jobs_of(
+/// Appends the shards `source` (stage `s`, index `j`) reads to `jobs`.
+fn source_jobs(
     source: &SourceSpec,
     (s, j): (usize, usize),
     layout: Option<&Arc<TokenLayout>>,
@@ -610,6 +608,7 @@ pub fn resolve(config: &StreamConfig, storage: &Storage) -> Result<Resolved> {
                 &mut jobs,
                 storage,
             )?;
+            check_token_sources(source, (s, j), layout.is_some(), &mut jobs[before..])?;
             stage_counts.push(jobs.len() - before);
         }
         counts.push(stage_counts);
