@@ -150,9 +150,8 @@ impl Plan {
             projection,
             inspected,
             scratch,
-            resumed,
+            resumed_from,
             storage,
-            fingerprint,
         } = resolved;
         let order = Order::new(&config)?;
         let mut projection = projection;
@@ -175,7 +174,7 @@ impl Plan {
             stage_sources.push(sources.len());
             let layout = stage.token_layout().map(Arc::new);
             for (j, source) in stage.sources.iter().enumerate() {
-                let origin = match (resumed, &source.manifest) {
+                let origin = match (resumed_from.is_some(), &source.manifest) {
                     (true, _) => PromiseOrigin::Checkpoint,
                     // A token shard's rows are the windows open counted, not the manifest's.
                     (false, Some(_)) if layout.is_none() => PromiseOrigin::Manifest,
@@ -261,7 +260,7 @@ impl Plan {
             scratch_reserved,
             group_rows: shape.group_rows,
             max_jobs: shape.max_jobs as usize,
-            fingerprint: fingerprint.map_or_else(OnceLock::new, OnceLock::from),
+            fingerprint: resumed_from.map_or_else(OnceLock::new, OnceLock::from),
             meters,
             decode: DecodeMeter::default(),
             encodings,

@@ -40,12 +40,10 @@ pub struct Resolved {
     pub inspected: Vec<(usize, Box<ShardMeta>)>,
     /// The decode scratch open knows of: the largest, and whether every shard's is known.
     pub scratch: KnownScratch,
-    /// Whether the document comes from a checkpoint: broken promises are then reported as a
-    /// resume that cannot be exact.
-    pub resumed: bool,
-    /// The document's fingerprint where it is known already (a checkpoint's): hashing a
-    /// million-shard document again would delay a resumed stream's first batch.
-    pub fingerprint: Option<String>,
+    /// The fingerprint of the checkpoint the document comes from, if it does. Broken promises
+    /// are then reported as a resume that cannot be exact, and the stream takes the fingerprint
+    /// as known: hashing a million-shard document again would delay its first batch.
+    pub resumed_from: Option<String>,
     /// Where the shards are read from.
     pub storage: Storage,
 }
@@ -95,8 +93,7 @@ pub fn reopen(checkpoint: &Checkpoint, storage: &Storage) -> Result<Resolved> {
         projection,
         inspected: inspections(&mut settled),
         scratch: settled.scratch,
-        resumed: true,
-        fingerprint: Some(checkpoint.fingerprint.clone()),
+        resumed_from: Some(checkpoint.fingerprint.clone()),
         storage: storage.clone(),
     })
 }
@@ -693,8 +690,7 @@ pub fn resolve(config: &StreamConfig, storage: &Storage) -> Result<Resolved> {
         projection: setup.projection,
         inspected,
         scratch: settled.scratch,
-        resumed: false,
-        fingerprint: None,
+        resumed_from: None,
         storage: storage.clone(),
     })
 }
