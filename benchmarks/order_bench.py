@@ -292,7 +292,9 @@ page in a later epoch, so a cache pays only when the whole projected corpus fits
 of more rows (the `unit_rows=32` row) or pages of fewer rows make the runs longer.
 
 The first batch after an open or a resume is planned as a group of its own, so it waits for the
-reads of its own 32 rows rather than for a whole shuffle window's 4,096 (0.14 and 0.11 s before).
+reads of its own 32 rows rather than for a whole shuffle window's 4,096 (0.14 and 0.11 s before),
+and the next group is planned only once it is delivered, so it does not wait for that group's
+shards to be inspected either.
 
 RSS is measured as the growth of the process's peak RSS over its value before opening the
 stream; it includes memory the allocator keeps after the engine freed it, which the bound does

@@ -253,6 +253,24 @@ fn bad_row(error: &Error) -> Option<u64> {
     }
 }
 
+/// Whether the assembler plans another group now, with `pending` batches planned and not yet
+/// delivered (the earliest numbered `first`) and `queued` jobs not yet dispatched.
+///
+/// It plans ahead up to two groups, so reads of the next group overlap delivery; a new group
+/// only when it fits beside those pending, since the memory bound counts two groups, not three.
+/// Nothing past the first batch (sequence 0, a group of its own) until it is delivered:
+/// planning a group inspects the shards it reads for the first time, a shuffle window's worth,
+/// on the assembler's thread, and the first batch would wait for that.
+fn plans_next(
+    first: Option<u64>,
+    pending: usize,
+    group_batches: usize,
+    queued: usize,
+    max_jobs: usize,
+) -> bool {
+    first != Some(0) && pending <= group_batches && queued < max_jobs
+}
+
 struct Assembler {
     planner: Planner,
     plan: Arc<Plan>,
@@ -282,13 +300,16 @@ impl Assembler {
         let group_batches =
             (plan.group_rows / plan.order.batch_size(&self.planner.segment)).max(1) as usize;
         loop {
-            // Plan ahead up to two groups so reads of the next group overlap delivery; nothing
-            // past a batch that cannot be completed. A new group is planned only when it fits
-            // beside those pending: the memory bound counts two groups, not three.
+            // Nothing past a batch that cannot be completed.
             while planning
                 && poison.is_none()
-                && pending.len() + group_batches <= 2 * group_batches
-                && queued.len() < plan.max_jobs
+                && plans_next(
+                    pending.front().map(|p| p.seq),
+                    pending.len(),
+                    group_batches,
+                    queued.len(),
+                    plan.max_jobs,
+                )
             {
                 planning = self.planner.plan_group(
                     &self.storage,
@@ -462,5 +483,33 @@ impl Assembler {
             dests,
         ));
         *next_job += 1;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::plans_next;
+
+    #[test]
+    fn nothing_is_planned_past_the_first_batch_until_it_is_delivered() {
+        let (group, jobs) = (128, 16);
+        assert!(plans_next(None, 0, group, 0, jobs), "a fresh run plans");
+        assert!(
+            !plans_next(Some(0), 1, group, 0, jobs),
+            "the next group's inspections would come before the first batch"
+        );
+        assert!(
+            plans_next(Some(1), 1, group, 0, jobs),
+            "then it plans ahead"
+        );
+        assert!(plans_next(Some(7), group, group, 0, jobs));
+        assert!(
+            !plans_next(Some(7), group + 1, group, 0, jobs),
+            "two groups at most"
+        );
+        assert!(
+            !plans_next(Some(7), 1, group, jobs, jobs),
+            "and not while its reads wait"
+        );
     }
 }
