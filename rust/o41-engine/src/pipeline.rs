@@ -300,7 +300,8 @@ impl Assembler {
         let group_batches =
             (plan.group_rows / plan.order.batch_size(&self.planner.segment)).max(1) as usize;
         loop {
-            // Nothing past a batch that cannot be completed.
+            // A failed read ends planning: the batches before the one it spoils are delivered,
+            // then the error.
             while planning
                 && poison.is_none()
                 && plans_next(
