@@ -4,14 +4,20 @@ from __future__ import annotations
 
 import json
 import pickle
+import sys
+import threading
+import time
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 from o41_training_data import (
     BatchStreamConfig,
     Checkpoint,
     CheckpointError,
     FileSource,
+    ManifestSource,
     ProjectedField,
     Shuffle,
     Stage,
@@ -311,3 +317,52 @@ def test_a_share_switches_stage_only_after_owed_batches(shard: ShardWriter) -> N
     assert got == expected
     assert got[1][0] < 1000
     assert got[2][0] >= 1000
+
+
+def test_reading_and_writing_a_large_checkpoint_lets_other_threads_run(tmp_path) -> None:
+    """`from_json` and `to_json` release the GIL: a Python thread runs while they work."""
+    # A manifest of many shards (only the first exists; open reads no other) makes a checkpoint
+    # large enough for each call to take milliseconds.
+    pq.write_table(pa.table({"v": pa.array(range(100), pa.int64())}), tmp_path / "s0.parquet")
+    entries = [{"location": "s0.parquet", "rows": 100, "bytes": (tmp_path / "s0.parquet").stat().st_size}]
+    entries += [{"location": f"absent/s{k}.parquet", "rows": 100, "bytes": 1000} for k in range(1, 20_000)]
+    for entry in entries:
+        entry["checksum"] = "none:0"
+    document = {"format": "o41-data-manifest", "version": 1, "data_format": "parquet"}
+    document["splits"] = {"train": {"shards": entries}}
+    (tmp_path / "manifest.json").write_text(json.dumps(document))
+    config = config_for([ManifestSource(str(tmp_path / "manifest.json"), "train")], [V], batch_size=4)
+    with open_batch_stream(config) as stream:
+        checkpoint = stream.checkpoint()
+    text = checkpoint.to_json()
+
+    ticks = 0
+    stop = threading.Event()
+
+    def tick() -> None:
+        nonlocal ticks
+        while not stop.is_set():
+            ticks += 1
+            time.sleep(0.0001)
+
+    # No forced switches: the ticker runs only while the main thread has released the GIL.
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(60)
+    ticker = threading.Thread(target=tick)
+    ran_during = {}
+    try:
+        ticker.start()
+        calls = {"from_json": lambda: Checkpoint.from_json(text), "to_json": checkpoint.to_json}
+        for name, call in calls.items():
+            ran_during[name] = False
+            for _ in range(20):
+                before = ticks
+                call()
+                if ticks > before:
+                    ran_during[name] = True
+                    break
+    finally:
+        stop.set()
+        sys.setswitchinterval(interval)
+        ticker.join()
+    assert ran_during == {"from_json": True, "to_json": True}
