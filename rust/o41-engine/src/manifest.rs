@@ -387,7 +387,7 @@ pub fn describe_shard(
             columns: Vec::new(),
         },
         crate::formats::MAX_RECORD_BYTES,
-        None,
+        crate::formats::Checks::default(),
     )?;
     let sha256 = storage.content_sha256(path)?;
     let after = storage.open(path)?.pin();

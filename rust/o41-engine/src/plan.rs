@@ -376,7 +376,10 @@ impl Plan {
                 self.scratch_reserved.min(formats::MAX_RECORD_BYTES),
                 self.bound.limit - self.bound.total(),
             ),
-            Some(&entry.promise()),
+            formats::Checks {
+                promise: Some(&entry.promise()),
+                first_record: false,
+            },
         )?;
         if meta.scratch_bytes > self.scratch_reserved {
             return Err(Error::config(
@@ -819,6 +822,75 @@ mod tests {
             "the next is a whole group"
         );
         std::fs::remove_file(path).unwrap();
+    }
+
+    #[test]
+    fn a_shard_first_read_is_inspected_without_decoding_a_record() {
+        // A manifest of two shards: open inspects the first (its first record checks the
+        // projection), the second is inspected when a read first needs it.
+        let dir = std::env::temp_dir().join(format!("o41-first-read-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let mut entries = Vec::new();
+        for k in 0..2 {
+            let path = dir.join(format!("s{k}.parquet"));
+            let values: ArrayRef = Arc::new(Int64Array::from_iter_values(0..100));
+            let batch = RecordBatch::try_from_iter([("v", values)]).unwrap();
+            let file = std::fs::File::create(&path).unwrap();
+            let mut writer = ArrowWriter::try_new(file, batch.schema(), None).unwrap();
+            writer.write(&batch).unwrap();
+            writer.close().unwrap();
+            let bytes = std::fs::metadata(&path).unwrap().len();
+            entries.push(serde_json::json!({
+                "location": format!("s{k}.parquet"), "rows": 100, "bytes": bytes,
+                "checksum": "none:0",
+            }));
+        }
+        let manifest = dir.join("manifest.json");
+        let document = serde_json::json!({
+            "format": "o41-data-manifest", "version": 1, "data_format": "parquet",
+            "splits": {"train": {"shards": entries}},
+        });
+        std::fs::write(&manifest, document.to_string()).unwrap();
+        let config: crate::config::StreamConfig = serde_json::from_value(serde_json::json!({
+            "fields": [{"name": "v", "source": "v", "dtype": "i64"}],
+            "stages": [{
+                "sources": [{"kind": "manifest", "manifest_uri": manifest.to_string_lossy(),
+                             "split": "train"}],
+                "batch_size": 8,
+            }],
+        }))
+        .unwrap();
+        let resolved = crate::resolve::resolve(&config, &Storage::local()).unwrap();
+        let plan = Plan::new(resolved).unwrap();
+        assert!(
+            plan.inspected(1).is_none(),
+            "open left the second shard alone"
+        );
+        plan.meta(&Storage::local(), 1).unwrap();
+        let at_first_read = plan.shard(1).meter.reading().bytes_read;
+
+        let meter = Arc::new(crate::metrics::Meter::default());
+        let checks = formats::Checks {
+            promise: None,
+            first_record: true,
+        };
+        let uri = dir.join("s1.parquet").to_string_lossy().into_owned();
+        let storage = Storage::local().with_meter(meter.clone());
+        formats::inspect(
+            &storage,
+            &uri,
+            Encoding::Parquet,
+            &plan.records,
+            1 << 20,
+            checks,
+        )
+        .unwrap();
+        let as_open_does = meter.reading().bytes_read;
+        assert!(
+            0 < at_first_read && at_first_read < as_open_does,
+            "{at_first_read} bytes at first read, {as_open_does} decoding the first record"
+        );
+        std::fs::remove_dir_all(dir).unwrap();
     }
 
     #[test]

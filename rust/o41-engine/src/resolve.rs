@@ -460,7 +460,10 @@ fn settle(storage: &Storage, jobs: &[Job], setup: &Setup<'_>) -> Result<Settled>
                 }),
             &records,
             (max_record, max_plan),
-            job.promise.as_ref(),
+            formats::Checks {
+                promise: job.promise.as_ref(),
+                first_record: true,
+            },
         )
     });
     let mut metas: HashMap<usize, Box<ShardMeta>> = HashMap::with_capacity(inspect.len());

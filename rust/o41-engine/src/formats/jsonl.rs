@@ -320,11 +320,12 @@ pub fn inspect(
     encoding: Encoding,
     projection: &Projection,
     max_record: u64,
+    first_record: bool,
 ) -> Result<ShardMeta> {
     let path = &object.uri().to_owned();
     if encoding == Encoding::JsonlGz {
         if let Some(index) = gz_members::read_index(&object)? {
-            return inspect_members(object, index, projection, max_record);
+            return inspect_members(object, index, projection, (max_record, first_record));
         }
     }
     let mut reader = Reader::open(object, encoding, None, max_record)?;
@@ -373,12 +374,13 @@ pub fn inspect(
 }
 
 /// Inspects a seekable `jsonl.gz` shard from its member index: rows are counted by the index,
-/// and only the first member is decompressed, to check the projection against the first record.
+/// and with `first_record` only the first member is decompressed, to check the projection
+/// against the first record.
 fn inspect_members(
     object: Arc<Object>,
     index: MemberIndex,
     projection: &Projection,
-    max_record: u64,
+    (max_record, first_record): (u64, bool),
 ) -> Result<ShardMeta> {
     let path = object.uri().to_owned();
     if index.longest_line > max_record {
@@ -396,7 +398,7 @@ fn inspect_members(
     }
     let index = Arc::new(index);
     let (rows, longest, largest) = (index.rows(), index.longest_line, index.largest_member());
-    if rows > 0 {
+    if rows > 0 && first_record {
         let mut reader = MemberReader::open(object, index.clone(), longest);
         let mut chunk = Chunk::padded(projection, 1);
         reader.project_next(projection, &mut chunk, 0)?;
@@ -621,7 +623,7 @@ mod tests {
     use crate::columns::ColumnBuf;
     use crate::config::FieldSpec;
     use crate::dtype::DType;
-    use crate::formats::{inspect, open, ReadFailure};
+    use crate::formats::{inspect, open, Checks, ReadFailure};
     use crate::storage::Storage;
 
     fn projection() -> Projection {
@@ -659,7 +661,12 @@ mod tests {
     fn read(uri: &str, range: Range<u64>) -> std::result::Result<Vec<i64>, ReadFailure> {
         let storage = Storage::local();
         let p = projection();
-        let meta = inspect(&storage, uri, Encoding::JsonlGz, &p, 1 << 20, None)?;
+        // As open inspects: member 0 is decoded for its first record.
+        let checks = Checks {
+            promise: None,
+            first_record: true,
+        };
+        let meta = inspect(&storage, uri, Encoding::JsonlGz, &p, 1 << 20, checks)?;
         let mut reader = open(&storage, uri, Encoding::JsonlGz, &meta)?;
         let mut chunk = Chunk::padded(&p, (range.end - range.start) as usize);
         reader.read_ranges(std::slice::from_ref(&range), &p, &mut chunk, None)?;
@@ -681,7 +688,7 @@ mod tests {
             Encoding::JsonlGz,
             &projection(),
             1 << 20,
-            None,
+            Checks::default(),
         )
         .unwrap();
         assert_eq!(meta.rows, 3000);
@@ -710,7 +717,15 @@ mod tests {
         let broken = shard("corrupt-broken", &bytes);
         let storage = Storage::local();
         let p = projection();
-        let meta = inspect(&storage, &uri, Encoding::JsonlGz, &p, 1 << 20, None).unwrap();
+        let meta = inspect(
+            &storage,
+            &uri,
+            Encoding::JsonlGz,
+            &p,
+            1 << 20,
+            Checks::default(),
+        )
+        .unwrap();
         std::fs::write(&uri, &bytes).unwrap();
         let meta = ShardMeta {
             pin: Storage::local().open(&uri).unwrap().pin(),
@@ -776,7 +791,7 @@ mod tests {
             Encoding::JsonlGz,
             &projection(),
             1 << 20,
-            None,
+            Checks::default(),
         )
         .unwrap();
         assert!(matches!(meta.index, ShardIndex::Sequential));

@@ -262,6 +262,19 @@ pub struct TokenInspection<'a> {
     pub cache: Option<&'a crate::inspect_cache::InspectCache>,
 }
 
+/// What an inspection holds a shard to, beyond being readable and within the limits.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Checks<'a> {
+    /// What the shard was promised to be: a shard that breaks it fails closed, its size and
+    /// version before any byte is read, its rows after.
+    pub promise: Option<&'a Promise<'a>>,
+    /// Whether the projection is checked against the shard's first record now. Open checks
+    /// one shard of every source this way. A shard inspected at its first read is not: the read
+    /// that follows decodes its rows and reports a projection error at its batch, and decoding
+    /// the first record as well would cost object storage a request or more per column.
+    pub first_record: bool,
+}
+
 /// Inspects a shard as a stage reads it: [`inspect`] for records, or, in a stage that packs or
 /// windows tokens (`tokens`), the shard's windows; their plan may hold at most `max_plan` bytes.
 pub fn inspect_shard(
@@ -271,12 +284,13 @@ pub fn inspect_shard(
     tokens: Option<TokenInspection<'_>>,
     projection: &Projection,
     limits: (u64, u64),
-    promise: Option<&Promise>,
+    checks: Checks<'_>,
 ) -> Result<ShardMeta> {
     let (max_record, max_plan) = limits;
     let Some(TokenInspection { layout, cache }) = tokens else {
-        return inspect(storage, path, encoding, projection, max_record, promise);
+        return inspect(storage, path, encoding, projection, max_record, checks);
     };
+    let promise = checks.promise;
     let object = Arc::new(storage.open(path)?);
     let pin = object.pin();
     if let Some(promise) = promise {
@@ -292,28 +306,34 @@ pub fn inspect_shard(
     Ok(meta)
 }
 
-/// Counts a shard's rows, indexes it, and checks the projection against its first record. A line
-/// or frame longer than `max_record` bytes is an error, not an allocation. A shard that breaks
-/// `promise` fails closed: its size and version before any byte is read, its rows after.
+/// Counts a shard's rows, indexes it, and finds the projection's columns in it, held to
+/// `checks`. A line or frame longer than `max_record` bytes is an error, not an allocation.
+/// (A shard whose rows are counted by reading it, JSON Lines without a member index or framed
+/// msgpack, has its first record checked whatever `checks` says: counting reads it anyway.)
 pub fn inspect(
     storage: &Storage,
     path: &str,
     encoding: Encoding,
     projection: &Projection,
     max_record: u64,
-    promise: Option<&Promise>,
+    checks: Checks<'_>,
 ) -> Result<ShardMeta> {
     let object = Arc::new(storage.open(path)?);
     let pin = object.pin();
+    let promise = checks.promise;
     if let Some(promise) = promise {
         promise.check_pin(path, encoding, &pin)?;
         promise.check_stored_sha256(path, encoding, object.stored_sha256())?;
     }
     let mut meta = match encoding {
-        Encoding::Parquet => parquet::inspect(object, projection),
-        Encoding::Jsonl | Encoding::JsonlGz => {
-            jsonl::inspect(object, encoding, projection, max_record)
-        }
+        Encoding::Parquet => parquet::inspect(object, projection, checks.first_record),
+        Encoding::Jsonl | Encoding::JsonlGz => jsonl::inspect(
+            object,
+            encoding,
+            projection,
+            max_record,
+            checks.first_record,
+        ),
         Encoding::Msgpack => msgpack::inspect(object, projection, max_record),
         Encoding::Bin => Err(Error::config(
             "encoding",

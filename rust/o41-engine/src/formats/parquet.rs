@@ -351,9 +351,15 @@ fn guarded<T>(
     })
 }
 
-pub fn inspect(object: Arc<Object>, projection: &Projection) -> Result<ShardMeta> {
+pub fn inspect(
+    object: Arc<Object>,
+    projection: &Projection,
+    first_record: bool,
+) -> Result<ShardMeta> {
     let path = object.uri().to_owned();
-    guarded(&path, None, || inspect_unguarded(object, projection, true))?
+    guarded(&path, None, || {
+        inspect_unguarded(object, projection, first_record)
+    })?
 }
 
 /// [`inspect`] from the footer alone: the projection's columns are found but no record is
@@ -1386,7 +1392,7 @@ mod tests {
         let uri = path.to_string_lossy().into_owned();
         let object = Arc::new(Storage::local().open(&uri).unwrap());
         let projection = projection();
-        let meta = inspect(object.clone(), &projection).unwrap();
+        let meta = inspect(object.clone(), &projection, true).unwrap();
         assert_eq!(meta.rows, 1000);
         let ShardIndex::Parquet(index) = meta.index else {
             panic!("a Parquet index")
@@ -1502,10 +1508,36 @@ mod tests {
     }
 
     #[test]
+    fn an_inspection_that_skips_the_first_record_reads_only_the_metadata() {
+        let (path, _) = write_lists("metadata-only", 1000);
+        let uri = path.to_string_lossy().into_owned();
+        let projection = list_projection();
+        let bytes_read = |look: &dyn Fn(Arc<Object>)| {
+            let meter = Arc::new(crate::metrics::Meter::default());
+            let storage = crate::storage::Storage::local().with_meter(meter.clone());
+            look(Arc::new(storage.open(&uri).unwrap()));
+            meter.reading().bytes_read
+        };
+        let metadata = bytes_read(&|object| {
+            load_metadata(&object).unwrap();
+        });
+        let skipped = bytes_read(&|object| {
+            inspect(object, &projection, false).unwrap();
+        });
+        let checked = bytes_read(&|object| {
+            inspect(object, &projection, true).unwrap();
+        });
+        assert!(metadata > 0);
+        assert_eq!(skipped, metadata, "the footer and page index alone");
+        assert!(checked > metadata, "the first record's pages as well");
+        std::fs::remove_file(path).unwrap();
+    }
+
+    #[test]
     fn short_runs_spread_over_row_groups_read_only_their_own_pages() {
         let (path, object) = write_lists("short-runs", 1000);
         let projection = list_projection();
-        let meta = inspect(object.clone(), &projection).unwrap();
+        let meta = inspect(object.clone(), &projection, true).unwrap();
         let ShardIndex::Parquet(index) = meta.index else {
             panic!("a Parquet index")
         };
@@ -1566,7 +1598,7 @@ mod tests {
     #[test]
     fn decode_batches_hold_about_a_mebibyte_of_rows() {
         let (path, object) = write_lists("batch-rows", 400);
-        let meta = inspect(object, &list_projection()).unwrap();
+        let meta = inspect(object, &list_projection(), true).unwrap();
         let ShardIndex::Parquet(index) = meta.index else {
             panic!("a Parquet index")
         };
@@ -1605,7 +1637,7 @@ mod tests {
             }
             proptest::prop_assume!(!ranges.is_empty());
             let projection = list_projection();
-            let meta = inspect(object.clone(), &projection).unwrap();
+            let meta = inspect(object.clone(), &projection, true).unwrap();
             let ShardIndex::Parquet(index) = meta.index else {
                 panic!("a Parquet index")
             };
@@ -1741,7 +1773,7 @@ mod direct_tests {
 
     fn index_of(path: &std::path::Path, projection: &Projection) -> Arc<ParquetIndex> {
         let object = Arc::new(Storage::local().open(&path.to_string_lossy()).unwrap());
-        let meta = super::inspect(object, projection).unwrap();
+        let meta = super::inspect(object, projection, true).unwrap();
         let ShardIndex::Parquet(index) = meta.index else {
             panic!("a Parquet index")
         };
