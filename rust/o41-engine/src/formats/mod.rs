@@ -33,7 +33,7 @@ pub use crate::encoding::Encoding;
 use crate::error::Error;
 use crate::error::Result;
 use crate::fields::Projection;
-use crate::storage::{Pin, Storage};
+use crate::storage::{Object, Pin, Storage};
 
 pub use msgpack::FRAME_HEADER_BYTES;
 pub use records::{RecordChunk, ShardRecords};
@@ -318,9 +318,9 @@ pub fn inspect(
     max_record: u64,
     checks: Checks<'_>,
 ) -> Result<ShardMeta> {
-    let object = Arc::new(storage.open(path)?);
-    let pin = object.pin();
     let promise = checks.promise;
+    let object = Arc::new(open_promised(storage, path, promise)?);
+    let pin = object.pin();
     if let Some(promise) = promise {
         promise.check_pin(path, encoding, &pin)?;
         promise.check_stored_sha256(path, encoding, object.stored_sha256())?;
@@ -348,6 +348,31 @@ pub fn inspect(
     }
     meta.pin = pin;
     Ok(meta)
+}
+
+/// Opens a shard to inspect it. A remote object this stream pinned at open (`promise` from the
+/// listing, with its `ETag` and size) is not asked for again: every read is pinned to that
+/// `ETag`, so an object replaced since open fails closed at its first read, as any read of a
+/// replaced object does, and the request a second `HEAD` would cost is saved.
+fn open_promised(storage: &Storage, path: &str, promise: Option<&Promise>) -> Result<Object> {
+    if let Some(Promise {
+        origin: PromiseOrigin::Listing,
+        bytes: Some(size),
+        version: Some(version),
+        sha256: None,
+        ..
+    }) = promise
+    {
+        if crate::storage::is_remote(path) {
+            let pin = Pin {
+                size: *size,
+                version: Some(version.to_string()),
+                inode: None,
+            };
+            return storage.open_pinned(path, &pin);
+        }
+    }
+    storage.open(path)
 }
 
 /// A read that failed part way. The first `rows_done` rows of the chunk were decoded whole,
