@@ -386,21 +386,22 @@ def test_a_listed_shard_is_asked_for_once_and_its_reads_are_pinned(
     fault_proxy: FaultProxy,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    # With the counts cached, open asks for each shard's size and ETag (a HEAD) and reads none;
-    # the inspection at a shard's first read reuses them instead of asking again.
+    # Open asks for each shard's size and ETag once (a HEAD): it reads and counts the shards with
+    # it when the inspection cache does not know them, and the inspection at a shard's first
+    # read (the cache knowing them) reuses it.
     monkeypatch.setenv("O41_INSPECT_CACHE", str(tmp_path / "cache"))
     local, remote = make_shards(tmp_path, boto3_client, s3_prefix, "parquet", count=3)
+    keys = sorted("/" + uri.removeprefix("s3://") for uri in remote)
     training_data = data_for(s3_server, fault_proxy.endpoint_url)
     expected = batches(lambda: open_batch_stream(config([FileSource(local)])))
-    assert batches(lambda: training_data.batch_stream(config([FileSource(remote)]))) == expected
-    fault_proxy.clear()
-    with training_data.batch_stream(config([FileSource(remote)])) as stream:
-        at_open = len(fault_proxy.requests)
-        assert {r.path for r in fault_proxy.requests if r.method == "HEAD"} == {
-            "/" + uri.removeprefix("s3://") for uri in remote
-        }
-        got = [(b.arrays()["v"].tolist(), b.arrays()["t"].tolist()) for b in stream]
-    assert got == expected
-    after_open = fault_proxy.requests[at_open:]
-    assert after_open
-    assert all(r.method == "GET" and r.if_match for r in after_open)
+    for cache in ("cold", "warm"):
+        fault_proxy.clear()
+        with training_data.batch_stream(config([FileSource(remote)])) as stream:
+            at_open = len(fault_proxy.requests)
+            heads = sorted(r.path for r in fault_proxy.requests if r.method == "HEAD")
+            assert heads == keys, cache
+            got = [(b.arrays()["v"].tolist(), b.arrays()["t"].tolist()) for b in stream]
+        assert got == expected
+        after_open = fault_proxy.requests[at_open:]
+        assert after_open
+        assert all(r.method == "GET" and r.if_match for r in after_open), cache

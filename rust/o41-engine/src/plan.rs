@@ -379,6 +379,7 @@ impl Plan {
             formats::Checks {
                 promise: Some(&entry.promise()),
                 first_record: false,
+                seen: None,
             },
         )?;
         if meta.scratch_bytes > self.scratch_reserved {
@@ -873,6 +874,7 @@ mod tests {
         let checks = formats::Checks {
             promise: None,
             first_record: true,
+            seen: None,
         };
         let uri = dir.join("s1.parquet").to_string_lossy().into_owned();
         let storage = Storage::local().with_meter(meter.clone());

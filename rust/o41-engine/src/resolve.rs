@@ -463,6 +463,7 @@ fn settle(storage: &Storage, jobs: &[Job], setup: &Setup<'_>) -> Result<Settled>
             formats::Checks {
                 promise: job.promise.as_ref(),
                 first_record: true,
+                seen: seen.get(&i).map(|(pin, _)| pin),
             },
         )
     });

@@ -41,6 +41,7 @@ const ALLOCATION_BOUND: usize = 64 << 20;
 const FIRST: formats::Checks<'static> = formats::Checks {
     promise: None,
     first_record: true,
+    seen: None,
 };
 
 /// The system allocator, remembering the largest single request.

@@ -665,6 +665,7 @@ mod tests {
         let checks = Checks {
             promise: None,
             first_record: true,
+            seen: None,
         };
         let meta = inspect(&storage, uri, Encoding::JsonlGz, &p, 1 << 20, checks)?;
         let mut reader = open(&storage, uri, Encoding::JsonlGz, &meta)?;

@@ -273,6 +273,9 @@ pub struct Checks<'a> {
     /// that follows decodes its rows and reports a projection error at its batch, and decoding
     /// the first record as well would cost object storage a request or more per column.
     pub first_record: bool,
+    /// The object as the stream already saw it, when open looked at it moments before: a
+    /// remote one is then not asked for again ([`Storage::open_pinned`]).
+    pub seen: Option<&'a Pin>,
 }
 
 /// Inspects a shard as a stage reads it: [`inspect`] for records, or, in a stage that packs or
@@ -291,7 +294,7 @@ pub fn inspect_shard(
         return inspect(storage, path, encoding, projection, max_record, checks);
     };
     let promise = checks.promise;
-    let object = Arc::new(storage.open(path)?);
+    let object = Arc::new(open_promised(storage, path, checks)?);
     let pin = object.pin();
     if let Some(promise) = promise {
         promise.check_pin(path, encoding, &pin)?;
@@ -319,7 +322,7 @@ pub fn inspect(
     checks: Checks<'_>,
 ) -> Result<ShardMeta> {
     let promise = checks.promise;
-    let object = Arc::new(open_promised(storage, path, promise)?);
+    let object = Arc::new(open_promised(storage, path, checks)?);
     let pin = object.pin();
     if let Some(promise) = promise {
         promise.check_pin(path, encoding, &pin)?;
@@ -350,29 +353,35 @@ pub fn inspect(
     Ok(meta)
 }
 
-/// Opens a shard to inspect it. A remote object this stream pinned at open (`promise` from the
-/// listing, with its `ETag` and size) is not asked for again: every read is pinned to that
-/// `ETag`, so an object replaced since open fails closed at its first read, as any read of a
-/// replaced object does, and the request a second `HEAD` would cost is saved.
-fn open_promised(storage: &Storage, path: &str, promise: Option<&Promise>) -> Result<Object> {
-    if let Some(Promise {
-        origin: PromiseOrigin::Listing,
-        bytes: Some(size),
-        version: Some(version),
-        sha256: None,
-        ..
-    }) = promise
-    {
-        if crate::storage::is_remote(path) {
-            let pin = Pin {
-                size: *size,
-                version: Some(version.to_string()),
-                inode: None,
-            };
-            return storage.open_pinned(path, &pin);
+/// Opens a shard to inspect it. A remote object this stream has already seen (just now at open,
+/// or pinned at open when `promise` comes from the listing, with its `ETag` and size) is not
+/// asked for again: every read is pinned to that `ETag`, so an object replaced since fails
+/// closed at its first read, as any read of a replaced object does, and the request a second
+/// `HEAD` would cost is saved. A promised checksum needs the `HEAD`: it is what reports the
+/// stored one.
+fn open_promised(storage: &Storage, path: &str, checks: Checks<'_>) -> Result<Object> {
+    let promised = match checks.promise {
+        Some(Promise {
+            sha256: Some(_), ..
+        }) => return storage.open(path),
+        Some(Promise {
+            origin: PromiseOrigin::Listing,
+            bytes: Some(size),
+            version: Some(version),
+            ..
+        }) => Some(Pin {
+            size: *size,
+            version: Some(version.to_string()),
+            inode: None,
+        }),
+        _ => None,
+    };
+    match checks.seen.cloned().or(promised) {
+        Some(pin) if crate::storage::is_remote(path) && pin.version.is_some() => {
+            storage.open_pinned(path, &pin)
         }
+        _ => storage.open(path),
     }
-    storage.open(path)
 }
 
 /// A read that failed part way. The first `rows_done` rows of the chunk were decoded whole,
