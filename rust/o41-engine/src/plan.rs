@@ -777,14 +777,19 @@ mod tests {
     use arrow_array::{ArrayRef, Int64Array, RecordBatch};
     use parquet::arrow::ArrowWriter;
 
-    /// One shuffled stage over a shard (at `path`) of `rows` rows, batches of 8.
-    fn plan(path: &std::path::Path, rows: i64) -> Arc<Plan> {
+    /// Writes a Parquet shard at `path` of one column `v` holding `0..rows`.
+    fn write_values(path: &std::path::Path, rows: i64) {
         let values: ArrayRef = Arc::new(Int64Array::from_iter_values(0..rows));
         let batch = RecordBatch::try_from_iter([("v", values)]).unwrap();
         let file = std::fs::File::create(path).unwrap();
         let mut writer = ArrowWriter::try_new(file, batch.schema(), None).unwrap();
         writer.write(&batch).unwrap();
         writer.close().unwrap();
+    }
+
+    /// One shuffled stage over a shard (at `path`) of `rows` rows, batches of 8.
+    fn plan(path: &std::path::Path, rows: i64) -> Arc<Plan> {
+        write_values(path, rows);
         let config: crate::config::StreamConfig = serde_json::from_value(serde_json::json!({
             "fields": [{"name": "v", "source": "v", "dtype": "i64"}],
             "stages": [{
@@ -834,12 +839,7 @@ mod tests {
         let mut entries = Vec::new();
         for k in 0..2 {
             let path = dir.join(format!("s{k}.parquet"));
-            let values: ArrayRef = Arc::new(Int64Array::from_iter_values(0..100));
-            let batch = RecordBatch::try_from_iter([("v", values)]).unwrap();
-            let file = std::fs::File::create(&path).unwrap();
-            let mut writer = ArrowWriter::try_new(file, batch.schema(), None).unwrap();
-            writer.write(&batch).unwrap();
-            writer.close().unwrap();
+            write_values(&path, 100);
             let bytes = std::fs::metadata(&path).unwrap().len();
             entries.push(serde_json::json!({
                 "location": format!("s{k}.parquet"), "rows": 100, "bytes": bytes,

@@ -325,7 +325,7 @@ pub fn inspect(
     let path = &object.uri().to_owned();
     if encoding == Encoding::JsonlGz {
         if let Some(index) = gz_members::read_index(&object)? {
-            return inspect_members(object, index, projection, (max_record, first_record));
+            return inspect_members(object, index, projection, max_record, first_record);
         }
     }
     let mut reader = Reader::open(object, encoding, None, max_record)?;
@@ -380,7 +380,8 @@ fn inspect_members(
     object: Arc<Object>,
     index: MemberIndex,
     projection: &Projection,
-    (max_record, first_record): (u64, bool),
+    max_record: u64,
+    first_record: bool,
 ) -> Result<ShardMeta> {
     let path = object.uri().to_owned();
     if index.longest_line > max_record {
