@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import pickle
 import subprocess
@@ -361,7 +362,56 @@ def test_the_memory_bound_counts_bytes_fetched_ahead_for_remote_shards(
     threads, leaves, merge_gap = 2, 2, 1 << 20
     gaps = threads * 2 * 2 * leaves * merge_gap
     assert remote_bound.decode_scratch == 2 * (local_bound.decode_scratch + gaps)
-    assert remote_bound.total - remote_bound.decode_scratch == local_bound.total - local_bound.decode_scratch
+    # The readers keep pages later jobs read again (2 MiB per job in flight).
+    page_cache = threads * 2 * (2 << 20)
+    assert remote_bound.readers == local_bound.readers + page_cache
+    assert remote_bound.total - remote_bound.decode_scratch - page_cache == (
+        local_bound.total - local_bound.decode_scratch
+    )
+
+
+def test_jobs_of_one_row_group_fetch_its_pages_once(
+    tmp_path: Path, s3_server: LocalS3Server, boto3_client: Any, s3_prefix: str, fault_proxy: FaultProxy
+) -> None:
+    # One row group read by five jobs (the first batch alone, then jobs of at most 1,024 rows):
+    # each needs the column's dictionary page, and each but the first starts inside the page
+    # its predecessor ended in. They take those pages from the job that fetched them, so no
+    # byte is asked for twice (the row group is over 1 MiB: a job's own pages are too far from
+    # the dictionary page to merge with it).
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rows, width = 4000, 300
+    values = np.random.default_rng(3).integers(0, 30_000, size=rows * width, dtype=np.int32)
+    tokens = pa.ListArray.from_arrays(pa.array(np.arange(0, rows * width + 1, width, dtype=np.int32)), values)
+    path = tmp_path / "dictionary.parquet"
+    pq.write_table(pa.table({"tokens": tokens}), path, data_page_size=64 << 10, write_page_index=True)
+    uri = upload(boto3_client, path, f"{s3_prefix}dictionary.parquet")
+    chunk = pq.ParquetFile(path).metadata.row_group(0).column(0)
+    assert chunk.dictionary_page_offset is not None, "the writer wrote a dictionary page"
+    assert chunk.total_compressed_size > 1 << 20
+
+    def stream_config(source: FileSource) -> BatchStreamConfig:
+        return BatchStreamConfig(fields=[T], stages=[Stage(sources=[source], batch_size=16)], threads=2)
+
+    expected = [b.arrays()["t"].tolist() for b in open_batch_stream(stream_config(FileSource([str(path)])))]
+    training_data = data_for(s3_server, fault_proxy.endpoint_url)
+    with training_data.batch_stream(stream_config(FileSource([uri]))) as stream:
+        at_open = len(fault_proxy.requests)
+        got = [b.arrays()["t"].tolist() for b in stream]
+    assert got == expected
+    spans = []
+    for request in fault_proxy.requests[at_open:]:
+        assert request.method == "GET"
+        assert request.range
+        first, last = request.range.removeprefix("bytes=").split("-")
+        spans.append((int(first), int(last)))
+    assert len(spans) >= 5, spans
+    asked = [span for span in spans if span[0] <= chunk.dictionary_page_offset <= span[1]]
+    assert len(asked) == 1, f"the dictionary page was asked for in {asked}"
+    ordered = sorted(spans)
+    assert all(a[1] < b[0] for a, b in itertools.pairwise(ordered)), f"overlapping requests: {ordered}"
 
 
 def test_an_opened_object_reads_only_the_version_it_opened(

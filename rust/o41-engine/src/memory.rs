@@ -17,6 +17,9 @@ use crate::order::window_rows;
 const READER_BYTES: u64 = 3 << 20;
 /// Open readers per decode worker.
 pub const READERS_PER_WORKER: u64 = 4;
+/// Remote pages kept for later jobs ([`crate::formats::PageCache`]), per read job in flight:
+/// room for a dictionary page and the page a job ended in, of a few columns.
+const PAGE_CACHE_BYTES_PER_JOB: u64 = 2 << 20;
 /// Most unique rows one read job decodes.
 pub const MAX_JOB_ROWS: u64 = 1024;
 /// Rows planned together at least (a group reads each shard range once), for narrow rows.
@@ -84,6 +87,11 @@ impl PipelineShape {
             limit: memory_limit_bytes.unwrap_or_else(default_limit),
         })
     }
+
+    /// The budget of the page cache a stream with remote shards keeps.
+    pub fn page_cache_bytes(&self) -> Result<u64> {
+        product(&[self.max_jobs, PAGE_CACHE_BYTES_PER_JOB])
+    }
 }
 
 /// The fewest rows a group plans, for rows of `row_bytes`.
@@ -146,7 +154,8 @@ pub struct MemoryBound {
     /// Decoded rows of read jobs in flight: only their record columns, since synthetic and
     /// token-window columns are written straight into batches.
     pub decode_units: u64,
-    /// Open shard readers' buffers.
+    /// Open shard readers' buffers, and the remote pages kept for later jobs when some shard
+    /// is remote.
     pub readers: u64,
     /// Decoders' working memory: per decode thread, the largest any shard needs for one job.
     pub decode_scratch: u64,
@@ -191,10 +200,17 @@ impl MemoryBound {
         } else {
             shape.threads
         };
+        let pages = if scratch.prefetching {
+            shape.page_cache_bytes()?
+        } else {
+            0
+        };
         let bound = MemoryBound {
             batches: product(&[batch_rows, row_bytes])?,
             decode_units: product(&[shape.max_jobs, MAX_JOB_ROWS, decoded_bytes])?,
-            readers: product(&[shape.threads, READERS_PER_WORKER, READER_BYTES])?,
+            readers: product(&[shape.threads, READERS_PER_WORKER, READER_BYTES])?
+                .checked_add(pages)
+                .ok_or_else(too_large)?,
             decode_scratch: product(&[scratch_holders, scratch.largest])?,
             token_plans: scratch.token_plans,
             limit: shape.limit,

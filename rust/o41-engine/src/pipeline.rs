@@ -196,7 +196,13 @@ fn decode(
     } else {
         let meta = plan.meta(storage, job.shard)?;
         let storage = plan.metered(storage, job.shard);
-        let reader = formats::open(&storage, entry.path(), entry.encoding(), meta)?;
+        let reader = formats::open(
+            &storage,
+            entry.path(),
+            entry.encoding(),
+            meta,
+            plan.pages.as_ref(),
+        )?;
         entry.meter().shard_opened();
         // A few open readers per worker, so consecutive jobs on a shard continue in place.
         if readers.len() as u64 == READERS_PER_WORKER {
@@ -326,7 +332,14 @@ impl Assembler {
                 let entry = plan.shard(job.shard);
                 job.prefetch = entry.inspected().and_then(|meta| {
                     let storage = plan.metered(&self.storage, job.shard);
-                    formats::prefetch(&storage, entry.path(), meta, &job.ranges, &plan.records)
+                    formats::prefetch(
+                        &storage,
+                        entry.path(),
+                        meta,
+                        &job.ranges,
+                        &plan.records,
+                        plan.pages.as_ref(),
+                    )
                 });
                 in_flight.insert(
                     job.id,

@@ -19,7 +19,8 @@ use crate::encoding::Encoding;
 use crate::error::{Error, Result};
 use crate::fields::{ProjectedColumn, Projection, Synthetic};
 use crate::formats::{
-    self, fill_window, Prefetch, Promise, PromiseOrigin, ShardMeta, TokenIndex, WindowColumn,
+    self, fill_window, PageCache, Prefetch, Promise, PromiseOrigin, ShardMeta, TokenIndex,
+    WindowColumn,
 };
 use crate::memory::{MemoryBound, ShardScratch, MAX_JOB_ROWS};
 use crate::metrics::{DecodeMeter, Meter};
@@ -122,6 +123,8 @@ pub struct Plan {
     pub group_rows: u64,
     /// Read jobs in flight at most.
     pub max_jobs: usize,
+    /// Pages of remote shards kept for later jobs; None when every shard is local.
+    pub pages: Option<Arc<PageCache>>,
     /// The resolved config's fingerprint: a resumed stream's is its checkpoint's, an opened
     /// one's is computed at the first position asked for (it hashes every shard entry, which
     /// open itself does not need).
@@ -260,6 +263,11 @@ impl Plan {
             scratch_reserved,
             group_rows: shape.group_rows,
             max_jobs: shape.max_jobs as usize,
+            pages: if prefetching {
+                Some(Arc::new(PageCache::new(shape.page_cache_bytes()?)))
+            } else {
+                None
+            },
             fingerprint: resumed_from.map_or_else(OnceLock::new, OnceLock::from),
             meters,
             decode: DecodeMeter::default(),

@@ -244,7 +244,7 @@ fn read_every_way(bytes: &[u8], encoding: Encoding, case: u64) {
     let storage = Storage::local();
     let projection = projection();
     if let Ok(meta) = formats::inspect(&storage, &uri, encoding, &projection, 1 << 20, FIRST) {
-        if let Ok(mut reader) = formats::open(&storage, &uri, encoding, &meta) {
+        if let Ok(mut reader) = formats::open(&storage, &uri, encoding, &meta, None) {
             let rows = meta.rows.min(1 << 16);
             let mut chunk = Chunk::padded(&projection, rows as usize);
             let _ = reader.read_ranges(
@@ -334,7 +334,7 @@ fn seeds_read_whole() {
             "seed {k}: {} rows",
             meta.rows
         );
-        let mut reader = formats::open(&storage, &uri, encoding, &meta).unwrap();
+        let mut reader = formats::open(&storage, &uri, encoding, &meta, None).unwrap();
         let mut chunk = Chunk::padded(&projection, meta.rows as usize);
         reader
             .read_ranges(

@@ -669,7 +669,7 @@ mod tests {
             seen: None,
         };
         let meta = inspect(&storage, uri, Encoding::JsonlGz, &p, 1 << 20, checks)?;
-        let mut reader = open(&storage, uri, Encoding::JsonlGz, &meta)?;
+        let mut reader = open(&storage, uri, Encoding::JsonlGz, &meta, None)?;
         let mut chunk = Chunk::padded(&p, (range.end - range.start) as usize);
         reader.read_ranges(std::slice::from_ref(&range), &p, &mut chunk, None)?;
         let ColumnBuf::I64(values) = &chunk.columns[0] else {
@@ -733,7 +733,7 @@ mod tests {
             pin: Storage::local().open(&uri).unwrap().pin(),
             ..meta
         };
-        let mut reader = open(&storage, &uri, Encoding::JsonlGz, &meta).unwrap();
+        let mut reader = open(&storage, &uri, Encoding::JsonlGz, &meta, None).unwrap();
         let mut chunk = Chunk::padded(&p, 24);
         reader
             .read_ranges(&[1024..1036, 2036..2048], &p, &mut chunk, None)

@@ -12,6 +12,7 @@ mod json_fast;
 mod jsonl;
 mod list_lengths;
 mod msgpack;
+mod page_cache;
 mod parquet;
 mod parquet_direct;
 mod records;
@@ -36,6 +37,7 @@ use crate::fields::Projection;
 use crate::storage::{Object, Pin, Storage};
 
 pub use msgpack::FRAME_HEADER_BYTES;
+pub use page_cache::PageCache;
 pub use records::{RecordChunk, ShardRecords};
 pub use tokens::{fill_window, TokenIndex, WindowColumn, META_FILE as TOKEN_META_FILE};
 pub use value::{Record, Value};
@@ -420,7 +422,7 @@ pub trait ShardReader: Send {
 }
 
 /// Bytes of a remote shard being fetched ahead of the reader that will decode them.
-pub struct Prefetch(crate::storage::PendingPieces);
+pub struct Prefetch(parquet::Prefetched);
 
 /// Starts fetching what reading `ranges` of a remote Parquet shard needs, so the transfer
 /// overlaps other decoding; None where reads are not fetched ahead (local files, and
@@ -431,6 +433,7 @@ pub fn prefetch(
     meta: &ShardMeta,
     ranges: &[Range<u64>],
     projection: &Projection,
+    pages: Option<&Arc<PageCache>>,
 ) -> Option<Prefetch> {
     let ShardIndex::Parquet(index) = &meta.index else {
         return None;
@@ -439,7 +442,7 @@ pub fn prefetch(
         return None;
     }
     let object = storage.open_pinned(path, &meta.pin).ok()?;
-    parquet::prefetch(&object, index, ranges, projection).map(Prefetch)
+    parquet::prefetch(&object, index, ranges, projection, pages).map(Prefetch)
 }
 
 /// A reader of self-describing records (one line or frame each) that can seek by record number.
@@ -489,18 +492,20 @@ fn read_record_ranges(
     Ok(())
 }
 
-/// Opens a reader over a shard that [`inspect`] has seen.
+/// Opens a reader over a shard that [`inspect`] has seen; a remote Parquet reader shares
+/// reusable pages with the stream's other jobs through `pages`.
 pub fn open(
     storage: &Storage,
     path: &str,
     encoding: Encoding,
     meta: &ShardMeta,
+    pages: Option<&Arc<PageCache>>,
 ) -> Result<Box<dyn ShardReader>> {
     // Reads are pinned to the version inspected, so a replaced object fails at its first read.
     let object = Arc::new(storage.open_pinned(path, &meta.pin)?);
     let reader: Box<dyn ShardReader> = match (&meta.index, encoding) {
         (ShardIndex::Parquet(index), _) => {
-            Box::new(parquet::Reader::open(object.clone(), index.clone()))
+            Box::new(parquet::Reader::open(object.clone(), index.clone()).with_pages(pages))
         }
         (ShardIndex::Offsets(offsets), Encoding::Msgpack) => Box::new(msgpack::Reader::open(
             object.clone(),

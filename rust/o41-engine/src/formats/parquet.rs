@@ -26,14 +26,16 @@ use parquet::file::metadata::{KeyValue, PageIndexPolicy, ParquetMetaData};
 use parquet::file::properties::WriterProperties;
 use parquet::file::reader::{ChunkReader, Length};
 
+use super::page_cache::{Lookup, PageCache};
 use super::{Prefetch, ReadFailure, ShardIndex, ShardMeta, ShardReader};
+use crate::cancel::Cancel;
 use crate::columns::Chunk;
 use crate::error::{Error, Result};
 use crate::fields::Projection;
 use crate::from_arrow::project_arrow_column;
 use crate::metrics::Meter;
 use crate::storage::Pin;
-use crate::storage::{Object, PendingPieces, Tallied};
+use crate::storage::{Object, PendingPieces, Pieces, Tallied};
 
 /// Bytes fetched from the end of a remote shard at open: the footer and, for shards written by
 /// the saver, the page index before it, in one request.
@@ -67,10 +69,23 @@ impl ParquetIndex {
     /// projected column, its dictionary page and the data pages holding those rows (whole
     /// column chunks where the shard has no page index), with nearby ranges merged.
     fn fetch_ranges(&self, ranges: &[Range<u64>], projection: &Projection) -> Vec<Range<u64>> {
+        merge_ranges(self.pages(ranges, projection).0)
+    }
+
+    /// The byte ranges decoding the rows of `ranges` reads, unmerged (see
+    /// [`ParquetIndex::fetch_ranges`]), and among them the pages a later job of the same row
+    /// groups is likely to read again: each column chunk's dictionary page, and its last page
+    /// read where more pages follow.
+    fn pages(
+        &self,
+        ranges: &[Range<u64>],
+        projection: &Projection,
+    ) -> (Vec<Range<u64>>, Vec<Range<u64>>) {
         let (groups, _) = selection(&self.group_starts, ranges);
         let metadata = self.metadata.metadata();
         let starts = &self.group_starts;
         let mut out: Vec<Range<u64>> = Vec::new();
+        let mut reused: Vec<Range<u64>> = Vec::new();
         for &g in &groups {
             let (first, end) = (starts[g], starts[g + 1]);
             // The selected rows of this group, relative to its first row.
@@ -94,9 +109,12 @@ impl ParquetIndex {
                 };
                 if let Some(first_page) = locations.first() {
                     if (first_page.offset as u64) > start {
-                        out.push(start..first_page.offset as u64); // the dictionary page
+                        let dictionary = start..first_page.offset as u64;
+                        out.push(dictionary.clone());
+                        reused.push(dictionary);
                     }
                 }
+                let mut last = None;
                 for (k, page) in locations.iter().enumerate() {
                     let from = page.first_row_index as u64;
                     let to = locations
@@ -105,11 +123,60 @@ impl ParquetIndex {
                     if wanted.iter().any(|w| w.start < to && w.end > from) {
                         let offset = page.offset as u64;
                         out.push(offset..offset + page.compressed_page_size as u64);
+                        last = Some(k);
                     }
+                }
+                if let Some(k) = last.filter(|&k| k + 1 < locations.len()) {
+                    let page = &locations[k];
+                    reused.push(
+                        page.offset as u64..(page.offset as u64 + page.compressed_page_size as u64),
+                    );
                 }
             }
         }
-        merge_ranges(out)
+        (out, reused)
+    }
+
+    /// What decoding the rows of `ranges` fetches, after taking what it can from `cache`
+    /// (with the shard's key there).
+    fn fetch_plan(
+        &self,
+        ranges: &[Range<u64>],
+        projection: &Projection,
+        cache: Option<&(Arc<PageCache>, String)>,
+    ) -> FetchPlan {
+        let (needed, reused) = self.pages(ranges, projection);
+        let Some((cache, key)) = cache else {
+            return FetchPlan {
+                cached: Vec::new(),
+                expected: Vec::new(),
+                fetch: merge_ranges(needed),
+                keep: Vec::new(),
+            };
+        };
+        let mut cached = Vec::new();
+        let mut expected = Vec::new();
+        let mut fetch = Vec::with_capacity(needed.len());
+        for range in needed {
+            match cache.get(key, &range) {
+                Lookup::Held(bytes) => cached.push((range.start, bytes)),
+                Lookup::Coming => expected.push(range),
+                Lookup::Missing => fetch.push(range),
+            }
+        }
+        let fetch = merge_ranges(fetch);
+        // A page inside a gap that merging closed comes with the request anyway: taking it
+        // from the cache too would only overlap the fetched pieces.
+        let fetched = |at: &u64| fetch.iter().any(|r| r.contains(at));
+        cached.retain(|(at, _)| !fetched(at));
+        expected.retain(|r| !fetched(&r.start));
+        let keep = reused.into_iter().filter(|r| fetched(&r.start)).collect();
+        FetchPlan {
+            cached,
+            expected,
+            fetch,
+            keep,
+        }
     }
 
     /// The row group holding `row`.
@@ -210,6 +277,36 @@ fn check_codecs(metadata: &ParquetMetaData, roots: Option<&[usize]>, path: &str)
     Ok(())
 }
 
+/// Bytes `start..start + len` of `parts` (pieces in offset order) where they hold them: a view
+/// of one piece when it holds them all, else a copy of the consecutive pieces that do.
+pub(super) fn held(parts: &[(u64, Bytes)], start: u64, len: u64) -> Option<Bytes> {
+    let end = start + len;
+    let k = parts.partition_point(|(at, _)| *at <= start);
+    if k == 0 {
+        return None;
+    }
+    let (at, bytes) = &parts[k - 1];
+    if end <= at + bytes.len() as u64 {
+        let from = (start - at) as usize;
+        return Some(bytes.slice(from..from + len as usize));
+    }
+    let mut out = Vec::with_capacity(len as usize);
+    let mut next = start;
+    for (at, bytes) in &parts[k - 1..] {
+        let piece_end = at + bytes.len() as u64;
+        if *at > next || next >= end {
+            break;
+        }
+        if piece_end <= next {
+            continue;
+        }
+        let take = piece_end.min(end);
+        out.extend_from_slice(&bytes[(next - at) as usize..(take - at) as usize]);
+        next = take;
+    }
+    (next == end).then(|| Bytes::from(out))
+}
+
 /// Byte ranges of a remote object fetched ahead of decoding, served to the Parquet reader as if
 /// they were the file. A read outside them is fetched on demand; its failure is kept so the
 /// caller reports the storage error rather than a decoding error.
@@ -234,32 +331,13 @@ impl Fetched {
         }
     }
 
-    /// Bytes `start..start + len`: a view of one piece when it holds them all, else a copy
-    /// of the consecutive pieces that do, else (outside what was fetched) a remote read.
+    /// Bytes `start..start + len`: what the pieces hold ([`held`]), else (outside what was
+    /// fetched) a remote read.
     fn slice(&self, start: u64, len: u64) -> parquet::errors::Result<Bytes> {
-        let end = start + len;
-        let k = self.parts.partition_point(|(at, _)| *at <= start);
-        if k > 0 {
-            let (at, bytes) = &self.parts[k - 1];
-            if end <= at + bytes.len() as u64 {
-                let from = (start - at) as usize;
-                return Ok(bytes.slice(from..from + len as usize));
-            }
-            let mut out = Vec::with_capacity(len as usize);
-            let mut next = start;
-            for (at, bytes) in &self.parts[k - 1..] {
-                let piece_end = at + bytes.len() as u64;
-                if *at > next || next >= end {
-                    break;
-                }
-                let take = piece_end.min(end);
-                out.extend_from_slice(&bytes[(next - at) as usize..(take - at) as usize]);
-                next = take;
-            }
-            if next == end {
-                return Ok(Bytes::from(out));
-            }
+        if let Some(bytes) = held(&self.parts, start, len) {
+            return Ok(bytes);
         }
+        let end = start + len;
         self.object.read_range(start..end).map_err(|e| {
             let message = e.to_string();
             *self
@@ -505,6 +583,8 @@ pub struct Reader {
     /// Local shards are read through the file itself, which the OS caches and reads ahead.
     file: Option<Arc<File>>,
     index: Arc<ParquetIndex>,
+    /// Where a remote shard's reusable pages are kept, with the shard's key there.
+    pages: Option<(Arc<PageCache>, String)>,
 }
 
 impl Reader {
@@ -514,21 +594,92 @@ impl Reader {
             file: object.local_file().cloned(),
             object,
             index,
+            pages: None,
         }
+    }
+
+    /// Takes pages from `cache` and keeps there the pages later jobs may read again (remote
+    /// shards only: local ones are cached by the OS).
+    pub fn with_pages(mut self, cache: Option<&Arc<PageCache>>) -> Self {
+        if self.file.is_none() {
+            self.pages = cache.map(|c| {
+                let key = PageCache::key(self.object.uri(), self.object.version());
+                (c.clone(), key)
+            });
+        }
+        self
     }
 }
 
-/// Starts fetching what decoding `ranges` of the remote shard `object` will read.
+/// What one job reads of a remote shard.
+struct FetchPlan {
+    /// Pages the page cache held, as pieces.
+    cached: Pieces,
+    /// Pages another job's fetch is bringing, taken from the cache when this job decodes (read
+    /// on demand should they not be there).
+    expected: Vec<Range<u64>>,
+    /// Ranges to fetch, merged.
+    fetch: Vec<Range<u64>>,
+    /// Pages among those fetched to keep for later jobs.
+    keep: Vec<Range<u64>>,
+}
+
+impl FetchPlan {
+    /// The pieces of this plan besides those it fetched: the cached ones, and the expected
+    /// ones once their fetch kept them (the reader reads any it did not keep itself).
+    fn into_cached_pieces(
+        self,
+        cache: Option<&(Arc<PageCache>, String)>,
+        cancel: &Cancel,
+    ) -> Pieces {
+        let mut pieces = self.cached;
+        if let Some((cache, key)) = cache {
+            for range in &self.expected {
+                if let Some(bytes) = cache.wait(key, range, cancel) {
+                    pieces.push((range.start, bytes));
+                }
+            }
+        }
+        pieces
+    }
+}
+
+/// A remote job's bytes: those being fetched, and the pages the page cache held.
+pub struct Prefetched {
+    pending: Option<PendingPieces>,
+    plan: FetchPlan,
+}
+
+/// Starts fetching what decoding `ranges` of the remote shard `object` will read, less the
+/// pages `cache` holds.
 pub fn prefetch(
     object: &Object,
     index: &ParquetIndex,
     ranges: &[Range<u64>],
     projection: &Projection,
-) -> Option<PendingPieces> {
+    cache: Option<&Arc<PageCache>>,
+) -> Option<Prefetched> {
     if ranges.iter().all(Range::is_empty) {
         return None;
     }
-    object.spawn_pieces(index.fetch_ranges(ranges, projection))
+    let cache = cache.map(|c| (c.clone(), PageCache::key(object.uri(), object.version())));
+    let mut plan = index.fetch_plan(ranges, projection, cache.as_ref());
+    let fetch = std::mem::take(&mut plan.fetch);
+    if fetch.is_empty() {
+        return Some(Prefetched {
+            pending: None,
+            plan,
+        });
+    }
+    // The pages to keep go to the cache as soon as they arrive, and are promised until then:
+    // the next job of the same row group is usually dispatched before this one decodes. The
+    // promise ends with the task, kept or (failed, cancelled) withdrawn.
+    let arrived = cache.map(|(cache, key)| {
+        let promised = cache.promise(&key, plan.keep.clone());
+        Box::new(move |pieces: &Pieces| promised.keep(pieces)) as _
+    });
+    let pending = Some(object.spawn_pieces(fetch, arrived)?);
+    Some(Prefetched { pending, plan })
 }
 
 /// Remote byte ranges closer than this are fetched in one request. A request costs about as
@@ -610,12 +761,20 @@ impl Reader {
                 ),
             };
         }
-        let pieces = match prefetched {
-            Some(prefetched) => prefetched.0.wait()?,
-            None => self
-                .object
-                .read_pieces(&self.index.fetch_ranges(ranges, projection))?,
+        let (mut pieces, plan) = if let Some(Prefetch(Prefetched { pending, plan })) = prefetched {
+            let pieces = pending.map(PendingPieces::wait).transpose()?;
+            (pieces.unwrap_or_default(), plan)
+        } else {
+            let mut plan = self
+                .index
+                .fetch_plan(ranges, projection, self.pages.as_ref());
+            let pieces = self.object.read_pieces(&std::mem::take(&mut plan.fetch))?;
+            if let Some((cache, key)) = &self.pages {
+                cache.keep(key, &plan.keep, &pieces);
+            }
+            (pieces, plan)
         };
+        pieces.extend(plan.into_cached_pieces(self.pages.as_ref(), self.object.cancel()));
         let fetched = Arc::new(Fetched::from_pieces(self.object.clone(), pieces));
         if let Some(done) = read_direct(
             &fetched,
@@ -1530,6 +1689,57 @@ mod tests {
         assert!(metadata > 0);
         assert_eq!(skipped, metadata, "the footer and page index alone");
         assert!(checked > metadata, "the first record's pages as well");
+        std::fs::remove_file(path).unwrap();
+    }
+
+    #[test]
+    fn a_job_takes_the_pages_its_predecessor_kept_and_fetches_only_the_rest() {
+        let (path, object) = write_lists("page-cache", 400);
+        let projection = list_projection();
+        let meta = inspect(object.clone(), &projection, true).unwrap();
+        let ShardIndex::Parquet(index) = meta.index else {
+            panic!("a Parquet index")
+        };
+        let locations = index
+            .metadata
+            .metadata()
+            .page_index()
+            .and_then(|p| p.offset_index(0, 0))
+            .expect("the writer wrote a page index")
+            .page_locations()
+            .clone();
+        let page = |k: usize| {
+            let at = locations[k].offset as u64;
+            at..at + locations[k].compressed_page_size as u64
+        };
+        let cache = (Arc::new(PageCache::new(1 << 20)), PageCache::key("s", None));
+        // Pages hold 10 rows: a job of rows 0..15 ends inside page 1, which the next job of
+        // the row group starts in, so it is kept (no dictionary: the writer wrote none).
+        let first = index.fetch_plan(&[0..15], &projection, Some(&cache));
+        assert_eq!(first.fetch, vec![page(0).start..page(1).end]);
+        assert_eq!(first.keep, vec![page(1)]);
+        assert!(first.cached.is_empty() && first.expected.is_empty());
+
+        // While that fetch is under way the page is promised; then kept.
+        let promised = cache.0.promise(&cache.1, first.keep.clone());
+        let next = index.fetch_plan(&[15..30], &projection, Some(&cache));
+        assert_eq!((next.expected, next.fetch), (vec![page(1)], vec![page(2)]));
+        let bytes = object.read_range(page(0).start..page(1).end).unwrap();
+        promised.keep(&[(page(0).start, bytes)]);
+        let next = index.fetch_plan(&[15..30], &projection, Some(&cache));
+        assert_eq!(next.fetch, vec![page(2)]);
+        assert_eq!(next.cached.len(), 1);
+        assert_eq!(next.cached[0].0, page(1).start);
+        assert_eq!(
+            next.cached[0].1,
+            object.read_range(page(1)).unwrap(),
+            "the kept page's bytes"
+        );
+
+        // A kept page inside a gap that merging closes comes with the request, not the cache.
+        let around = index.fetch_plan(&[5..6, 15..16, 25..26], &projection, Some(&cache));
+        assert_eq!(around.fetch, vec![page(0).start..page(2).end]);
+        assert!(around.cached.is_empty() && around.expected.is_empty());
         std::fs::remove_file(path).unwrap();
     }
 

@@ -23,7 +23,7 @@ use crate::error::{Error, Result};
 use crate::metrics::Meter;
 
 pub use retry::RetryPolicy;
-pub use s3::{Pieces, S3Settings};
+pub use s3::{Arrived, Pieces, S3Settings};
 
 /// User metadata key under which a create-only write stores the SHA-256 of its content, so a
 /// retried write that finds its own earlier success can tell it from a conflicting object.
@@ -523,13 +523,14 @@ impl Object {
     }
 
     /// Starts fetching `ranges` of a remote object in the background (see
-    /// [`Object::read_pieces`]); None for local files, which are read when needed.
-    pub fn spawn_pieces(&self, ranges: Vec<Range<u64>>) -> Option<PendingPieces> {
+    /// [`Object::read_pieces`]), calling `arrived` with the pieces once they are in; None for
+    /// local files, which are read when needed.
+    pub fn spawn_pieces(&self, ranges: Vec<Range<u64>>, arrived: Arrived) -> Option<PendingPieces> {
         match &self.source {
             Source::Local(_) => None,
             Source::Remote(remote) => Some(PendingPieces {
                 uri: self.uri.clone(),
-                inner: remote.spawn_pieces(ranges),
+                inner: remote.spawn_pieces(ranges, arrived),
                 cancel: self.cancel.clone(),
                 meter: self.meter.clone(),
             }),

@@ -35,6 +35,9 @@ pub const MAX_PUT_BYTES: u64 = 5 << 30;
 /// Byte pieces of an object with the offset of each, in order.
 pub type Pieces = Vec<(u64, Bytes)>;
 
+/// What a background fetch calls with its pieces once they are all in.
+pub type Arrived = Option<Box<dyn FnOnce(&Pieces) + Send>>;
+
 /// Chunks a remote reader may fetch ahead of its consumer.
 const READ_AHEAD_CHUNKS: usize = 64;
 
@@ -723,9 +726,17 @@ impl Remote {
         )
     }
 
-    /// Starts fetching `ranges` in the background.
-    pub fn spawn_pieces(&self, ranges: Vec<Range<u64>>) -> PendingPieces {
-        PendingPieces(Some(runtime().spawn(all_pieces(self.0.clone(), ranges))))
+    /// Starts fetching `ranges` in the background; `arrived` sees the pieces as soon as they
+    /// are all in, before anyone waits for them.
+    pub fn spawn_pieces(&self, ranges: Vec<Range<u64>>, arrived: Arrived) -> PendingPieces {
+        let object = self.0.clone();
+        PendingPieces(Some(runtime().spawn(async move {
+            let pieces = all_pieces(object, ranges).await;
+            if let (Ok(pieces), Some(arrived)) = (&pieces, arrived) {
+                arrived(pieces);
+            }
+            pieces
+        })))
     }
 
     /// A blocking reader of `range` whose bytes are fetched ahead by a background task; its
