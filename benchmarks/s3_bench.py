@@ -142,9 +142,11 @@ def main() -> None:
 - The server shares the machine's 2 cores with the client (*server CPU s*: SeaweedFS's CPU
   time during each contender's run). It spent {server_o41:.1f} s serving o41's reads, pages of
   a job's rows in requests of up to a few megabytes, and {server_boto:.1f} s serving the boto3
-  loop the same shards whole. o41 merges nearby page ranges into one request and prefetches
-  each job's pages from dispatch on (docs/storage.md). Runs of this section on an AMD EPYC VM
-  gave 0.70-0.76x; SeaweedFS took about 1.8 ms of CPU per request there.
+  loop the same shards whole. o41 merges nearby page ranges into one request, prefetches
+  each job's pages from dispatch on, and takes the dictionary page and the boundary page an
+  earlier job of the same row group fetched instead of asking again (docs/storage.md). Runs of
+  this section on an AMD EPYC VM gave 0.70-0.76x; SeaweedFS took about 1.8 ms of CPU per
+  request there.
 
 {table}
 
