@@ -1715,18 +1715,18 @@ mod tests {
         let cache = (Arc::new(PageCache::new(1 << 20)), PageCache::key("s", None));
         // Pages hold 10 rows: a job of rows 0..15 ends inside page 1, which the next job of
         // the row group starts in, so it is kept (no dictionary: the writer wrote none).
-        let first = index.fetch_plan(&[0..15], &projection, Some(&cache));
+        let first = index.fetch_plan(std::slice::from_ref(&(0..15)), &projection, Some(&cache));
         assert_eq!(first.fetch, vec![page(0).start..page(1).end]);
         assert_eq!(first.keep, vec![page(1)]);
         assert!(first.cached.is_empty() && first.expected.is_empty());
 
         // While that fetch is under way the page is promised; then kept.
         let promised = cache.0.promise(&cache.1, first.keep.clone());
-        let next = index.fetch_plan(&[15..30], &projection, Some(&cache));
+        let next = index.fetch_plan(std::slice::from_ref(&(15..30)), &projection, Some(&cache));
         assert_eq!((next.expected, next.fetch), (vec![page(1)], vec![page(2)]));
         let bytes = object.read_range(page(0).start..page(1).end).unwrap();
         promised.keep(&[(page(0).start, bytes)]);
-        let next = index.fetch_plan(&[15..30], &projection, Some(&cache));
+        let next = index.fetch_plan(std::slice::from_ref(&(15..30)), &projection, Some(&cache));
         assert_eq!(next.fetch, vec![page(2)]);
         assert_eq!(next.cached.len(), 1);
         assert_eq!(next.cached[0].0, page(1).start);
