@@ -51,6 +51,21 @@ struct Page {
     bytes: Option<Bytes>,
 }
 
+impl Pages {
+    fn lookup(&self, shard: &str, range: &Range<u64>) -> Lookup {
+        let Some(page) = self.entries.iter().find(|p| p.holds(shard, range)) else {
+            return Lookup::Missing;
+        };
+        match &page.bytes {
+            Some(bytes) => {
+                let from = (range.start - page.range.start) as usize;
+                Lookup::Held(bytes.slice(from..from + (range.end - range.start) as usize))
+            }
+            None => Lookup::Coming,
+        }
+    }
+}
+
 impl Page {
     fn holds(&self, shard: &str, range: &Range<u64>) -> bool {
         self.shard == shard && self.range.start <= range.start && range.end <= self.range.end
@@ -125,31 +140,26 @@ impl PageCache {
 
     /// What the cache knows of `range` of shard `shard` (a page holding all of it).
     pub fn get(&self, shard: &str, range: &Range<u64>) -> Lookup {
-        let pages = self.pages();
-        let Some(page) = pages.entries.iter().find(|p| p.holds(shard, range)) else {
-            return Lookup::Missing;
-        };
-        match &page.bytes {
-            Some(bytes) => {
-                let from = (range.start - page.range.start) as usize;
-                Lookup::Held(bytes.slice(from..from + (range.end - range.start) as usize))
-            }
-            None => Lookup::Coming,
-        }
+        self.pages().lookup(shard, range)
     }
 
     /// The bytes of `range` of shard `shard`, waiting while a fetch under way promises them;
     /// None once nothing holds or promises them, or when `cancel` is set.
     pub fn wait(&self, shard: &str, range: &Range<u64>, cancel: &Cancel) -> Option<Bytes> {
+        let mut pages = self.pages();
         loop {
-            match self.get(shard, range) {
+            match pages.lookup(shard, range) {
                 Lookup::Held(bytes) => return Some(bytes),
                 Lookup::Missing => return None,
                 Lookup::Coming if cancel.is_cancelled() => return None,
+                // A promise ends with its fetch; the timeout only lets `cancel` be seen. The
+                // lock is held from the lookup to the wait, so no settling is missed.
                 Lookup::Coming => {
-                    // A promise ends with its fetch; the timeout only lets `cancel` be seen.
-                    let pages = self.pages();
-                    let _ = self.settled.wait_timeout(pages, CANCEL_POLL);
+                    pages = self
+                        .settled
+                        .wait_timeout(pages, CANCEL_POLL)
+                        .unwrap_or_else(std::sync::PoisonError::into_inner)
+                        .0;
                 }
             }
         }
