@@ -1614,6 +1614,15 @@ mod tests {
         (path, Arc::new(Storage::local().open(&uri).unwrap()))
     }
 
+    /// The index inspection builds for the Parquet shard `object`.
+    fn parquet_index(object: &Arc<Object>, projection: &Projection) -> Arc<ParquetIndex> {
+        let meta = inspect(object.clone(), projection, true).unwrap();
+        let ShardIndex::Parquet(index) = meta.index else {
+            panic!("a Parquet index")
+        };
+        index
+    }
+
     fn expected_rows(ranges: &[Range<u64>]) -> Vec<i64> {
         let mut out = Vec::new();
         for row in ranges.iter().flat_map(Clone::clone) {
@@ -1696,10 +1705,7 @@ mod tests {
     fn a_job_takes_the_pages_its_predecessor_kept_and_fetches_only_the_rest() {
         let (path, object) = write_lists("page-cache", 400);
         let projection = list_projection();
-        let meta = inspect(object.clone(), &projection, true).unwrap();
-        let ShardIndex::Parquet(index) = meta.index else {
-            panic!("a Parquet index")
-        };
+        let index = parquet_index(&object, &projection);
         let locations = index
             .metadata
             .metadata()
@@ -1747,10 +1753,7 @@ mod tests {
     fn short_runs_spread_over_row_groups_read_only_their_own_pages() {
         let (path, object) = write_lists("short-runs", 1000);
         let projection = list_projection();
-        let meta = inspect(object.clone(), &projection, true).unwrap();
-        let ShardIndex::Parquet(index) = meta.index else {
-            panic!("a Parquet index")
-        };
+        let index = parquet_index(&object, &projection);
         // A rank's share at a large world size: runs of 2 to 6 rows, one every 32 rows, in
         // every row group (short enough for the default policy to choose a mask).
         let ranges: Vec<Range<u64>> = (0..31u64)
@@ -1808,10 +1811,7 @@ mod tests {
     #[test]
     fn decode_batches_hold_about_a_mebibyte_of_rows() {
         let (path, object) = write_lists("batch-rows", 400);
-        let meta = inspect(object, &list_projection(), true).unwrap();
-        let ShardIndex::Parquet(index) = meta.index else {
-            panic!("a Parquet index")
-        };
+        let index = parquet_index(&object, &list_projection());
         let metadata = index.metadata.metadata();
         let widest = metadata
             .row_groups()
@@ -1847,10 +1847,7 @@ mod tests {
             }
             proptest::prop_assume!(!ranges.is_empty());
             let projection = list_projection();
-            let meta = inspect(object.clone(), &projection, true).unwrap();
-            let ShardIndex::Parquet(index) = meta.index else {
-                panic!("a Parquet index")
-            };
+            let index = parquet_index(&object, &projection);
             let mut reader = Reader::open(object, index);
             let together = read_i64(&mut reader, &ranges, &projection);
             let mut apart = Vec::new();
