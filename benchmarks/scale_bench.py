@@ -198,7 +198,7 @@ def simulated_manifest(root: Path, shards: int, seed: int = 1) -> tuple[Path, in
 
 def run_s3(root: Path, counts: list[int], reps: int) -> list[list[str]]:
     import boto3
-    from o41_training_data.testing import LocalS3Server
+    from o41_testkit import LocalS3Server
 
     rows: list[list[str]] = []
     key, secret = "O41SCALE" + secrets.token_hex(4).upper(), secrets.token_urlsafe(30)

