@@ -36,12 +36,14 @@ test-rust: ## Rust unit and property tests
 test-python: sync ## Python tests
 	$(UV) run pytest
 
-lint: sync ## clippy, rustfmt, ruff, mypy
+lint: sync ## clippy, rustfmt, ruff, mypy, and no module cycle in the Rust crates or Python packages
 	cd rust && cargo fmt --all -- --check
 	cd rust && cargo clippy --release --workspace --all-targets -- -D warnings
 	$(UV) run ruff check .
 	$(UV) run ruff format --check .
 	$(UV) run mypy
+	$(UV) run python tools/rust_module_cycles.py
+	$(UV) run python tools/python_import_cycles.py
 
 docs: sync ## build the docs site into site/ (mkdocs, warnings are errors; tests/test_docs.py runs its examples)
 	NO_MKDOCS_2_WARNING=1 $(UV) run mkdocs build --strict --quiet

@@ -187,7 +187,7 @@ impl Projection {
             .iter()
             .enumerate()
             .filter(|(_, c)| {
-                c.synthetic.is_none() && crate::formats::WindowColumn::of(&c.source).is_none()
+                c.synthetic.is_none() && crate::config::WindowColumn::of(&c.source).is_none()
             })
             .map(|(i, c)| (i, c.clone()))
             .unzip();

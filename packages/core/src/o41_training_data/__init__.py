@@ -51,7 +51,8 @@ from ._iter_shard import iter_shard
 from ._manifest import Curriculum, DataManifest, ManifestShard, ManifestSplit, load_manifest, save_manifest
 from ._manifest_build import manifest_from_files
 from ._saver import DatasetSaver, SavedShard
-from ._stats import RETRY_CAUSES, DecodeStats, ReadStats, SourceStats, log_stats_every
+from ._stats import RETRY_CAUSES, DecodeStats, ReadStats, SourceStats
+from ._stats_log import log_stats_every
 from ._storage import RetryPolicy, StorageConfig
 from ._stream import (
     Batch,

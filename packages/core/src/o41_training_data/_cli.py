@@ -15,13 +15,9 @@ from __future__ import annotations
 
 import sys
 
-__all__ = ["EXIT_ERROR", "EXIT_FAILED", "EXIT_INTERRUPTED", "EXIT_OK", "EXIT_USAGE", "main"]
+from ._exit import EXIT_ERROR, EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE
 
-EXIT_OK = 0
-EXIT_FAILED = 1
-EXIT_USAGE = 2
-EXIT_ERROR = 3
-EXIT_INTERRUPTED = 130
+__all__ = ["EXIT_ERROR", "EXIT_FAILED", "EXIT_INTERRUPTED", "EXIT_OK", "EXIT_USAGE", "main"]
 
 # The modules the commands need that the core package does not install.
 _EXTRA_MODULES = ("click", "rich", "yaml")

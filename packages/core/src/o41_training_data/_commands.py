@@ -25,10 +25,10 @@ from rich.table import Table
 from rich.text import Text
 
 from ._checkpoint_files import read_checkpoint, reshard
-from ._cli import EXIT_ERROR, EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK
 from ._config import BatchStreamConfig
 from ._core import __version__
 from ._errors import O41Error
+from ._exit import EXIT_ERROR, EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK
 from ._manifest import load_manifest
 from ._manifest_check import diff_manifests, manifest_summary, verify_manifest
 from ._storage import StorageConfig

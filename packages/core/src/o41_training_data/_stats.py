@@ -1,4 +1,4 @@
-"""What a stream read, and the plain logging hook that reports a stream's stats every N batches.
+"""What a stream read: the parts of a stream's stats that describe its reads.
 
 :class:`StreamStats` (in ``_stream``) holds a stream's counters; the parts of it that describe
 reads live here: :class:`ReadStats` (one source's, or the open's, storage and decode counters),
@@ -7,15 +7,11 @@ reads live here: :class:`ReadStats` (one source's, or the open's, storage and de
 
 from __future__ import annotations
 
-import logging
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:
-    from ._stream import Batch, BatchStream, StreamStats
-
-__all__ = ["RETRY_CAUSES", "DecodeStats", "ReadStats", "SourceStats", "log_stats_every"]
+__all__ = ["RETRY_CAUSES", "DecodeStats", "ReadStats", "SourceStats"]
 
 RETRY_CAUSES = ("throttled", "server_error", "timeout", "connection", "interrupted")
 """Why a remote request was retried: the service throttled (429, S3's 503 ``SlowDown``), failed
@@ -103,44 +99,3 @@ def _minus_read(now: ReadStats, then: ReadStats) -> dict[str, Any]:
         "shards_opened": now.shards_opened - then.shards_opened,
         "retries": {k: v - then.retries.get(k, 0) for k, v in now.retries.items()},
     }
-
-
-def log_stats_every(
-    stream: BatchStream,
-    n: int,
-    logger: logging.Logger | None = None,
-    *,
-    level: int = logging.INFO,
-) -> Iterator[Batch]:
-    """Iterates ``stream``, logging its stats for the last ``n`` batches after every ``n``-th.
-
-    Each record's message is one line (the loader-bound fraction, the consumer's wait and its
-    own time, rows, bytes and retries of the window); the window's :class:`StreamStats` is
-    attached as the record's ``o41_stats`` attribute, and its :meth:`StreamStats.scalars` as
-    ``o41_scalars``, for handlers that ship numbers elsewhere. The default logger is
-    ``o41_training_data.stats``. No training framework is involved.
-
-    Examples:
-        >>> for batch in log_stats_every(stream, 100):  # doctest: +SKIP
-        ...     train_step(batch)
-
-    """
-    if not isinstance(n, int) or isinstance(n, bool) or n < 1:
-        from ._errors import ConfigError
-
-        raise ConfigError(f"log_stats_every: n must be a positive int, got {n!r}")
-    log = logger if logger is not None else logging.getLogger("o41_training_data.stats")
-    previous: StreamStats = stream.stats
-    for count, batch in enumerate(stream, start=1):
-        yield batch
-        if count % n == 0:
-            now = stream.stats
-            window = now.since(previous)
-            previous = now
-            log.log(
-                level,
-                "o41 stream, %d batches: %s",
-                now.batches_delivered,
-                window.summary(),
-                extra={"o41_stats": window, "o41_scalars": window.scalars()},
-            )

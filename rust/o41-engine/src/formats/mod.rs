@@ -12,7 +12,6 @@ mod json_fast;
 mod jsonl;
 mod list_lengths;
 mod msgpack;
-mod page_cache;
 mod parquet;
 mod parquet_direct;
 mod records;
@@ -20,7 +19,6 @@ mod rle;
 mod tokens;
 mod value;
 
-use std::borrow::Cow;
 use std::fs::File;
 use std::io::{BufWriter, Write};
 use std::ops::Range;
@@ -36,8 +34,9 @@ use crate::error::Result;
 use crate::fields::Projection;
 use crate::storage::{Object, Pin, Storage};
 
+pub use crate::storage::promise::{Promise, PromiseOrigin};
 pub use msgpack::FRAME_HEADER_BYTES;
-pub use page_cache::PageCache;
+pub use parquet::PageCache;
 pub use records::{RecordChunk, ShardRecords};
 pub use tokens::{fill_window, TokenIndex, WindowColumn, META_FILE as TOKEN_META_FILE};
 pub use value::{Record, Value};
@@ -102,156 +101,6 @@ enum ShardIndex {
     Sequential,
     /// A token shard read as windows.
     Tokens(Arc<tokens::TokenIndex>),
-}
-
-/// What a stream was told about a shard before reading it: by a manifest (rows, size) or by a
-/// checkpoint (rows, and the version or size it pinned). The shard is held to it when it is
-/// first inspected, and fails closed there, naming the shard and the promise it broke. Its
-/// strings borrow from the document that made it where they can: a resumed million-shard stream
-/// does not copy every shard's version.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Promise<'a> {
-    /// Who promised: [`PromiseOrigin::Manifest`] or [`PromiseOrigin::Checkpoint`].
-    pub origin: PromiseOrigin,
-    /// Records in the shard.
-    pub rows: u64,
-    /// Size of the shard object in bytes, where known.
-    pub bytes: Option<u64>,
-    /// The object's version (`ETag`, a local file's `mtime:<ns>`), where known.
-    pub version: Option<Cow<'a, str>>,
-    /// The hex SHA-256 of the shard's bytes, where known (a manifest's `sha256:` checksum).
-    /// Held against the checksum the writer stored with an object, where storage keeps one.
-    pub sha256: Option<Cow<'a, str>>,
-}
-
-/// Where a [`Promise`] comes from, which decides how a broken one is reported.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum PromiseOrigin {
-    /// A data manifest's entry: a shard that differs is not the shard the manifest lists.
-    Manifest,
-    /// A checkpoint's resolved document: the file list changed since the checkpoint.
-    Checkpoint,
-    /// What open saw of a plain file list (size, version, and rows from the inspection cache):
-    /// the file changed while the stream ran.
-    Listing,
-}
-
-impl Promise<'_> {
-    /// Refuses an object whose size or version is not the promised one, before reading it.
-    pub fn check_pin(&self, path: &str, encoding: Encoding, pin: &Pin) -> Result<()> {
-        if let Some(bytes) = self.bytes.filter(|&b| b != pin.size) {
-            let now = pin.size;
-            let message = match self.origin {
-                PromiseOrigin::Manifest => {
-                    format!("the manifest lists {bytes} bytes, the shard is {now} bytes")
-                }
-                PromiseOrigin::Checkpoint => format!(
-                    "{path} is {now} bytes, but the checkpoint's stream read it at {bytes}; the \
-                     file list changed"
-                ),
-                PromiseOrigin::Listing => format!(
-                    "the object changed since the stream opened it ({bytes} bytes, now {now}); \
-                     the stream stops instead of mixing two versions"
-                ),
-            };
-            return Err(self.broken(path, encoding, message));
-        }
-        if let (Some(then), Some(now)) = (self.version.as_deref(), pin.version.as_deref()) {
-            if then != now {
-                let message = match self.origin {
-                    PromiseOrigin::Checkpoint => format!(
-                        "{path} changed since the checkpoint was taken (version {then}, now \
-                         {now}); a resumed stream must read the bytes the original read. Copies \
-                         of local shards must keep their modification times (cp -p, rsync -t)"
-                    ),
-                    PromiseOrigin::Manifest => format!(
-                        "{path} changed since the manifest was read (version {then}, now {now})"
-                    ),
-                    PromiseOrigin::Listing => format!(
-                        "the object changed since the stream opened it (version {then}, now \
-                         {now}); the stream stops instead of mixing two versions"
-                    ),
-                };
-                return Err(self.broken(path, encoding, message));
-            }
-        }
-        Ok(())
-    }
-
-    /// Refuses an object whose writer stored another checksum than the promised one: the same
-    /// size and row count, other bytes. Objects without a stored checksum are not refused.
-    pub fn check_stored_sha256(
-        &self,
-        path: &str,
-        encoding: Encoding,
-        stored: Option<&str>,
-    ) -> Result<()> {
-        match (self.sha256.as_deref(), stored) {
-            (Some(promised), Some(stored)) if !promised.eq_ignore_ascii_case(stored) => {
-                let message = match self.origin {
-                    PromiseOrigin::Manifest => format!(
-                        "the manifest lists checksum sha256:{promised}, the object was stored with \
-                         sha256:{stored}; it is not the shard the manifest lists"
-                    ),
-                    PromiseOrigin::Checkpoint => format!(
-                        "{path} was stored with checksum sha256:{stored}, but the checkpoint's \
-                         stream read sha256:{promised}; the file list changed"
-                    ),
-                    PromiseOrigin::Listing => format!(
-                        "the object changed since the stream opened it (checksum \
-                         sha256:{promised}, now sha256:{stored}); the stream stops instead of \
-                         mixing two versions"
-                    ),
-                };
-                Err(self.broken(path, encoding, message))
-            }
-            _ => Ok(()),
-        }
-    }
-
-    /// Refuses a shard that does not hold the promised number of records.
-    pub fn check_rows(&self, path: &str, encoding: Encoding, rows: u64) -> Result<()> {
-        if rows == self.rows {
-            return Ok(());
-        }
-        let message = match self.origin {
-            PromiseOrigin::Checkpoint => format!(
-                "{path} now holds {rows} rows, but the checkpoint's stream read it with {}; the \
-                 file list changed",
-                self.rows
-            ),
-            PromiseOrigin::Manifest => format!(
-                "the manifest lists {} rows, the shard holds {rows}",
-                self.rows
-            ),
-            PromiseOrigin::Listing => format!(
-                "the object changed since the stream opened it: it holds {rows} rows, {} when \
-                 it was counted (the inspection cache knows a file by its size, modification \
-                 time and inode, and all three were kept); the stream stops instead of mixing \
-                 two versions",
-                self.rows
-            ),
-        };
-        Err(self.broken(path, encoding, message))
-    }
-
-    /// A manifest's broken promise is a shard that is not what the dataset says (malformed);
-    /// a checkpoint's is a resume that cannot be exact; open's, a file changed under the stream.
-    fn broken(&self, path: &str, encoding: Encoding, message: String) -> Error {
-        match self.origin {
-            PromiseOrigin::Checkpoint => Error::Checkpoint { message },
-            PromiseOrigin::Listing => Error::Storage {
-                path: path.to_owned(),
-                message,
-            },
-            PromiseOrigin::Manifest => Error::Format {
-                path: path.to_owned(),
-                encoding: encoding.name(),
-                row: None,
-                message,
-            },
-        }
-    }
 }
 
 /// How a stage that packs or windows tokens inspects its shards: its layout, and the cache of

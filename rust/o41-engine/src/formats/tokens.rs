@@ -17,7 +17,8 @@ use serde::Deserialize;
 
 use super::{parquet, ReadFailure, ShardIndex, ShardMeta, ShardReader};
 use crate::columns::{Chunk, ColumnBuf};
-use crate::config::{FieldSpec, TokenLayout, POSITIONS, SEGMENT_IDS, SEGMENT_LENGTHS};
+pub use crate::config::WindowColumn;
+use crate::config::{FieldSpec, TokenLayout};
 use crate::dtype::DType;
 use crate::encoding::Encoding;
 use crate::error::{Error, Result};
@@ -561,31 +562,6 @@ fn read_id(bytes: &[u8]) -> u64 {
     }
 }
 
-/// A per-token column that a token stage derives from its windows' pieces rather than reads:
-/// the planner fills it straight into the batch (`plan::Planner`), readers never see it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum WindowColumn {
-    /// `@segment_ids`: which piece of the window a token is from (from 1), 0 for padding.
-    Segments,
-    /// `@positions`: a token's position within its document, 0 for padding.
-    Positions,
-    /// `@segment_lengths`: the tokens of each piece of the window, in order, then pad; one
-    /// element per piece rather than per token.
-    Lengths,
-}
-
-impl WindowColumn {
-    /// The window column a field's source names, if any.
-    pub fn of(source: &str) -> Option<Self> {
-        match source {
-            SEGMENT_IDS => Some(WindowColumn::Segments),
-            POSITIONS => Some(WindowColumn::Positions),
-            SEGMENT_LENGTHS => Some(WindowColumn::Lengths),
-            _ => None,
-        }
-    }
-}
-
 /// Writes window `w`'s `kind` column into elements `row` of `out` (one window): the pieces'
 /// values (per token, or one length per piece), then `pad` to the row's end, so every element
 /// of the row is written. The value that does not fit the column's dtype, or the number of
@@ -941,7 +917,7 @@ impl ShardReader for Reader {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::{PackingSpec, WindowsSpec};
+    use crate::config::{PackingSpec, WindowsSpec, POSITIONS, SEGMENT_IDS};
 
     /// A `.bin` of `ids` (uint16) with its `meta.json`, in a directory of its own.
     fn bin(name: &str, ids: &[u16], meta: &str) -> String {

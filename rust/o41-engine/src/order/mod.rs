@@ -33,10 +33,7 @@ pub use stage::{window_rows, StageOrder, StageRow, DEFAULT_UNIT_ROWS};
 use crate::config::ResolvedConfig;
 use crate::error::{Error, Result};
 
-/// No position or counter reaches this many rows or batches: no stream delivers 2^62 rows, and
-/// staying below keeps every position computation within 64 bits. A checkpoint beyond it is
-/// refused rather than wrapped into another part of the sequence.
-pub const MAX_POSITION: u64 = 1 << 62;
+pub use crate::limits::MAX_POSITION;
 
 /// The rows of an old stage still in its shuffle window when `advance` switched stages; they
 /// fill the first batches after the switch.

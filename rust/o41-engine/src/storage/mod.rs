@@ -7,6 +7,7 @@
 //! a different one is a [`Error::Conflict`].
 
 mod local;
+pub mod promise;
 mod retry;
 mod s3;
 

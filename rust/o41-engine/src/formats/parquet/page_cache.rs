@@ -19,7 +19,6 @@ use std::time::Duration;
 
 use bytes::Bytes;
 
-use super::parquet::held;
 use crate::cancel::Cancel;
 
 /// Pages (held and promised) at most, whatever their size: a promise whose fetch failed is
@@ -257,6 +256,36 @@ impl PageCache {
     pub fn held(&self) -> u64 {
         self.pages().bytes
     }
+}
+
+/// Bytes `start..start + len` of `parts` (pieces in offset order) where they hold them: a view
+/// of one piece when it holds them all, else a copy of the consecutive pieces that do.
+pub(super) fn held(parts: &[(u64, Bytes)], start: u64, len: u64) -> Option<Bytes> {
+    let end = start + len;
+    let k = parts.partition_point(|(at, _)| *at <= start);
+    if k == 0 {
+        return None;
+    }
+    let (at, bytes) = &parts[k - 1];
+    if end <= at + bytes.len() as u64 {
+        let from = (start - at) as usize;
+        return Some(bytes.slice(from..from + len as usize));
+    }
+    let mut out = Vec::with_capacity(len as usize);
+    let mut next = start;
+    for (at, bytes) in &parts[k - 1..] {
+        let piece_end = at + bytes.len() as u64;
+        if *at > next || next >= end {
+            break;
+        }
+        if piece_end <= next {
+            continue;
+        }
+        let take = piece_end.min(end);
+        out.extend_from_slice(&bytes[(next - at) as usize..(take - at) as usize]);
+        next = take;
+    }
+    (next == end).then(|| Bytes::from(out))
 }
 
 #[cfg(test)]

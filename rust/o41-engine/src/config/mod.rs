@@ -1,0 +1,24 @@
+//! The stream configuration as the engine receives it (JSON from the Python face), its
+//! validation, and the resolved form that pins every shard and its row count.
+//!
+//! `schema` holds the config users write, `validate` the rules a config and a resolved document
+//! share, `resolved` the resolved document a checkpoint stores, `fingerprint` its hash.
+
+mod fingerprint;
+mod resolved;
+mod schema;
+mod validate;
+
+#[cfg(test)]
+mod tests;
+
+pub use resolved::{
+    ManifestSelection, ResolvedConfig, ResolvedShard, ResolvedSource, ResolvedStage,
+    RESOLVED_CONFIG_VERSION,
+};
+pub use schema::{
+    is_window_source, parse_named, FieldSpec, PackingSpec, RampSpec, ShuffleSpec, SourceSpec,
+    StageSpec, StreamConfig, TokenLayout, WindowColumn, WindowsSpec, MAX_BINS, MAX_SEQ_LEN,
+    POSITIONS, SEGMENT_IDS, SEGMENT_LENGTHS,
+};
+pub use validate::{MAX_RAMP_STEPS, VALID_COLUMN};

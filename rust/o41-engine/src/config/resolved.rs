@@ -1,0 +1,144 @@
+//! The resolved document: every shard and its row count pinned, what a stream opens and what a
+//! checkpoint stores. It carries a version and no credentials.
+
+use std::borrow::Cow;
+
+use serde::{Deserialize, Serialize};
+
+use super::schema::{FieldSpec, PackingSpec, RampSpec, ShuffleSpec, TokenLayout, WindowsSpec};
+use crate::encoding::Encoding;
+use crate::storage::promise::{Promise, PromiseOrigin};
+
+/// Version of the resolved-config document.
+pub const RESOLVED_CONFIG_VERSION: u32 = 1;
+
+/// A shard pinned at resolution time.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ResolvedShard {
+    /// Location.
+    pub path: String,
+    /// Encoding.
+    pub encoding: Encoding,
+    /// Number of records.
+    pub rows: u64,
+    /// The version read at resolution: a remote object's `ETag`, a local file's modification
+    /// time (`mtime:<ns>`). A resumed stream refuses a shard whose version changed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub version: Option<String>,
+    /// Size in bytes, as the manifest listed it or as resolution saw it. A shard of another
+    /// size fails closed when it is first read.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bytes: Option<u64>,
+    /// Hex SHA-256 of the shard's bytes, as its manifest lists it (`sha256:` checksums only).
+    /// An object stored with another checksum fails closed when it is first read.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sha256: Option<String>,
+}
+
+impl ResolvedShard {
+    /// What the document promises of the shard, as `origin` made the promise.
+    pub fn promise(&self, origin: PromiseOrigin) -> Promise<'_> {
+        Promise {
+            origin,
+            rows: self.rows,
+            bytes: self.bytes,
+            version: self.version.as_deref().map(Cow::Borrowed),
+            sha256: self.sha256.as_deref().map(Cow::Borrowed),
+        }
+    }
+}
+
+/// The manifest selection a source was resolved from. Recorded so that a checkpoint can be
+/// checked against a config without reading the manifest again: a manifest republished after
+/// the checkpoint does not change what a resumed stream reads.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ManifestSelection {
+    /// Absolute location of the manifest.
+    pub manifest_uri: String,
+    /// Split read.
+    pub split: String,
+    /// Curriculum selections or stages read, in order; `None` for the split's root order.
+    pub curriculum_stages: Option<Vec<String>>,
+}
+
+/// A source with its shard list pinned.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ResolvedSource {
+    /// Relative share of the stage's rows.
+    pub weight: f64,
+    /// Shards in reading order.
+    pub shards: Vec<ResolvedShard>,
+    /// The manifest selection the shards came from; absent for a plain file list.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub manifest: Option<ManifestSelection>,
+}
+
+impl ResolvedSource {
+    /// Total records over all shards.
+    pub fn rows(&self) -> u64 {
+        self.shards.iter().map(|s| s.rows).sum()
+    }
+}
+
+/// A stage with its sources resolved.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ResolvedStage {
+    /// Resolved sources.
+    pub sources: Vec<ResolvedSource>,
+    /// Rows per global batch.
+    pub batch_size: usize,
+    /// Row shuffling.
+    pub shuffle: Option<ShuffleSpec>,
+    /// Endless epochs.
+    pub infinite: bool,
+    /// Batch ramp.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ramp: Option<RampSpec>,
+    /// Document packing of token sources; each shard's rows are its packed windows.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub packing: Option<PackingSpec>,
+    /// Overlapping token windows; each shard's rows are its windows.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub windows: Option<WindowsSpec>,
+}
+
+impl ResolvedStage {
+    /// How the stage reads token corpora; `None` for a stage of records.
+    pub fn token_layout(&self) -> Option<TokenLayout> {
+        TokenLayout::of(self.packing.as_ref(), self.windows.as_ref())
+    }
+}
+
+/// The resolved document: what a stream opens and what a checkpoint stores.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ResolvedConfig {
+    /// Document version.
+    pub version: u32,
+    /// Projected columns.
+    pub fields: Vec<FieldSpec>,
+    /// Resolved stages.
+    pub stages: Vec<ResolvedStage>,
+    /// Seed.
+    pub seed: u64,
+    /// Decode threads.
+    pub threads: usize,
+    /// Prefetched batches.
+    pub prefetch_batches: usize,
+    /// Rank.
+    pub rank: usize,
+    /// World size.
+    pub world_size: usize,
+    /// Working-set limit in bytes.
+    pub memory_limit_bytes: Option<u64>,
+    /// Every row once, the final round padded and masked.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub validation_pass: bool,
+}
+
+impl ResolvedConfig {
+    /// Serialises the document as JSON.
+    pub fn to_json(&self) -> String {
+        serde_json::to_string(self).expect("a resolved config always serialises")
+    }
+}

@@ -1,0 +1,503 @@
+//! The checks of a config and of a resolved document (they share one set of rules): every
+//! error names the option at fault by its path in the document.
+
+use super::resolved::ResolvedConfig;
+use super::schema::{
+    is_window_source, FieldSpec, PackingSpec, RampSpec, ShuffleSpec, SourceSpec, StreamConfig,
+    TokenLayout, WindowsSpec, MAX_BINS, MAX_SEQ_LEN, POSITIONS, SEGMENT_IDS, SEGMENT_LENGTHS,
+};
+use crate::dtype::DType;
+use crate::encoding::Encoding;
+use crate::error::{Error, Result};
+
+/// Checks a stage's token options against the fields (`option` names the stage).
+pub(super) fn validate_tokens(
+    option: &str,
+    packing: Option<&PackingSpec>,
+    windows: Option<&WindowsSpec>,
+    fields: &[FieldSpec],
+) -> Result<()> {
+    if packing.is_some() && windows.is_some() {
+        return Err(Error::config(
+            format!("{option}.windows"),
+            "a stage either packs documents or cuts windows, not both",
+        ));
+    }
+    let Some(layout) = TokenLayout::of(packing, windows) else {
+        if let Some((i, f)) = fields
+            .iter()
+            .enumerate()
+            .find(|(_, f)| is_window_source(&f.source))
+        {
+            return Err(Error::config(
+                format!("fields[{i}].source"),
+                format!(
+                    "'{}' is filled by stages that pack or window tokens, and {option} does neither",
+                    f.source
+                ),
+            ));
+        }
+        return Ok(());
+    };
+    let key = if packing.is_some() {
+        "packing"
+    } else {
+        "windows"
+    };
+    let seq_len = match &layout {
+        TokenLayout::Packed(p) => p.seq_len,
+        TokenLayout::Windows(w) => w.seq_len,
+    };
+    if !(1..=MAX_SEQ_LEN).contains(&seq_len) {
+        return Err(Error::config(
+            format!("{option}.{key}.seq_len"),
+            format!("must be between 1 and {MAX_SEQ_LEN}, got {seq_len}"),
+        ));
+    }
+    if let TokenLayout::Packed(p) = &layout {
+        if !(1..=MAX_BINS).contains(&p.bins) {
+            return Err(Error::config(
+                format!("{option}.packing.bins"),
+                format!("must be between 1 and {MAX_BINS}, got {}", p.bins),
+            ));
+        }
+    }
+    if layout.field().is_empty() || layout.field().starts_with('@') {
+        return Err(Error::config(
+            format!("{option}.{key}.field"),
+            format!("must name a record field, got '{}'", layout.field()),
+        ));
+    }
+    let row = layout.row_tokens() as usize;
+    let mut found = false;
+    for (i, f) in fields.iter().enumerate() {
+        if f.source == SEGMENT_LENGTHS {
+            // A row of the window's segment lengths: its length is the most segments a window
+            // may hold (checked against each shard's windows at open).
+            if !matches!(f.dtype, DType::I32 | DType::I64) || f.shape.len() != 1 || f.shape[0] == 0
+            {
+                return Err(Error::config(
+                    format!("fields[{i}]"),
+                    format!(
+                        "'{SEGMENT_LENGTHS}' of {option} is a row of segment lengths: declare \
+                         dtype i32 or i64 and a length of at least 1, the most segments a window \
+                         may hold"
+                    ),
+                ));
+            }
+            continue;
+        }
+        let token_column = f.source == layout.field() || is_window_source(&f.source);
+        if !token_column {
+            if f.source.starts_with('@') {
+                continue; // the reserved scalars (`@row`, `@shard`, ...) describe the window
+            }
+            return Err(Error::config(
+                format!("fields[{i}].source"),
+                format!(
+                    "{option} reads its rows as token windows, which carry '{}', '{SEGMENT_IDS}', '{POSITIONS}', '{SEGMENT_LENGTHS}' and the reserved scalars, not '{}'",
+                    layout.field(),
+                    f.source
+                ),
+            ));
+        }
+        found |= f.source == layout.field();
+        if !matches!(f.dtype, DType::I32 | DType::I64) || f.shape != [row] {
+            return Err(Error::config(
+                format!("fields[{i}]"),
+                format!(
+                    "'{}' of {option} is a row of {row} tokens ({key} seq_len {seq_len}{}): declare                      dtype i32 or i64 and length {row}",
+                    f.source,
+                    if packing.is_some() { "" } else { " plus the overlapping token" }
+                ),
+            ));
+        }
+    }
+    if !found {
+        return Err(Error::config(
+            format!("{option}.{key}.field"),
+            format!("no projected field reads '{}'", layout.field()),
+        ));
+    }
+    Ok(())
+}
+
+/// What a config's stage and a resolved stage share, checked the same way in both.
+pub(super) struct StageRules<'a> {
+    batch_size: usize,
+    shuffle: Option<ShuffleSpec>,
+    infinite: bool,
+    ramp: Option<RampSpec>,
+    packing: Option<&'a PackingSpec>,
+    windows: Option<&'a WindowsSpec>,
+    /// How many sources the stage has.
+    sources: usize,
+}
+
+/// The checks a config and a resolved document share, in the order their errors are reported;
+/// `source(option, s, j)` checks the `j`th source of stage `s`, whose option path is `option`.
+pub(super) fn validate_document(
+    fields: &[FieldSpec],
+    stages: &[StageRules<'_>],
+    validation_pass: bool,
+    (threads, rank, world_size): (usize, usize, usize),
+    mut source: impl FnMut(&str, usize, usize) -> Result<()>,
+) -> Result<()> {
+    validate_fields(fields)?;
+    if stages.is_empty() {
+        return Err(Error::config("stages", "at least one stage is required"));
+    }
+    for (s, stage) in stages.iter().enumerate() {
+        let option = format!("stages[{s}]");
+        validate_stage(&option, stage.batch_size, stage.shuffle)?;
+        validate_ramp(&option, stage.batch_size, stage.ramp, world_size)?;
+        validate_tokens(&option, stage.packing, stage.windows, fields)?;
+        if stage.sources == 0 {
+            return Err(Error::config(
+                format!("{option}.sources"),
+                "at least one source is required",
+            ));
+        }
+        for j in 0..stage.sources {
+            source(&format!("{option}.sources[{j}]"), s, j)?;
+        }
+    }
+    if validation_pass {
+        let stages = stages.iter().map(|s| (s.infinite, s.shuffle, s.ramp));
+        validate_validation_pass(fields, stages)?;
+    }
+    validate_resources(threads, rank, world_size)
+}
+
+/// [`validate_document`] for a config or a resolved document (they name these options alike),
+/// with `$check` run on each source, bound to `$source` and named by `$option`.
+macro_rules! validate_config {
+    ($config:expr, |$option:ident, $source:ident| $check:expr) => {{
+        let config = $config;
+        let stages: Vec<StageRules<'_>> = config
+            .stages
+            .iter()
+            .map(|stage| StageRules {
+                batch_size: stage.batch_size,
+                shuffle: stage.shuffle,
+                infinite: stage.infinite,
+                ramp: stage.ramp,
+                packing: stage.packing.as_ref(),
+                windows: stage.windows.as_ref(),
+                sources: stage.sources.len(),
+            })
+            .collect();
+        let resources = (config.threads, config.rank, config.world_size);
+        validate_document(
+            &config.fields,
+            &stages,
+            config.validation_pass,
+            resources,
+            |$option, s, j| {
+                let $source = &config.stages[s].sources[j];
+                $check
+            },
+        )
+    }};
+}
+
+pub(super) fn validate_fields(fields: &[FieldSpec]) -> Result<()> {
+    if fields.is_empty() {
+        return Err(Error::config(
+            "fields",
+            "at least one projected field is required",
+        ));
+    }
+    for (i, field) in fields.iter().enumerate() {
+        let option = format!("fields[{i}]");
+        if field.name.is_empty() {
+            return Err(Error::config(format!("{option}.name"), "must not be empty"));
+        }
+        if field.source.is_empty() {
+            return Err(Error::config(
+                format!("{option}.source"),
+                "must not be empty",
+            ));
+        }
+        if field.shape.contains(&0) {
+            return Err(Error::config(
+                format!("{option}.shape"),
+                format!("every axis must be at least 1, got {:?}", field.shape),
+            ));
+        }
+        if field
+            .row_width()
+            .and_then(|w| w.checked_mul(field.dtype.byte_width()))
+            .is_none()
+        {
+            return Err(Error::config(
+                format!("{option}.shape"),
+                format!(
+                    "{:?} holds more bytes per row than 64 bits can count",
+                    field.shape
+                ),
+            ));
+        }
+        field.pad_scalar(&format!("{option}.pad"))?;
+        for (j, other) in fields[..i].iter().enumerate() {
+            if other.name == field.name {
+                return Err(Error::config(
+                    format!("{option}.name"),
+                    format!("'{}' is already the name of fields[{j}]", field.name),
+                ));
+            }
+            if other.source == field.source {
+                return Err(Error::config(
+                    format!("{option}.source"),
+                    format!(
+                        "'{}' is already projected by fields[{j}] ('{}'); project each record field once",
+                        field.source, other.name
+                    ),
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+pub(super) fn validate_stage(
+    option: &str,
+    batch_size: usize,
+    shuffle: Option<ShuffleSpec>,
+) -> Result<()> {
+    if batch_size == 0 {
+        return Err(Error::config(
+            format!("{option}.batch_size"),
+            "must be at least 1",
+        ));
+    }
+    if let Some(shuffle) = shuffle {
+        if shuffle.buffer_rows == 0 {
+            return Err(Error::config(
+                format!("{option}.shuffle.buffer_rows"),
+                "must be at least 1",
+            ));
+        }
+        if shuffle.unit_rows == Some(0) {
+            return Err(Error::config(
+                format!("{option}.shuffle.unit_rows"),
+                "must be at least 1",
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Ramp steps a stage may have at most: the order tabulates one entry per step.
+pub const MAX_RAMP_STEPS: u64 = 65_536;
+
+/// Checks a ramp against its stage's batch size and the world it is split over: every ramp
+/// step's global batch is shared by all ranks, so each must divide by `world_size`.
+pub(super) fn validate_ramp(
+    option: &str,
+    batch_size: usize,
+    ramp: Option<RampSpec>,
+    world_size: usize,
+) -> Result<()> {
+    let Some(ramp) = ramp else {
+        return Ok(());
+    };
+    let option = format!("{option}.ramp");
+    let bs = batch_size as u64;
+    for (name, value) in [
+        ("start", ramp.start),
+        ("increment", ramp.increment),
+        ("rows", ramp.rows),
+    ] {
+        if value == 0 {
+            return Err(Error::config(
+                format!("{option}.{name}"),
+                "must be at least 1",
+            ));
+        }
+    }
+    if ramp.start >= bs {
+        return Err(Error::config(
+            format!("{option}.start"),
+            format!(
+                "{} rows is not below the stage's batch_size {bs}; a ramp grows the batch",
+                ramp.start
+            ),
+        ));
+    }
+    if !(bs - ramp.start).is_multiple_of(ramp.increment) {
+        return Err(Error::config(
+            format!("{option}.increment"),
+            format!(
+                "{} does not reach batch_size {bs} from start {} in whole steps",
+                ramp.increment, ramp.start
+            ),
+        ));
+    }
+    let steps = (bs - ramp.start) / ramp.increment;
+    if steps > MAX_RAMP_STEPS {
+        return Err(Error::config(
+            format!("{option}.increment"),
+            format!("the ramp has {steps} steps, more than the {MAX_RAMP_STEPS} allowed"),
+        ));
+    }
+    if ramp.rows > crate::limits::MAX_POSITION {
+        return Err(Error::config(
+            format!("{option}.rows"),
+            format!(
+                "{} is beyond any position a stream reaches (2^62 rows)",
+                ramp.rows
+            ),
+        ));
+    }
+    let world = world_size.max(1) as u64;
+    if let Some(size) = (0..=steps)
+        .map(|i| ramp.start + i * ramp.increment)
+        .find(|size| !size.is_multiple_of(world))
+    {
+        return Err(Error::config(
+            option,
+            format!(
+                "the ramp's global batch of {size} rows does not split evenly over \
+                 world_size {world} ranks; every ramp step (start {}, increment {}, up to \
+                 batch_size {bs}) must be a multiple of the world size",
+                ramp.start, ramp.increment
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// The name of the mask column a validation pass adds to every batch.
+pub const VALID_COLUMN: &str = "valid";
+
+/// A validation pass reads each row once in order: its stages are finite, unshuffled and keep
+/// one batch size, and no field takes the mask column's name.
+pub(super) fn validate_validation_pass(
+    fields: &[FieldSpec],
+    stages: impl Iterator<Item = (bool, Option<ShuffleSpec>, Option<RampSpec>)>,
+) -> Result<()> {
+    for (s, (infinite, shuffle, ramp)) in stages.enumerate() {
+        let why = if infinite {
+            Some((
+                "infinite",
+                "must be false: a validation pass reads every row once",
+            ))
+        } else if shuffle.is_some() {
+            Some((
+                "shuffle",
+                "must be None: a validation pass reads rows in order",
+            ))
+        } else if ramp.is_some() {
+            Some((
+                "ramp",
+                "must be None: a validation pass scores every batch at the same size",
+            ))
+        } else {
+            None
+        };
+        if let Some((name, message)) = why {
+            return Err(Error::config(
+                format!("stages[{s}].{name}"),
+                format!("{message} (validation_pass is set)"),
+            ));
+        }
+    }
+    if let Some(i) = fields.iter().position(|f| f.name == VALID_COLUMN) {
+        return Err(Error::config(
+            format!("fields[{i}].name"),
+            format!("'{VALID_COLUMN}' is the validation pass's mask column; rename the field"),
+        ));
+    }
+    Ok(())
+}
+
+pub(super) fn validate_weight(option: &str, weight: f64) -> Result<()> {
+    if weight.is_finite() && weight > 0.0 {
+        Ok(())
+    } else {
+        Err(Error::config(
+            format!("{option}.weight"),
+            format!("must be a positive finite number, got {weight}"),
+        ))
+    }
+}
+
+pub(super) fn validate_resources(threads: usize, rank: usize, world_size: usize) -> Result<()> {
+    if threads == 0 {
+        return Err(Error::config("threads", "must be at least 1"));
+    }
+    if world_size == 0 {
+        return Err(Error::config("world_size", "must be at least 1"));
+    }
+    if rank >= world_size {
+        return Err(Error::config(
+            "rank",
+            format!("{rank} is not below world_size {world_size}"),
+        ));
+    }
+    Ok(())
+}
+
+impl StreamConfig {
+    /// Checks everything that can be checked without touching storage.
+    pub fn validate(&self) -> Result<()> {
+        validate_config!(self, |option, source| {
+            match source {
+                SourceSpec::Files {
+                    files, encoding, ..
+                } => {
+                    if let Some(name) = encoding {
+                        Encoding::parse(name, &format!("{option}.encoding"))?;
+                    }
+                    if files.is_empty() {
+                        return Err(Error::config(
+                            format!("{option}.files"),
+                            "at least one file is required",
+                        ));
+                    }
+                }
+                SourceSpec::Manifest {
+                    manifest_uri,
+                    curriculum_stages,
+                    ..
+                } => {
+                    if manifest_uri.is_empty() {
+                        return Err(Error::config(
+                            format!("{option}.manifest_uri"),
+                            "must not be empty",
+                        ));
+                    }
+                    if curriculum_stages.as_ref().is_some_and(Vec::is_empty) {
+                        return Err(Error::config(
+                            format!("{option}.curriculum_stages"),
+                            "name at least one stage, or omit it to read the split's root order",
+                        ));
+                    }
+                }
+            }
+            validate_weight(option, source.weight())
+        })
+    }
+}
+
+impl ResolvedConfig {
+    /// Checks the rules a resolved document keeps, as [`StreamConfig::validate`] does for a
+    /// config: a checkpoint's document is read from a file and trusted no further than that.
+    pub fn validate(&self) -> Result<()> {
+        validate_config!(self, |option, source| {
+            validate_weight(option, source.weight)?;
+            let rows = source
+                .shards
+                .iter()
+                .try_fold(0u64, |acc, shard| acc.checked_add(shard.rows));
+            if rows.is_none_or(|rows| rows == 0) {
+                return Err(Error::config(
+                    format!("{option}.shards"),
+                    "the source must hold between 1 and 2^64 - 1 rows",
+                ));
+            }
+            Ok(())
+        })
+    }
+}

@@ -1,0 +1,365 @@
+//! Remote reads: the byte ranges a job needs, merged and fetched ahead of decoding, and served to
+//! the Parquet reader as if they were the file.
+
+use std::ops::Range;
+use std::sync::{Arc, Mutex};
+
+use bytes::{Buf, Bytes};
+
+use parquet::arrow::arrow_reader::{ArrowReaderMetadata, ArrowReaderOptions};
+use parquet::errors::ParquetError;
+use parquet::file::metadata::PageIndexPolicy;
+use parquet::file::reader::{ChunkReader, Length};
+
+use super::footer::{check_layout, selection, ParquetIndex};
+use super::metered::metered;
+use super::page_cache::{held, Lookup, PageCache};
+use super::{decode_error, REMOTE_TAIL_BYTES};
+use crate::cancel::Cancel;
+use crate::error::{Error, Result};
+use crate::fields::Projection;
+use crate::storage::{Object, PendingPieces, Pieces};
+
+/// Byte ranges of a remote object fetched ahead of decoding, served to the Parquet reader as if
+/// they were the file. A read outside them is fetched on demand; its failure is kept so the
+/// caller reports the storage error rather than a decoding error.
+pub(super) struct Fetched {
+    pub(super) object: Arc<Object>,
+    pub(super) parts: Vec<(u64, Bytes)>,
+    pub(super) failure: Mutex<Option<Error>>,
+}
+
+impl Fetched {
+    pub(in crate::formats) fn new(object: Arc<Object>, ranges: &[Range<u64>]) -> Result<Self> {
+        let pieces = object.read_pieces(ranges)?;
+        Ok(Self::from_pieces(object, pieces))
+    }
+
+    pub(in crate::formats) fn from_pieces(
+        object: Arc<Object>,
+        mut parts: Vec<(u64, Bytes)>,
+    ) -> Self {
+        parts.sort_by_key(|(at, _)| *at);
+        Fetched {
+            parts,
+            object,
+            failure: Mutex::new(None),
+        }
+    }
+
+    /// Bytes `start..start + len`: what the pieces hold ([`held`]), else (outside what was
+    /// fetched) a remote read.
+    pub(in crate::formats) fn slice(&self, start: u64, len: u64) -> parquet::errors::Result<Bytes> {
+        if let Some(bytes) = held(&self.parts, start, len) {
+            return Ok(bytes);
+        }
+        let end = start + len;
+        self.object.read_range(start..end).map_err(|e| {
+            let message = e.to_string();
+            *self
+                .failure
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(e);
+            ParquetError::General(message)
+        })
+    }
+
+    /// The storage error behind a decoding failure, if there was one.
+    pub(in crate::formats) fn take_failure(&self) -> Option<Error> {
+        self.failure
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .take()
+    }
+}
+
+impl Length for Fetched {
+    fn len(&self) -> u64 {
+        self.object.size()
+    }
+}
+
+impl ChunkReader for Fetched {
+    type T = bytes::buf::Reader<Bytes>;
+
+    fn get_read(&self, start: u64) -> parquet::errors::Result<Self::T> {
+        // To the end of the fetched run of consecutive pieces that holds `start`.
+        let k = self.parts.partition_point(|(at, _)| *at <= start);
+        let mut end = self.object.size();
+        if k > 0 && start < self.parts[k - 1].0 + self.parts[k - 1].1.len() as u64 {
+            end = self.parts[k - 1].0 + self.parts[k - 1].1.len() as u64;
+            for (at, bytes) in &self.parts[k..] {
+                if *at != end {
+                    break;
+                }
+                end += bytes.len() as u64;
+            }
+        }
+        Ok(self.slice(start, end - start)?.reader())
+    }
+
+    fn get_bytes(&self, start: u64, length: usize) -> parquet::errors::Result<Bytes> {
+        self.slice(start, length as u64)
+    }
+}
+
+/// What one job reads of a remote shard.
+pub(in crate::formats) struct FetchPlan {
+    /// Pages the page cache held, as pieces.
+    pub(super) cached: Pieces,
+    /// Pages another job's fetch is bringing, taken from the cache when this job decodes (read
+    /// on demand should they not be there).
+    pub(super) expected: Vec<Range<u64>>,
+    /// Ranges to fetch, merged.
+    pub(super) fetch: Vec<Range<u64>>,
+    /// Pages among those fetched to keep for later jobs.
+    pub(super) keep: Vec<Range<u64>>,
+}
+
+impl FetchPlan {
+    /// The pieces of this plan besides those it fetched: the cached ones, and the expected
+    /// ones once their fetch kept them (the reader reads any it did not keep itself).
+    pub(in crate::formats) fn into_cached_pieces(
+        self,
+        cache: Option<&(Arc<PageCache>, String)>,
+        cancel: &Cancel,
+    ) -> Pieces {
+        let mut pieces = self.cached;
+        if let Some((cache, key)) = cache {
+            for range in &self.expected {
+                if let Some(bytes) = cache.wait(key, range, cancel) {
+                    pieces.push((range.start, bytes));
+                }
+            }
+        }
+        pieces
+    }
+}
+
+/// A remote job's bytes: those being fetched, and the pages the page cache held.
+pub struct Prefetched {
+    pub(super) pending: Option<PendingPieces>,
+    pub(super) plan: FetchPlan,
+}
+
+/// Starts fetching what decoding `ranges` of the remote shard `object` will read, less the
+/// pages `cache` holds.
+pub fn prefetch(
+    object: &Object,
+    index: &ParquetIndex,
+    ranges: &[Range<u64>],
+    projection: &Projection,
+    cache: Option<&Arc<PageCache>>,
+) -> Option<Prefetched> {
+    if ranges.iter().all(Range::is_empty) {
+        return None;
+    }
+    let cache = cache.map(|c| (c.clone(), PageCache::key(object.uri(), object.version())));
+    let mut plan = index.fetch_plan(ranges, projection, cache.as_ref());
+    let fetch = std::mem::take(&mut plan.fetch);
+    if fetch.is_empty() {
+        return Some(Prefetched {
+            pending: None,
+            plan,
+        });
+    }
+    // The pages to keep go to the cache as soon as they arrive, and are promised until then:
+    // the next job of the same row group is usually dispatched before this one decodes. The
+    // promise ends with the task, kept or (failed, cancelled) withdrawn.
+    let arrived = cache.map(|(cache, key)| {
+        let promised = cache.promise(&key, plan.keep.clone());
+        Box::new(move |pieces: &Pieces| promised.keep(pieces)) as _
+    });
+    let pending = Some(object.spawn_pieces(fetch, arrived)?);
+    Some(Prefetched { pending, plan })
+}
+
+/// Remote byte ranges closer than this are fetched in one request. A request costs about as
+/// much as transferring a megabyte on object stores (and on `SeaweedFS` here), so reading a
+/// short gap is cheaper than asking twice; 1 MiB is also `object_store`'s coalescing default.
+pub(super) const MERGE_GAP: u64 = 1 << 20;
+
+/// Sorts byte ranges and merges those less than [`MERGE_GAP`] apart.
+pub(super) fn merge_ranges(mut ranges: Vec<Range<u64>>) -> Vec<Range<u64>> {
+    ranges.sort_by_key(|r| r.start);
+    let mut merged: Vec<Range<u64>> = Vec::with_capacity(ranges.len());
+    for range in ranges {
+        match merged.last_mut() {
+            Some(last) if range.start <= last.end + MERGE_GAP => last.end = last.end.max(range.end),
+            _ => merged.push(range),
+        }
+    }
+    merged
+}
+
+/// Shares one [`Fetched`] between the reader that decodes from it and the caller that asks it
+/// for a storage failure afterwards.
+pub(super) struct ArcReader(pub(super) Arc<Fetched>);
+
+impl Length for ArcReader {
+    fn len(&self) -> u64 {
+        self.0.len()
+    }
+}
+
+impl ChunkReader for ArcReader {
+    type T = bytes::buf::Reader<Bytes>;
+
+    fn get_read(&self, start: u64) -> parquet::errors::Result<Self::T> {
+        self.0.get_read(start)
+    }
+
+    fn get_bytes(&self, start: u64, length: usize) -> parquet::errors::Result<Bytes> {
+        self.0.get_bytes(start, length)
+    }
+}
+
+impl ParquetIndex {
+    /// Byte ranges to fetch before decoding the rows of `ranges` in `groups`: for each
+    /// projected column, its dictionary page and the data pages holding those rows (whole
+    /// column chunks where the shard has no page index), with nearby ranges merged.
+    pub(in crate::formats) fn fetch_ranges(
+        &self,
+        ranges: &[Range<u64>],
+        projection: &Projection,
+    ) -> Vec<Range<u64>> {
+        merge_ranges(self.pages(ranges, projection).0)
+    }
+
+    /// The byte ranges decoding the rows of `ranges` reads, unmerged (see
+    /// [`ParquetIndex::fetch_ranges`]), and among them the pages a later job of the same row
+    /// groups is likely to read again: each column chunk's dictionary page, and its last page
+    /// read where more pages follow.
+    pub(in crate::formats) fn pages(
+        &self,
+        ranges: &[Range<u64>],
+        projection: &Projection,
+    ) -> (Vec<Range<u64>>, Vec<Range<u64>>) {
+        let (groups, _) = selection(&self.group_starts, ranges);
+        let metadata = self.metadata.metadata();
+        let starts = &self.group_starts;
+        let mut out: Vec<Range<u64>> = Vec::new();
+        let mut reused: Vec<Range<u64>> = Vec::new();
+        for &g in &groups {
+            let (first, end) = (starts[g], starts[g + 1]);
+            // The selected rows of this group, relative to its first row.
+            let wanted: Vec<Range<u64>> = ranges
+                .iter()
+                .filter(|r| r.start < end && r.end > first)
+                .map(|r| r.start.max(first) - first..r.end.min(end) - first)
+                .collect();
+            let pages = metadata.page_index();
+            for (c, column) in metadata.row_group(g).columns().iter().enumerate() {
+                let root = &column.column_path().parts()[0];
+                if !projection.columns.iter().any(|p| &p.source == root) {
+                    continue;
+                }
+                let (start, len) = column.byte_range();
+                let Some(locations) = pages.and_then(|p| p.offset_index(g, c)).map(
+                    parquet::file::page_index::offset_index::OffsetIndexMetaData::page_locations,
+                ) else {
+                    out.push(start..start + len);
+                    continue;
+                };
+                if let Some(first_page) = locations.first() {
+                    if (first_page.offset as u64) > start {
+                        let dictionary = start..first_page.offset as u64;
+                        out.push(dictionary.clone());
+                        reused.push(dictionary);
+                    }
+                }
+                let mut last = None;
+                for (k, page) in locations.iter().enumerate() {
+                    let from = page.first_row_index as u64;
+                    let to = locations
+                        .get(k + 1)
+                        .map_or(end - first, |next| next.first_row_index as u64);
+                    if wanted.iter().any(|w| w.start < to && w.end > from) {
+                        let offset = page.offset as u64;
+                        out.push(offset..offset + page.compressed_page_size as u64);
+                        last = Some(k);
+                    }
+                }
+                if let Some(k) = last.filter(|&k| k + 1 < locations.len()) {
+                    let page = &locations[k];
+                    reused.push(
+                        page.offset as u64..(page.offset as u64 + page.compressed_page_size as u64),
+                    );
+                }
+            }
+        }
+        (out, reused)
+    }
+
+    /// What decoding the rows of `ranges` fetches, after taking what it can from `cache`
+    /// (with the shard's key there).
+    pub(in crate::formats) fn fetch_plan(
+        &self,
+        ranges: &[Range<u64>],
+        projection: &Projection,
+        cache: Option<&(Arc<PageCache>, String)>,
+    ) -> FetchPlan {
+        let (needed, reused) = self.pages(ranges, projection);
+        let Some((cache, key)) = cache else {
+            return FetchPlan {
+                cached: Vec::new(),
+                expected: Vec::new(),
+                fetch: merge_ranges(needed),
+                keep: Vec::new(),
+            };
+        };
+        let mut cached = Vec::new();
+        let mut expected = Vec::new();
+        let mut fetch = Vec::with_capacity(needed.len());
+        for range in needed {
+            match cache.get(key, &range) {
+                Lookup::Held(bytes) => cached.push((range.start, bytes)),
+                Lookup::Coming => expected.push(range),
+                Lookup::Missing => fetch.push(range),
+            }
+        }
+        let fetch = merge_ranges(fetch);
+        // A page inside a gap that merging closed comes with the request anyway: taking it
+        // from the cache too would only overlap the fetched pieces.
+        let fetched = |at: &u64| fetch.iter().any(|r| r.contains(at));
+        cached.retain(|(at, _)| !fetched(at));
+        expected.retain(|r| !fetched(&r.start));
+        let keep = reused.into_iter().filter(|r| fetched(&r.start)).collect();
+        FetchPlan {
+            cached,
+            expected,
+            fetch,
+            keep,
+        }
+    }
+
+    /// The row group holding `row`.
+    pub fn group_of(&self, row: u64) -> u64 {
+        (self.group_starts.partition_point(|&s| s <= row) - 1) as u64
+    }
+}
+
+pub(super) fn load_metadata(object: &Arc<Object>) -> Result<ArrowReaderMetadata> {
+    let metadata = read_metadata(object)?;
+    check_layout(metadata.metadata(), object.size(), object.uri())?;
+    Ok(metadata)
+}
+
+pub(super) fn read_metadata(object: &Arc<Object>) -> Result<ArrowReaderMetadata> {
+    let path = object.uri();
+    let options = ArrowReaderOptions::new().with_offset_index_policy(PageIndexPolicy::Optional);
+    if let Some(file) = object.local_file() {
+        let result = match object.meter() {
+            Some(meter) => ArrowReaderMetadata::load(&metered(file, meter)?, options),
+            None => ArrowReaderMetadata::load(file.as_ref(), options),
+        };
+        return result.map_err(|e| decode_error(path, None, &e));
+    }
+    let size = object.size();
+    let tail_range = size.saturating_sub(REMOTE_TAIL_BYTES)..size;
+    let tail = Fetched::new(object.clone(), std::slice::from_ref(&tail_range))?;
+    ArrowReaderMetadata::load(&tail, options).map_err(|e| {
+        tail.take_failure()
+            .unwrap_or_else(|| decode_error(path, None, &e))
+    })
+}
