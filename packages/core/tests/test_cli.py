@@ -352,10 +352,58 @@ def test_checkpoint_reshard_refuses_checkpoints_of_different_positions_or_stream
     out = tmp_path / "out"
     base = ["checkpoint", "reshard", "--world-size", "4", "--output-dir", str(out), str(paths["early"])]
     assert main([*base, str(paths["late"])]) == 3
-    assert f"{paths['late']}: is at global batch 6, {paths['early']} at 4" in capsys.readouterr().err
+    assert (
+        f"every old rank stopped at the same place, and they did not: {paths['early']} at global "
+        f"batch 4 (stage 0), {paths['late']} at global batch 6 (stage 0)"
+    ) in capsys.readouterr().err
     assert main([*base, str(paths["other"])]) == 3
-    assert f"{paths['other']}: belongs to another stream" in capsys.readouterr().err
+    assert f"{paths['early']} and {paths['other']} belong to different streams" in capsys.readouterr().err
     assert not out.exists()
+
+
+def test_checkpoint_reshard_refuses_ranks_at_one_global_batch_in_different_segments(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = two_stage_config(tmp_path, world_size=2)
+    [plain, _] = rank_checkpoints(config, steps=2)  # next global batch 4, stage 0
+    with open_batch_stream(replace(config, rank=1)) as stream:
+        next(stream)
+        stream.advance(1)  # stage 1 from global batch 2
+        next(stream)
+        switched = stream.checkpoint()
+    assert (switched.next_batch, switched.stage) == (plain.next_batch, 1)
+    paths = [tmp_path / "rank0.json", tmp_path / "rank1.json"]
+    for path, checkpoint in zip(paths, [plain, switched], strict=True):
+        path.write_text(checkpoint.to_json())
+    out = tmp_path / "out"
+    argv = ["checkpoint", "reshard", "--world-size", "4", "--output-dir", str(out), *map(str, paths)]
+    assert main(argv) == 3
+    assert (
+        f"{paths[0]} at global batch 4 (stage 0), {paths[1]} at global batch 4 (stage 1)"
+        in capsys.readouterr().err
+    )
+    assert not out.exists()
+
+
+def test_checkpoint_reshard_writes_a_large_world_one_rank_at_a_time(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = two_stage_config(tmp_path, world_size=2)
+    path = tmp_path / "rank0.json"
+    path.write_text(rank_checkpoints(config, steps=2)[0].to_json())
+    out = tmp_path / "out"
+    base = ["checkpoint", "reshard", str(path), "--output-dir", str(out)]
+    assert main([*base, "--world-size", "100000"]) == 3
+    assert "100000 ranks would write 100000 files, more than the 4096" in capsys.readouterr().err
+    assert not out.exists()
+    assert main([*base, "--world-size", str(2**40)]) == 3
+    assert f"must be between 1 and {2**32}, got {2**40}" in capsys.readouterr().err
+    assert main([*base, "--world-size", "100000", "--rank", "99999"]) == 0
+    [written] = out.iterdir()
+    moved = Checkpoint.from_json(written.read_text())
+    assert (moved.rank, moved.world_size, moved.next_batch) == (99999, 100000, 4)
+    assert main([*base, "--world-size", "4", "--rank", "4"]) == 3
+    assert "invalid rank: must be between 0 and 3, got 4" in capsys.readouterr().err
 
 
 # --- manifest diff ---------------------------------------------------------------------------------

@@ -12,8 +12,11 @@ from o41_testkit import collect, config_for, write_shard
 from o41_training_data import (
     BatchStream,
     ConfigError,
+    DataManifest,
     MalformedShardError,
+    ManifestShard,
     ManifestSource,
+    ManifestSplit,
     ObjectConflictError,
     ObjectNotFoundError,
     ProjectedField,
@@ -217,3 +220,60 @@ def test_a_republished_manifest_does_not_change_a_resumed_stream(tmp_path: Path)
     manifest.write_text(json.dumps(document))
     with resume_batch_stream(Checkpoint.from_json(text)) as resumed:
         assert [b.arrays()["v"].tolist() for b in resumed] == reference[1:]
+
+
+def test_one_shard_under_several_spellings_is_refused(tmp_path: Path) -> None:
+    # Each spelling would deliver every row of the shard once more.
+    (tmp_path / "sub").mkdir()
+    write_shard(tmp_path / "a.msgpack", "msgpack", [{"v": 1}])
+    size = (tmp_path / "a.msgpack").stat().st_size
+    for alias in ["./a.msgpack", str(tmp_path / "a.msgpack"), "sub/../a.msgpack"]:
+        document = {
+            "format": "o41-data-manifest",
+            "version": 1,
+            "data_format": "msgpack",
+            "splits": {
+                "train": {
+                    "shards": [
+                        {"location": location, "rows": 1, "bytes": size, "checksum": "none:0"}
+                        for location in ["a.msgpack", alias]
+                    ]
+                }
+            },
+        }
+        (tmp_path / "m.json").write_text(json.dumps(document))
+        with pytest.raises(MalformedShardError, match=f"lists one shard twice, as 'a.msgpack' and '{alias}'"):
+            load_manifest(tmp_path / "m.json")
+
+
+def test_locations_are_spelled_by_the_engines_one_rule_without_following_links(tmp_path: Path) -> None:
+    from o41_training_data._storage import normalize
+
+    (tmp_path / "real").mkdir()
+    (tmp_path / "link").symlink_to(tmp_path / "real")
+    # `..` is resolved in the text; a link is kept as written (Path.resolve() would follow it).
+    assert normalize(tmp_path / "link" / "x" / ".." / "a.parquet") == f"{tmp_path}/link/a.parquet"
+    assert normalize("s3://bucket/a/../b") == "s3://bucket/a/../b"
+    write_shard(tmp_path / "real" / "a.jsonl", "jsonl", [{"v": k} for k in range(4)])
+    manifest = DataManifest(
+        data_format="jsonl",
+        splits={
+            "train": ManifestSplit(
+                shards=(
+                    ManifestShard(
+                        location=str(tmp_path / "link" / "a.jsonl"),
+                        rows=4,
+                        bytes=(tmp_path / "real" / "a.jsonl").stat().st_size,
+                        checksum="none:0",
+                    ),
+                )
+            )
+        },
+    )
+    save_manifest(tmp_path / "link" / "m.json", manifest)
+    # Saved beside the link, the shard's location is relative to the link's directory.
+    [shard] = json.loads((tmp_path / "real" / "m.json").read_text())["splits"]["train"]["shards"]
+    assert shard["location"] == "a.jsonl"
+    loaded = load_manifest(tmp_path / "link" / "m.json")
+    assert loaded.uri == f"{tmp_path}/link/m.json"
+    assert loaded.splits["train"].shards[0].path == f"{tmp_path}/link/a.jsonl"

@@ -478,7 +478,7 @@ def test_the_handler_refuses_an_inexact_move(
     (tmp_path / "corrupt").mkdir()
     (tmp_path / "corrupt" / "process_0-of-1.json").write_text("{")
     cases = {
-        "uneven": "process_0-of-2.json at global batch 8, process_1-of-2.json at global batch 6",
+        "uneven": r"process_0-of-2.json at global batch 8 \(stage 0\), process_1-of-2.json at global batch 6",
         "missing": "lacks process_1-of-2.json",
         "mixed": "mixes state files of 1, 2 processes",
         "streams": "belong to different streams",
@@ -490,6 +490,32 @@ def test_the_handler_refuses_an_inexact_move(
             with pytest.raises(CheckpointError, match=message):
                 O41CheckpointHandler().restore(epath.Path(tmp_path / name), args=O41Restore(iterator))
         assert values(iterator, 3) == core_batches(config, 3)  # untouched by the refusals
+
+
+def test_the_handler_refuses_processes_at_one_global_batch_in_different_segments(
+    config: BatchStreamConfig, sharding: NamedSharding, tmp_path: Path
+) -> None:
+    # Both processes come to global batch 6, but process 1 switched to stage 1 on the way: moving
+    # either position onto another world would deliver one of the two segments' batches wrongly.
+    directory = tmp_path / "segments"
+    directory.mkdir()
+    for rank, switch_after in [(0, None), (1, 1)]:
+        with open_batch_stream(dataclasses.replace(config, rank=rank, world_size=2)) as stream:
+            for k in range(3):
+                if k == switch_after:
+                    stream.advance(1)
+                next(stream)
+            checkpoint = stream.checkpoint()
+        assert (checkpoint.next_batch, checkpoint.stage) == (6, rank)
+        (directory / f"process_{rank}-of-2.json").write_text(checkpoint.to_json())
+    with O41JaxIterator(config, sharding) as iterator:
+        with pytest.raises(
+            CheckpointError,
+            match=r"process_0-of-2.json at global batch 6 \(stage 0\), process_1-of-2.json at global batch 6 "
+            r"\(stage 1\)",
+        ):
+            O41CheckpointHandler().restore(epath.Path(directory), args=O41Restore(iterator))
+        assert values(iterator, 3) == core_batches(config, 3)  # untouched by the refusal
 
 
 def test_the_orbax_names_say_what_to_install(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -479,11 +479,15 @@ def with_state(source: Path, target: Path, state: dict[str, Any]) -> Path:
     return target
 
 
-def two_rank_state(config: BatchStreamConfig, batches: tuple[int, int]) -> tuple[dict[str, Any], Checkpoint]:
+def two_rank_state(
+    config: BatchStreamConfig, batches: tuple[int, int], switch_rank1_after: int | None = None
+) -> tuple[dict[str, Any], Checkpoint]:
     taken = []
     for rank, count in enumerate(batches):
         with open_batch_stream(dataclasses.replace(config, rank=rank, world_size=2)) as stream:
-            for _ in range(count):
+            for k in range(count):
+                if rank == 1 and k == switch_rank1_after:
+                    stream.advance(1)
                 next(stream)
             taken.append(stream.checkpoint())
     state = {
@@ -512,8 +516,17 @@ def test_a_resume_on_another_world_size_moves_the_positions_when_the_ranks_agree
 
     state, _ = two_rank_state(config, (4, 5))
     uneven = with_state(tmp_path / "ck" / "epoch=0-step=4.ckpt", tmp_path / "uneven.ckpt", state)
-    with pytest.raises(CheckpointError, match="rank 0 is at global batch 8 .* and rank 1 at 10"):
+    with pytest.raises(
+        CheckpointError, match=r"rank 0 at global batch 8 \(stage 0\), rank 1 at global batch 10"
+    ):
         fit(O41DataModule(config), tmp_path, 10, callbacks=[checkpoints(tmp_path / "ck")], ckpt_path=uneven)
+    # One global batch, but rank 1 switched to stage 1 on the way: the same refusal as the core's.
+    state, _ = two_rank_state(config, (4, 4), switch_rank1_after=2)
+    segments = with_state(tmp_path / "ck" / "epoch=0-step=4.ckpt", tmp_path / "segments.ckpt", state)
+    with pytest.raises(
+        CheckpointError, match=r"rank 0 at global batch 8 \(stage 0\), rank 1 at global batch 8 \(stage 1\)"
+    ):
+        fit(O41DataModule(config), tmp_path, 10, callbacks=[checkpoints(tmp_path / "ck")], ckpt_path=segments)
 
 
 def test_a_resume_with_another_stream_or_state_version_is_refused(data: Path, tmp_path: Path) -> None:

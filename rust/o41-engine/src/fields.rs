@@ -165,6 +165,16 @@ impl Projection {
         Ok(projection)
     }
 
+    /// The columns a stream delivers, in order: the fields, then a validation pass's `valid`
+    /// mask. The one rule adapters learn a stream's schema from (names, dtypes, shapes).
+    pub fn delivered(fields: &[FieldSpec], validation_pass: bool) -> Result<Self> {
+        let mut projection = Projection::new(fields)?;
+        if validation_pass {
+            projection.columns.push(ProjectedColumn::valid_mask());
+        }
+        Ok(projection)
+    }
+
     fn checked_row_bytes(&self) -> Option<usize> {
         self.columns.iter().try_fold(0usize, |acc, c| {
             acc.checked_add(c.width.checked_mul(c.dtype.byte_width())?)

@@ -1,7 +1,34 @@
 //! The numeric limits every layer shares, at the bottom so that the config that validates against
 //! them and the order function that relies on them both depend on this module, not on each other.
+//! The Python face reads them from here (`_core.limits()`) rather than keeping copies.
 
 /// No position or counter reaches this many rows or batches: no stream delivers 2^62 rows, and
 /// staying below keeps every position computation within 64 bits. A checkpoint beyond it is
 /// refused rather than wrapped into another part of the sequence.
 pub const MAX_POSITION: u64 = 1 << 62;
+
+/// Most ranks a stream may be split over: positions and rank arithmetic stay within 64 bits, and
+/// no tool that writes one file per rank is asked for more than this.
+pub const MAX_WORLD_SIZE: u64 = 1 << 32;
+
+/// Most decode threads a stream may start.
+pub const MAX_THREADS: u64 = 4096;
+
+/// Most windows a packing keeps open: first-fit looks at each of them for every document.
+pub const MAX_BINS: u64 = 4096;
+
+/// Longest window: a piece's length is stored in 32 bits.
+pub const MAX_SEQ_LEN: u64 = 1 << 30;
+
+/// Ramp steps a stage may have at most: the order tabulates one entry per step.
+pub const MAX_RAMP_STEPS: u64 = 65_536;
+
+/// Every limit by the name the Python face and the docs use.
+pub const ALL: [(&str, u64); 6] = [
+    ("max_position", MAX_POSITION),
+    ("max_world_size", MAX_WORLD_SIZE),
+    ("max_threads", MAX_THREADS),
+    ("max_bins", MAX_BINS),
+    ("max_seq_len", MAX_SEQ_LEN),
+    ("max_ramp_steps", MAX_RAMP_STEPS),
+];

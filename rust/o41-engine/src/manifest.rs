@@ -163,6 +163,7 @@ impl<'a> Manifest<'a> {
                     format!("split '{name}' lists shard '{location}' twice"),
                 ));
             }
+            check_aliases(uri, name, &listed)?;
             let locations: HashSet<&str, FnvBuild> = if split.curricula.is_empty() {
                 HashSet::default()
             } else {
@@ -301,8 +302,11 @@ impl ShardLocations {
 
     /// Where `location` points.
     pub fn path(&self, location: &str) -> String {
-        if storage::is_remote(location) || Path::new(location).is_absolute() {
+        if storage::is_remote(location) {
             return location.to_owned();
+        }
+        if Path::new(location).is_absolute() {
+            return storage::normalize(location);
         }
         let plain = is_plain(location);
         if plain && self.uri.contains('/') {
@@ -316,6 +320,40 @@ impl ShardLocations {
         }
         storage::sibling(&self.uri, location)
     }
+}
+
+/// Refuses two spellings of one shard (`a.msgpack`, `./a.msgpack`, `sub/../a.msgpack`, its
+/// absolute path): every row would be delivered once per spelling. Distinct plain relative
+/// locations cannot alias, so only a split with another kind resolves its locations.
+fn check_aliases(uri: &str, split: &str, listed: &[&str]) -> Result<()> {
+    if listed
+        .iter()
+        .all(|l| !storage::is_remote(l) && !Path::new(l).is_absolute() && is_plain(l))
+    {
+        return Ok(());
+    }
+    let places = ShardLocations::new(uri);
+    let resolved: Vec<String> = listed.iter().map(|l| places.path(l)).collect();
+    let paths: Vec<&str> = resolved.iter().map(String::as_str).collect();
+    let Some(path) = first_repeat(&paths) else {
+        return Ok(());
+    };
+    let mut spellings = listed
+        .iter()
+        .zip(&paths)
+        .filter(|(_, p)| **p == path)
+        .map(|(l, _)| *l);
+    let (first, second) = (
+        spellings.next().unwrap_or(path),
+        spellings.next().unwrap_or(path),
+    );
+    Err(invalid(
+        uri,
+        format!(
+            "split '{split}' lists one shard twice, as '{first}' and '{second}' (both {path}); \
+             every row would be read once per spelling"
+        ),
+    ))
 }
 
 /// The item of `items` met a second time first, if any. Sorts cheap hashes rather than filling
@@ -421,6 +459,48 @@ mod tests {
     }
 
     #[test]
+    fn one_shard_under_two_spellings_is_refused() {
+        let manifest = |locations: &[&str]| {
+            let shards: Vec<String> = locations
+                .iter()
+                .map(|l| {
+                    format!(r#"{{"location": "{l}", "rows": 1, "bytes": 2, "checksum": "none:0"}}"#)
+                })
+                .collect();
+            format!(
+                r#"{{"format": "o41-data-manifest", "version": 1, "data_format": "msgpack",
+                "splits": {{"train": {{"shards": [{}]}}}}}}"#,
+                shards.join(",")
+            )
+        };
+        for alias in [
+            "./a.msgpack",
+            "/data/a.msgpack",
+            "sub/../a.msgpack",
+            "/data/./x/../a.msgpack",
+        ] {
+            let error = Manifest::from_json(
+                &manifest(&["a.msgpack", "b.msgpack", alias]),
+                "/data/m.json",
+            )
+            .unwrap_err()
+            .to_string();
+            assert!(
+                error.contains(&format!(
+                    "lists one shard twice, as 'a.msgpack' and '{alias}' (both /data/a.msgpack)"
+                )),
+                "{error}"
+            );
+        }
+        // Distinct shards in any spelling pass.
+        Manifest::from_json(
+            &manifest(&["a.msgpack", "./b.msgpack", "/data/sub/a.msgpack"]),
+            "/data/m.json",
+        )
+        .unwrap();
+    }
+
+    #[test]
     fn first_repeat_names_the_item_repeated_first() {
         assert_eq!(first_repeat(&[]), None);
         assert_eq!(first_repeat(&["a", "b", "c"]), None);
@@ -458,7 +538,7 @@ mod tests {
             let joined = ShardLocations::new(uri);
             for location in locations {
                 let expected = if Path::new(location).is_absolute() {
-                    location.to_owned()
+                    storage::normalize(location)
                 } else {
                     storage::sibling(uri, location)
                 };

@@ -11,6 +11,7 @@ mod manifest;
 mod objects;
 mod position;
 mod records;
+mod rules;
 mod storage;
 mod stream;
 
@@ -35,10 +36,13 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<objects::StorageObject>()?;
     m.add_class::<records::ShardRecords>()?;
     m.add_function(wrap_pyfunction!(stream::resolve_config, m)?)?;
+    m.add_function(wrap_pyfunction!(rules::limits, m)?)?;
+    m.add_function(wrap_pyfunction!(rules::stream_rules, m)?)?;
     m.add_function(wrap_pyfunction!(records::write_shard, m)?)?;
     m.add_function(wrap_pyfunction!(host_memory_bytes, m)?)?;
     m.add_function(wrap_pyfunction!(manifest::load_manifest, m)?)?;
     m.add_function(wrap_pyfunction!(manifest::check_manifest, m)?)?;
     m.add_function(wrap_pyfunction!(manifest::shard_location, m)?)?;
+    m.add_function(wrap_pyfunction!(manifest::normalize_location, m)?)?;
     Ok(())
 }

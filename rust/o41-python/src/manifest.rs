@@ -18,6 +18,13 @@ pub fn load_manifest(py: Python<'_>, uri: &str, storage: Option<&Storage>) -> Py
     })
 }
 
+/// The one spelling of a location (`docs/storage.md`): `s3://` as it is, a local path made
+/// absolute with `.` and `..` resolved lexically, symbolic links not followed.
+#[pyfunction]
+pub fn normalize_location(location: &str) -> String {
+    o41_engine::storage::normalize(location)
+}
+
 /// Where the shard `location` of the manifest at `manifest_uri` is (`docs/manifest.md`).
 #[pyfunction]
 pub fn shard_location(manifest_uri: &str, location: &str) -> String {

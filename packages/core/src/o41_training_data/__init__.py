@@ -48,8 +48,20 @@ from ._errors import (
     UnsupportedFormatError,
 )
 from ._iter_shard import iter_shard
+from ._limits import LIMITS
 from ._manifest import Curriculum, DataManifest, ManifestShard, ManifestSplit, load_manifest, save_manifest
 from ._manifest_build import manifest_from_files
+from ._rules import (
+    DeliveredField,
+    StageBatches,
+    StreamRules,
+    check_same_place,
+    check_same_stream,
+    move_to_world,
+    observed_ranks,
+    process_ranks,
+    write_rank_file,
+)
 from ._saver import DatasetSaver, SavedShard
 from ._stats import RETRY_CAUSES, DecodeStats, ReadStats, SourceStats
 from ._stats_log import log_stats_every
@@ -74,6 +86,7 @@ from ._training_data import TrainingData
 __all__ = [
     "DTYPES",
     "ENCODINGS",
+    "LIMITS",
     "RETRY_CAUSES",
     "AccessDeniedError",
     "Batch",
@@ -88,6 +101,7 @@ __all__ = [
     "DataManifest",
     "DatasetSaver",
     "DecodeStats",
+    "DeliveredField",
     "Drain",
     "Encoding",
     "FileSource",
@@ -111,9 +125,11 @@ __all__ = [
     "Shuffle",
     "SourceStats",
     "Stage",
+    "StageBatches",
     "StorageConfig",
     "StorageError",
     "StreamClosedError",
+    "StreamRules",
     "StreamStats",
     "TextTokenizer",
     "TokenStats",
@@ -123,13 +139,19 @@ __all__ = [
     "TrainingData",
     "UnsupportedFormatError",
     "__version__",
+    "check_same_place",
+    "check_same_stream",
     "iter_shard",
     "load_manifest",
     "log_stats_every",
     "manifest_from_files",
+    "move_to_world",
+    "observed_ranks",
     "open_batch_stream",
+    "process_ranks",
     "resolve_batch_stream_config",
     "resume_batch_stream",
     "save_manifest",
     "tokenize_dataset",
+    "write_rank_file",
 ]

@@ -10,16 +10,14 @@ world size, and the new ranks continue the same sequence partitioned over their 
 
 from __future__ import annotations
 
-import contextlib
-import os
-import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
-from ._errors import CheckpointError
+from ._errors import CheckpointError, ConfigError
+from ._rules import check_same_place, check_world, write_rank_file
 from ._stream import Checkpoint
 
-__all__ = ["read_checkpoint", "reshard", "write_atomically"]
+__all__ = ["MAX_RESHARD_FILES", "read_checkpoint", "reshard"]
 
 
 def _located(path: Path, message: str) -> CheckpointError:
@@ -40,60 +38,48 @@ def read_checkpoint(path: Path) -> Checkpoint:
         raise _located(path, str(error)) from None
 
 
-def write_atomically(path: Path, text: str, *, overwrite: bool) -> None:
-    """Writes ``text`` to ``path`` all or nothing: a reader sees the old file or the new one.
-
-    The text goes to a temporary file in the same directory, is flushed to disk, and is then
-    renamed over ``path`` (``overwrite``) or linked to it, which fails with
-    :class:`FileExistsError` when ``path`` exists.
-    """
-    descriptor, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(descriptor, "w", encoding="utf-8") as file:
-            file.write(text)
-            file.flush()
-            os.fsync(file.fileno())
-        if overwrite:
-            os.replace(temporary, path)
-        else:
-            os.link(temporary, path)
-    finally:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(temporary)
-    directory = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(directory)
-    finally:
-        os.close(directory)
+MAX_RESHARD_FILES = 4096
+"""Most files one ``reshard`` writes: a larger world writes one rank's file at a time (``rank=``)."""
 
 
 def reshard(
-    files: Sequence[Path], world_size: int, output_dir: Path, name: str, *, overwrite: bool = False
+    files: Sequence[Path],
+    world_size: int,
+    output_dir: Path,
+    name: str,
+    *,
+    overwrite: bool = False,
+    rank: int | None = None,
 ) -> list[Path]:
-    """Writes ``output_dir/name.format(rank=r)`` for every rank ``r`` of ``world_size``.
+    """Writes ``output_dir/name.format(rank=r)`` for every rank ``r`` of ``world_size`` (or ``rank`` only).
 
     ``files`` are checkpoints of one run taken after the same local batch (one rank's is
     enough): they must agree on the stream (fingerprint) and the position (segment and next
-    batch), or :class:`CheckpointError` names the file that differs. Nothing is written when a
-    target exists and ``overwrite`` is false (:class:`FileExistsError` naming it).
+    batch), or :class:`CheckpointError` names the files that differ (the one rule of
+    :func:`check_same_place`). Nothing is written when a target exists and ``overwrite`` is
+    false (:class:`FileExistsError` naming it). A world of more than :data:`MAX_RESHARD_FILES`
+    ranks is written one rank at a time, with ``rank``.
     """
-    checkpoints = [read_checkpoint(path) for path in files]
-    first, reference = checkpoints[0], files[0]
-    for path, other in zip(files[1:], checkpoints[1:], strict=True):
-        if other.fingerprint != first.fingerprint:
-            raise _located(path, f"belongs to another stream than {reference} (fingerprint differs)")
-        if (other.next_batch, other.position.segment) != (first.next_batch, first.position.segment):
-            raise _located(
-                path,
-                f"is at global batch {other.next_batch}, {reference} at {first.next_batch}: checkpoints "
-                "to reshard must be taken after the same local batch on every rank",
+    if rank is None:
+        _, world_size = check_world(0, world_size)
+        if world_size > MAX_RESHARD_FILES:
+            raise ConfigError(
+                f"invalid world_size: {world_size} ranks would write {world_size} files, more than the "
+                f"{MAX_RESHARD_FILES} one reshard writes; write each rank's file with --rank"
             )
-    targets = [output_dir / name.format(rank=rank) for rank in range(world_size)]
+        ranks = range(world_size)
+    else:
+        rank, world_size = check_world(rank, world_size)
+        ranks = range(rank, rank + 1)
+    stops = {str(path): read_checkpoint(path) for path in files}
+    check_same_place(stops, world_size=world_size)
+    first = next(iter(stops.values()))
+    targets = {r: output_dir / name.format(rank=r) for r in ranks}
     if not overwrite:
-        taken = [target for target in targets if target.exists()]
+        taken = [target for target in targets.values() if target.exists()]
         if taken:
             raise FileExistsError(f"{taken[0]} exists; pass --overwrite to replace it")
     output_dir.mkdir(parents=True, exist_ok=True)
-    for rank, target in enumerate(targets):
-        write_atomically(target, first.for_world(rank, world_size).to_json(), overwrite=overwrite)
-    return targets
+    for r, target in targets.items():
+        write_rank_file(target, first.for_world(r, world_size).to_json(), overwrite=overwrite)
+    return list(targets.values())

@@ -403,8 +403,14 @@ def show(file: Path) -> int:
     help="File name of rank {rank}'s checkpoint.",
 )
 @click.option("--overwrite", is_flag=True, help="Replace checkpoint files already in --output-dir.")
+@click.option(
+    "--rank",
+    type=click.IntRange(min=0),
+    default=None,
+    help="Write only this rank's checkpoint (for worlds of more than 4,096 ranks).",
+)
 def reshard_command(
-    files: tuple[Path, ...], world_size: int, output_dir: Path, name: str, overwrite: bool
+    files: tuple[Path, ...], world_size: int, output_dir: Path, name: str, overwrite: bool, rank: int | None
 ) -> int:
     """Write the checkpoints of FILES for a run of --world-size ranks.
 
@@ -419,7 +425,7 @@ def reshard_command(
         distinct = False
     if not distinct:
         raise click.BadParameter("must contain {rank} and no other {field}", param_hint="'--name'")
-    written = reshard(files, world_size, output_dir, name, overwrite=overwrite)
+    written = reshard(files, world_size, output_dir, name, overwrite=overwrite, rank=rank)
     for path in written:
         click.echo(f"wrote {path}")
     return EXIT_OK

@@ -17,6 +17,8 @@ from pathlib import Path
 from typing import Any, Literal
 
 from ._errors import ConfigError, ObjectNotFoundError
+from ._limits import LIMITS
+from ._storage import normalize
 
 __all__ = [
     "DTYPES",
@@ -160,8 +162,8 @@ def _check_token_field(option: str, field: object) -> None:
         raise _invalid(option, f"expected the name of a record field, got {field!r}")
 
 
-_MAX_SEQ_LEN = 2**30
-_MAX_BINS = 4096
+_MAX_SEQ_LEN = LIMITS["max_seq_len"]
+_MAX_BINS = LIMITS["max_bins"]
 
 
 @dataclass(frozen=True)
@@ -509,9 +511,9 @@ class BatchStreamConfig:
         # Types and ranges are checked here, with each option's path, so that a wrong value is
         # named before it reaches the engine (whose checks repeat the rules for JSON configs).
         _integer("seed", self.seed, minimum=0)
-        _integer("threads", self.threads, minimum=1, maximum=4096)
+        _integer("threads", self.threads, minimum=1, maximum=LIMITS["max_threads"])
         _integer("prefetch_batches", self.prefetch_batches, minimum=0, maximum=2**32)
-        _integer("world_size", self.world_size, minimum=1, maximum=2**32)
+        _integer("world_size", self.world_size, minimum=1, maximum=LIMITS["max_world_size"])
         _integer("rank", self.rank, minimum=0, maximum=self.world_size - 1)
         if self.memory_limit_bytes is not None:
             _integer("memory_limit_bytes", self.memory_limit_bytes, minimum=1)
@@ -603,7 +605,7 @@ class BatchStreamConfig:
         if not isinstance(document, Mapping):
             raise _in_file(file, _invalid("config", f"expected a mapping at the top, got {_kind(document)}"))
         try:
-            return cls.from_dict(document, base_dir=file.resolve().parent)
+            return cls.from_dict(document, base_dir=Path(normalize(file)).parent)
         except ConfigError as error:
             raise _in_file(file, error) from None
 

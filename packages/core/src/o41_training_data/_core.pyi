@@ -16,11 +16,25 @@ def resolve_config(config_json: str, storage: Storage | None = None) -> str:
 def load_manifest(uri: str, storage: Storage | None = None) -> str:
     """Reads and checks a data manifest (local, or ``s3://`` given ``storage``); returns it as JSON."""
 
+def normalize_location(location: str) -> str:
+    """The one spelling of a location: ``s3://`` as it is, a local path made absolute with ``.``
+    and ``..`` resolved lexically (symbolic links are not followed)."""
+
 def shard_location(manifest_uri: str, location: str) -> str:
     """Where the shard ``location`` of the manifest at ``manifest_uri`` is."""
 
 def check_manifest(text: str, uri: str) -> str:
     """Checks a data manifest document against the format's rules; returns it as JSON."""
+
+def limits() -> dict[str, int]:
+    """The engine's limits by name (``max_world_size``, ``max_seq_len``, ...)."""
+
+def stream_rules(
+    source: Checkpoint | _ConfigLike,
+) -> tuple[list[tuple[str, str, list[int]]], list[tuple[int, tuple[int, int, int] | None]], int, int]:
+    """``(fields, stages, rank, world_size)`` of a config or checkpoint: each delivered column's
+    name, dtype and shape (a validation pass's ``valid`` included), and each stage's batch size
+    and ramp ``(start, increment, rows)``."""
 
 def host_memory_bytes() -> int | None:
     """Physical memory of the host in bytes, or None where it cannot be read."""

@@ -103,7 +103,9 @@ class DataManifest:
             "data_format": self.data_format,
             "splits": {name: split_document(split) for name, split in self.splits.items()},
         }
-        return json.dumps(document, indent=2)
+        # The engine writes the document (the format lives in its `manifest` module): it checks
+        # the format's rules on the way, so an invalid manifest is never produced.
+        return _core.check_manifest(json.dumps(document), relative_to or self.uri or "manifest")
 
 
 def _parse(text: str, uri: str) -> DataManifest:
@@ -158,8 +160,7 @@ def save_manifest(
     ``overwrite``.
     """
     target = normalize(uri)
-    text = manifest.to_json(relative_to=target)
-    _core.check_manifest(text, target)
+    text = manifest.to_json(relative_to=target)  # written and checked by the engine
     store = (storage or StorageConfig()).core()
     try:
         store.write(target, text.encode(), create_only=not overwrite)

@@ -244,8 +244,13 @@ def is_remote(uri: str | os.PathLike[str]) -> bool:
 
 
 def normalize(uri: str | os.PathLike[str]) -> str:
-    """An ``s3://`` location as given, a local path made absolute."""
-    return str(uri) if is_remote(uri) else str(Path(uri).resolve())
+    """The engine's one spelling of a location (docs/storage.md, "Locations").
+
+    An ``s3://`` location as given; a local path made absolute with ``.`` and ``..`` resolved
+    lexically. Symbolic links are not followed, so a path names what the user wrote, as the
+    engine's resolved documents and manifests do.
+    """
+    return _core.normalize_location(os.fspath(uri))
 
 
 def parent(uri: str) -> str:

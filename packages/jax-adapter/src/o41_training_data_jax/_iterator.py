@@ -21,6 +21,7 @@ from o41_training_data import (
     ConfigError,
     Position,
     StreamClosedError,
+    StreamRules,
     TrainingData,
     open_batch_stream,
     resume_batch_stream,
@@ -93,26 +94,6 @@ class _Pipeline:
         if self.producer is not None:
             self.producer.stop()
             self.producer = None
-
-
-def _local_batch_rows(stages: list[tuple[int, tuple[int, int] | None]], world_size: int) -> list[int]:
-    """Every row count one process contributes to a global batch, over all stages.
-
-    A stage without a ramp hands each process whole batches of ``batch_size`` rows; a ramped
-    stage's global batches (``start``, ``start + increment``, ... ``batch_size``) are shared by
-    the processes. A ramp size that does not split over the processes is left to the core,
-    which refuses it at open naming the stage.
-    """
-    rows = set()
-    for batch_size, ramp in stages:
-        if ramp is None:
-            rows.add(batch_size)
-            continue
-        start, increment = ramp
-        for size in range(start, batch_size + 1, max(increment, 1)):
-            if size % world_size == 0:
-                rows.add(size // world_size)
-    return sorted(rows)
 
 
 class O41JaxIterator(Iterator[dict[str, jax.Array]]):
@@ -191,34 +172,11 @@ class O41JaxIterator(Iterator[dict[str, jax.Array]]):
         self._storage = training_data.storage_config if training_data is not None else None
         self._prefetch = prefetch
         self._config: BatchStreamConfig | None = None
-        if isinstance(source, BatchStreamConfig):
-            fields = [(f.name, f.dtype, tuple(f.shape or ())) for f in source.fields]
-            stages = [
-                (stage.batch_size, (stage.ramp.start, stage.ramp.increment) if stage.ramp else None)
-                for stage in source.stages
-            ]
-            validation = source.validation_pass
-        elif isinstance(source, Checkpoint):
-            resolved = source.resolved_config()
-            fields = [(f["name"], f["dtype"], tuple(f["shape"])) for f in resolved["fields"]]
-            stages = [
-                (
-                    int(stage["batch_size"]),
-                    (int(stage["ramp"]["start"]), int(stage["ramp"]["increment"]))
-                    if stage.get("ramp")
-                    else None,
-                )
-                for stage in resolved["stages"]
-            ]
-            validation = bool(resolved.get("validation_pass", False))
-        else:
-            raise ConfigError(
-                f"source: expected a BatchStreamConfig or a Checkpoint, got {type(source).__name__}"
-            )
-        if validation:
-            fields.append(("valid", "bool", ()))
+        # The engine's schema (a validation pass's `valid` mask included) and batch shapes.
+        rules = StreamRules.of(source)
+        fields = [(f.name, f.dtype, f.shape) for f in rules.fields]
         self._layout = process_layout(sharding, fields[0][2] if fields else ())
-        local_rows = _local_batch_rows(stages, self._layout.world_size)
+        local_rows = rules.local_batch_rows(self._layout.world_size)
         for name, _, shape in fields:
             for rows in local_rows:
                 check_divisible(sharding, self._layout, name, shape, rows)
@@ -231,7 +189,7 @@ class O41JaxIterator(Iterator[dict[str, jax.Array]]):
                 "values beyond int32 silently; project it as i32, or turn 64-bit types on with "
                 "jax.config.update('jax_enable_x64', True)"
             )
-        self._stages = len(stages)
+        self._stages = len(rules.stages)
         self._transfer = _Transfer(
             sharding,
             self._layout.world_size,

@@ -18,7 +18,7 @@ import jax
 
 # orbax-checkpoint ships no type information (no py.typed); its names are Any here.
 import orbax.checkpoint as ocp  # type: ignore[import-untyped]
-from o41_training_data import Checkpoint, CheckpointError
+from o41_training_data import Checkpoint, CheckpointError, check_same_stream, move_to_world
 
 from ._iterator import O41JaxIterator
 
@@ -48,8 +48,9 @@ def checkpoint_for(directory: Any, rank: int, world_size: int) -> Checkpoint:
     """The checkpoint rank ``rank`` of ``world_size`` resumes from, out of ``directory``'s files.
 
     The one of the same rank and world size when there is one (this process's own file first),
-    else the old world's position moved to this one, which is refused unless every old
-    process's file is there and all stopped at the same global batch.
+    else the old world's position moved to this one (:func:`o41_training_data.move_to_world`),
+    which is refused unless every old process's file is there and all stopped at the same place:
+    the same curriculum segment and the same global batch.
     """
     states = _read_states(directory)
     if not states:
@@ -63,28 +64,19 @@ def checkpoint_for(directory: Any, rank: int, world_size: int) -> Checkpoint:
     missing = [STATE_FILE.format(index=i, count=count) for i in range(count) if (i, count) not in states]
     if missing:
         raise CheckpointError(f"checkpoint refused: {directory} lacks {', '.join(missing)}")
-    fingerprints = sorted({state.fingerprint for state in states.values()})
-    if len(fingerprints) > 1:
-        raise CheckpointError(
-            f"checkpoint refused: the state files in {directory} belong to different streams "
-            f"({', '.join(fingerprints)})"
-        )
+    check_same_stream(_named(states))
     own = states.get((jax.process_index(), jax.process_count()))
     candidates = [own] if own is not None else []
     candidates += [states[key] for key in sorted(states)]
     for state in candidates:
         if (state.rank, state.world_size) == (rank, world_size):
             return state
-    stops = {
-        STATE_FILE.format(index=i, count=n): state.next_batch for (i, n), state in sorted(states.items())
-    }
-    if len(set(stops.values())) > 1:
-        shown = ", ".join(f"{name} at global batch {stop}" for name, stop in stops.items())
-        raise CheckpointError(
-            f"checkpoint refused: moving it onto {world_size} ranks is exact only when every process "
-            f"stopped at the same global batch, and they did not ({shown})"
-        )
-    return states[0, count].for_world(rank, world_size)
+    # The core's one rule: same stream, same segment, same next global batch, then move.
+    return move_to_world(_named(states), rank, world_size)
+
+
+def _named(states: dict[tuple[int, int], Checkpoint]) -> dict[str, Checkpoint]:
+    return {STATE_FILE.format(index=i, count=n): state for (i, n), state in sorted(states.items())}
 
 
 # Orbax's base classes are untyped (Any), which strict mypy refuses to subclass unless told.

@@ -22,15 +22,15 @@ from __future__ import annotations
 import json
 import os
 import re
-import secrets
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 from lightning.fabric.utilities.cloud_io import get_filesystem
 from lightning.fabric.utilities.types import _PATH
 from lightning.pytorch.plugins.io import CheckpointIO
 from lightning.pytorch.strategies import Strategy
-from o41_training_data import Checkpoint, CheckpointError
+from o41_training_data import Checkpoint, CheckpointError, write_rank_file
 
 from ._state import FORMAT, STATE_VERSION, RankState, StreamState, read_header, read_switches
 
@@ -72,17 +72,8 @@ def _write(directory: str, name: str, text: str) -> None:
     if not _is_local(directory):
         fs.pipe_file(path, text.encode())  # one PUT: an object appears whole or not at all
         return
-    temporary = os.path.join(directory, f".{name}.{os.getpid()}-{secrets.token_hex(4)}.tmp")
-    try:
-        with open(temporary, "w", encoding="utf-8") as out:
-            out.write(text)
-            out.flush()
-            os.fsync(out.fileno())
-        os.replace(temporary, path)
-    except BaseException:
-        if os.path.exists(temporary):
-            os.unlink(temporary)
-        raise
+    # The core's rule for per-rank files: temporary file flushed, renamed, directory flushed.
+    write_rank_file(Path(path), text, overwrite=True)
 
 
 def write_sidecars(checkpoint_path: _PATH, state: StreamState, global_step: Any = None) -> None:

@@ -24,7 +24,7 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from o41_training_data import BatchStreamConfig, Checkpoint, CheckpointError, Position
+from o41_training_data import BatchStreamConfig, Checkpoint, CheckpointError, Position, check_same_place
 
 FORMAT = "o41-training-data-lightning"
 """The ``format`` marker of the state (and of the sidecar index), so it is found among other keys."""
@@ -139,31 +139,22 @@ class StreamState:
     def _moved(
         self, rank: int, world_size: int, source: str
     ) -> tuple[Checkpoint | None, tuple[tuple[int, int], ...]]:
-        refused = (
-            f"checkpoint refused: {source} was written by {self.world_size} ranks and this run has "
-            f"{world_size}; an elastic resume needs every old rank at the same place"
-        )
+        # The core's one rule (the same as `o41 checkpoint reshard` and the JAX handler): every
+        # old rank at the same place; then the pending switches must agree too.
+        stops = {f"rank {old_rank}": entry.position for old_rank, entry in enumerate(self.ranks)}
+        try:
+            check_same_place(stops, world_size=world_size)
+        except CheckpointError as error:
+            raise CheckpointError(
+                f"{error} ({source}, written by {self.world_size} ranks; resume with {self.world_size} ranks)"
+            ) from None
         first = self.ranks[0]
-        for old_rank, entry in enumerate(self.ranks):
-            if (entry.position is None) != (first.position is None):
-                raise CheckpointError(
-                    f"{refused}, but rank {old_rank if entry.position is None else 0} has not started"
-                )
-            if (
-                entry.position is not None
-                and first.position is not None
-                and (
-                    entry.position.next_batch != first.position.next_batch
-                    or entry.position.segment != first.position.segment
-                )
-            ):
-                raise CheckpointError(
-                    f"{refused}, but rank 0 is at global batch {first.position.next_batch} (stage "
-                    f"{first.position.stage}) and rank {old_rank} at {entry.position.next_batch} (stage "
-                    f"{entry.position.stage}); resume with {self.world_size} ranks"
-                )
-            if entry.ahead() != first.ahead():
-                raise CheckpointError(f"{refused}, but their curriculum switches differ")
+        if any(entry.ahead() != first.ahead() for entry in self.ranks):
+            raise CheckpointError(
+                f"checkpoint refused: {source} was written by {self.world_size} ranks and this run has "
+                f"{world_size}; an elastic resume needs every old rank at the same place, but their "
+                "curriculum switches differ"
+            )
         base = self.checkpoint(0)
         return (base.for_world(rank, world_size) if base is not None else None), first.ahead()
 

@@ -20,9 +20,12 @@ from o41_training_data import (
     CheckpointError,
     ConfigError,
     Position,
+    StreamRules,
     StreamStats,
     TrainingData,
+    observed_ranks,
     open_batch_stream,
+    process_ranks,
     resolve_batch_stream_config,
     resume_batch_stream,
 )
@@ -112,18 +115,6 @@ def _tensor(array: np.ndarray, as_bool: bool) -> torch.Tensor:
     return tensor.view(torch.bool) if as_bool else tensor
 
 
-def _distributed() -> tuple[int, int] | None:
-    if torch.distributed.is_available() and torch.distributed.is_initialized():
-        return torch.distributed.get_rank(), torch.distributed.get_world_size()
-    return None
-
-
-def _environment() -> tuple[int, int] | None:
-    if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
-        return int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    return None
-
-
 class O41IterableDataset(IterableDataset[O41Batch]):
     """A ``torch.utils.data.IterableDataset`` yielding one core batch per item.
 
@@ -183,7 +174,7 @@ class O41IterableDataset(IterableDataset[O41Batch]):
         self._config: BatchStreamConfig | None = None
         self._start: Checkpoint | None = None  # the checkpoint to resume from
         if isinstance(source, Checkpoint):
-            observed = _distributed() or _environment()
+            observed = observed_ranks()
             if observed is not None:
                 source.check(rank=observed[0], world_size=observed[1])
             self._start = source
@@ -194,7 +185,9 @@ class O41IterableDataset(IterableDataset[O41Batch]):
                 f"source: expected a BatchStreamConfig or a Checkpoint, got {type(source).__name__}"
             )
         self._resolved: dict[str, Any] | None = None
-        self._bool_fields = self._find_bool_fields()
+        # The engine's schema and batch shapes (the `valid` mask of a validation pass included).
+        self._rules = StreamRules.of(self._config if self._config is not None else source)
+        self._bool_fields = self._rules.field_names("bool")
         # (stage, switch global batch, request number), shared with worker processes as they
         # start. Lock-free so it crosses fork, spawn and forkserver alike: one writer (the main
         # process) bumps the request number last, readers re-check it (see _read_request).
@@ -206,44 +199,10 @@ class O41IterableDataset(IterableDataset[O41Batch]):
 
     @staticmethod
     def _with_ranks(config: BatchStreamConfig) -> BatchStreamConfig:
-        explicit = (config.rank, config.world_size) != (0, 1)
-        dist = _distributed()
-        if dist is not None:
-            if explicit and (config.rank, config.world_size) != dist:
-                raise ConfigError(
-                    f"rank/world_size: the config says rank {config.rank} of {config.world_size}, "
-                    f"torch.distributed says rank {dist[0]} of {dist[1]}"
-                )
-            return dataclasses.replace(config, rank=dist[0], world_size=dist[1])
-        env = _environment()
-        if not explicit and env is not None:
-            return dataclasses.replace(config, rank=env[0], world_size=env[1])
-        return config
-
-    def _find_bool_fields(self) -> frozenset[str]:
-        if self._config is not None:
-            fields = [f.name for f in self._config.fields if f.dtype == "bool"]
-            validation = self._config.validation_pass
-        else:
-            assert self._start is not None
-            document = self._start.resolved_config()
-            fields = [f["name"] for f in document["fields"] if f["dtype"] == "bool"]
-            validation = bool(document.get("validation_pass", False))
-        if validation:
-            # A validation pass's mask column, a bool like the declared ones.
-            fields.append("valid")
-        return frozenset(fields)
-
-    def _ramped(self, stage: int) -> bool:
-        """True when ``stage`` ramps its batch.
-
-        Every rank then reads a share of every global batch, so one local batch is one global
-        batch instead of ``world_size``.
-        """
-        if self._config is not None:
-            return self._config.stages[stage].ramp is not None
-        assert self._start is not None
-        return self._start.resolved_config()["stages"][stage].get("ramp") is not None
+        rank, world_size = process_ranks((config.rank, config.world_size))
+        if (rank, world_size) == (config.rank, config.world_size):
+            return config
+        return dataclasses.replace(config, rank=rank, world_size=world_size)
 
     @property
     def rank(self) -> int:
@@ -420,7 +379,7 @@ class O41IterableDataset(IterableDataset[O41Batch]):
         workers = int(after[WORKERS_KEY])
         position = after[POSITION_KEY]
         ahead = workers * (prefetch_factor or _DEFAULT_PREFETCH_FACTOR)
-        per_batch = 1 if self._ramped(position.stage) else self.world_size
+        per_batch = self._rules.stages[position.stage].batches_per_round(self.world_size)
         self._requests[0] = stage
         self._requests[1] = position.next_batch + ahead * per_batch
         self._requests[2] += 1

@@ -210,10 +210,7 @@ pub struct WindowsSpec {
     pub eos_id: Option<u64>,
 }
 
-/// Most windows a packing keeps open: first-fit looks at each of them for every document.
-pub const MAX_BINS: u64 = 4096;
-/// Longest window: a piece's length is stored in 32 bits.
-pub const MAX_SEQ_LEN: u64 = 1 << 30;
+pub use crate::limits::{MAX_BINS, MAX_SEQ_LEN};
 /// The reserved sources a token stage fills besides its tokens: which document of the window
 /// each token is from (1 for the first, pad for padding), and its position in that document.
 pub const SEGMENT_IDS: &str = "@segment_ids";

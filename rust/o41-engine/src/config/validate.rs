@@ -288,8 +288,8 @@ pub(super) fn validate_stage(
     Ok(())
 }
 
-/// Ramp steps a stage may have at most: the order tabulates one entry per step.
-pub const MAX_RAMP_STEPS: u64 = 65_536;
+pub use crate::limits::MAX_RAMP_STEPS;
+use crate::limits::{MAX_THREADS, MAX_WORLD_SIZE};
 
 /// Checks a ramp against its stage's batch size and the world it is split over: every ramp
 /// step's global batch is shared by all ranks, so each must divide by `world_size`.
@@ -424,11 +424,17 @@ pub(super) fn validate_weight(option: &str, weight: f64) -> Result<()> {
 }
 
 pub(super) fn validate_resources(threads: usize, rank: usize, world_size: usize) -> Result<()> {
-    if threads == 0 {
-        return Err(Error::config("threads", "must be at least 1"));
+    if threads == 0 || threads as u64 > MAX_THREADS {
+        return Err(Error::config(
+            "threads",
+            format!("must be between 1 and {MAX_THREADS}, got {threads}"),
+        ));
     }
-    if world_size == 0 {
-        return Err(Error::config("world_size", "must be at least 1"));
+    if world_size == 0 || world_size as u64 > MAX_WORLD_SIZE {
+        return Err(Error::config(
+            "world_size",
+            format!("must be between 1 and {MAX_WORLD_SIZE}, got {world_size}"),
+        ));
     }
     if rank >= world_size {
         return Err(Error::config(

@@ -91,6 +91,48 @@ pub fn is_remote(uri: &str) -> bool {
     uri.starts_with("s3://")
 }
 
+/// The one spelling of a location every layer compares and stores: an `s3://` location as it is,
+/// a local path made absolute (against the working directory) with `.` and `..` resolved
+/// lexically, never above the root. Symbolic links are not followed: the path names the link,
+/// so the same file reached through two links is two locations (`docs/storage.md`).
+pub fn normalize(location: &str) -> String {
+    if is_remote(location) {
+        return location.to_owned();
+    }
+    let absolute = std::path::absolute(std::path::Path::new(location)).map_or_else(
+        |_| location.to_owned(),
+        |p| p.to_string_lossy().into_owned(),
+    );
+    if !absolute.starts_with('/') {
+        return absolute;
+    }
+    // Resolved against the root, whose directory part is empty: `/a/./b/../c` gives `/a/c`.
+    let resolved = sibling("/", &absolute[1..]);
+    if resolved.is_empty() {
+        "/".to_owned()
+    } else {
+        resolved
+    }
+}
+
+#[cfg(test)]
+mod normalize_tests {
+    use super::normalize;
+
+    #[test]
+    fn local_paths_are_absolute_and_lexically_resolved() {
+        assert_eq!(normalize("/data/./a/../b.parquet"), "/data/b.parquet");
+        assert_eq!(normalize("/../../x"), "/x");
+        assert_eq!(normalize("/"), "/");
+        assert_eq!(normalize("s3://bucket/a/../b"), "s3://bucket/a/../b");
+        let here = std::env::current_dir().unwrap();
+        assert_eq!(
+            normalize("sub/../a.msgpack"),
+            format!("{}/a.msgpack", here.display())
+        );
+    }
+}
+
 /// Joins a location relative to the directory of `base` (a manifest's location).
 pub fn sibling(base: &str, relative: &str) -> String {
     if is_remote(relative) || relative.starts_with('/') {

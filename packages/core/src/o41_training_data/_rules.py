@@ -1,0 +1,308 @@
+"""The stream's rules every adapter follows, written once (docs/rules.md).
+
+A framework adapter (PyTorch, JAX, Lightning, or your own) needs the same few answers about a
+stream: which rank and world size this process has, which columns (names, dtypes, shapes) a
+batch delivers, how many rows a rank's batch of a stage can have, whether checkpoints that several
+ranks wrote can be moved onto another number of ranks, and how to write a per-rank file so that a
+crash never leaves half of one. They are answered here, from the engine's own types where the
+engine knows them, so that every adapter applies one rule with one set of error messages.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+import tempfile
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from . import _core
+from ._core import Checkpoint, Position, Segment
+from ._errors import CheckpointError, ConfigError
+from ._limits import LIMITS
+
+if TYPE_CHECKING:
+    from ._config import BatchStreamConfig
+
+__all__ = [
+    "LIMITS",
+    "DeliveredField",
+    "StageBatches",
+    "StreamRules",
+    "check_same_place",
+    "check_same_stream",
+    "move_to_world",
+    "observed_ranks",
+    "process_ranks",
+    "write_rank_file",
+]
+
+
+@dataclass(frozen=True)
+class DeliveredField:
+    """One column of every batch: its name, dtype (``"i32"``, ``"bool"``, ...) and per-row shape."""
+
+    name: str
+    dtype: str
+    shape: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class StageBatches:
+    """The batch sizes of one stage: its global ``batch_size`` and its ramp, if it has one.
+
+    ``ramp`` is ``(start, increment, rows)``: the global batch starts at ``start`` rows and grows
+    by ``increment`` until ``batch_size`` over the stage's first ``rows`` rows.
+    """
+
+    batch_size: int
+    ramp: tuple[int, int, int] | None
+
+    def global_sizes(self) -> tuple[int, ...]:
+        """Every row count a global batch of the stage can have, smallest first."""
+        if self.ramp is None:
+            return (self.batch_size,)
+        start, increment, _ = self.ramp
+        return tuple(range(start, self.batch_size + 1, max(increment, 1)))
+
+    def local_batch_rows(self, world_size: int) -> tuple[int, ...]:
+        """Every row count one rank's batch of the stage can have.
+
+        Without a ramp each rank receives whole global batches in turn; a ramped stage's global
+        batches are shared, each rank receiving ``size / world_size`` rows of every one (a size
+        that does not split is refused by the engine at open, naming the stage).
+        """
+        if self.ramp is None:
+            return (self.batch_size,)
+        return tuple(size // world_size for size in self.global_sizes() if size % world_size == 0)
+
+    def batches_per_round(self, world_size: int) -> int:
+        """Global batches one round of local batches covers: ``world_size``, or 1 in a ramp."""
+        return 1 if self.ramp is not None else world_size
+
+
+@dataclass(frozen=True)
+class StreamRules:
+    """What an adapter needs to know of a stream before opening it, read by the engine.
+
+    Build it with :meth:`of` from a config or a checkpoint: the checkpoint's resolved document is
+    read where the engine holds it, so its shard list is never materialised in Python.
+
+    Examples:
+        >>> rules = StreamRules.of(config)  # doctest: +SKIP
+        >>> [(f.name, f.dtype, f.shape) for f in rules.fields]  # doctest: +SKIP
+        [('tokens', 'i32', (2048,)), ('valid', 'bool', ())]
+
+    """
+
+    fields: tuple[DeliveredField, ...]
+    """Every column a batch delivers, in order: the projected fields, then a validation pass's
+    ``valid`` mask."""
+    stages: tuple[StageBatches, ...]
+    """The stages' batch sizes, in curriculum order."""
+    rank: int
+    """The rank the config or checkpoint names."""
+    world_size: int
+    """The world size the config or checkpoint names."""
+
+    @classmethod
+    def of(cls, source: BatchStreamConfig | Checkpoint) -> StreamRules:
+        """The rules of ``source``, a :class:`BatchStreamConfig` or a :class:`Checkpoint`."""
+        from ._config import BatchStreamConfig
+
+        if not isinstance(source, (BatchStreamConfig, Checkpoint)):
+            raise ConfigError(
+                f"source: expected a BatchStreamConfig or a Checkpoint, got {type(source).__name__}"
+            )
+        fields, stages, rank, world_size = _core.stream_rules(source)
+        return cls(
+            fields=tuple(DeliveredField(name, dtype, tuple(shape)) for name, dtype, shape in fields),
+            stages=tuple(StageBatches(batch_size, ramp) for batch_size, ramp in stages),
+            rank=rank,
+            world_size=world_size,
+        )
+
+    def local_batch_rows(self, world_size: int | None = None) -> tuple[int, ...]:
+        """Every row count a rank's batch can have over all stages, smallest first."""
+        world = self.world_size if world_size is None else world_size
+        return tuple(sorted({rows for stage in self.stages for rows in stage.local_batch_rows(world)}))
+
+    def field_names(self, dtype: str | None = None) -> frozenset[str]:
+        """The delivered columns' names (of ``dtype`` only, when given)."""
+        return frozenset(f.name for f in self.fields if dtype is None or f.dtype == dtype)
+
+
+def _whole(name: str, value: object, *, minimum: int, maximum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ConfigError(f"invalid {name}: expected an integer, got {value!r}")
+    if not minimum <= value <= maximum:
+        raise ConfigError(f"invalid {name}: must be between {minimum} and {maximum}, got {value}")
+    return value
+
+
+def check_world(rank: object, world_size: object) -> tuple[int, int]:
+    """``(rank, world_size)`` checked: a world of 1 to ``max_world_size`` ranks, a rank below it."""
+    world = _whole("world_size", world_size, minimum=1, maximum=LIMITS["max_world_size"])
+    return _whole("rank", rank, minimum=0, maximum=world - 1), world
+
+
+def _environment() -> tuple[int, int] | None:
+    if "RANK" not in os.environ or "WORLD_SIZE" not in os.environ:
+        return None
+    values = []
+    for variable in ("RANK", "WORLD_SIZE"):
+        text = os.environ[variable]
+        try:
+            values.append(int(text))
+        except ValueError:
+            raise ConfigError(
+                f"invalid {variable} environment variable: expected an integer, got {text!r}"
+            ) from None
+    try:
+        rank, world = check_world(values[0], values[1])
+    except ConfigError as error:
+        raise ConfigError(f"the RANK and WORLD_SIZE environment variables: {error}") from None
+    return rank, world
+
+
+def _torch_distributed() -> tuple[int, int] | None:
+    # Only where the program imported it: the core never imports a framework.
+    distributed = sys.modules.get("torch.distributed")
+    if distributed is not None and distributed.is_available() and distributed.is_initialized():
+        return int(distributed.get_rank()), int(distributed.get_world_size())
+    return None
+
+
+def observed_ranks() -> tuple[int, int] | None:
+    """The ``(rank, world_size)`` the process's launcher set up, if any.
+
+    ``torch.distributed`` when the program initialised it, else the ``RANK`` and ``WORLD_SIZE``
+    environment variables (malformed ones raise :class:`ConfigError` naming them), else ``None``.
+    """
+    return _torch_distributed() or _environment()
+
+
+def process_ranks(configured: tuple[int, int] | None = None) -> tuple[int, int]:
+    """The ``(rank, world_size)`` of this process.
+
+    ``torch.distributed`` decides when the program initialised it: a ``configured`` pair (a
+    config's or checkpoint's explicit rank and world size) that disagrees is refused. Otherwise
+    the ``configured`` pair, then the ``RANK`` and ``WORLD_SIZE`` environment variables (as
+    ``torchrun`` and most launchers set them), then a single rank ``(0, 1)``. A configured
+    ``(0, 1)`` counts as not configured. Malformed values raise :class:`ConfigError` naming them.
+
+    Examples:
+        >>> process_ranks()  # doctest: +SKIP
+        (0, 1)
+
+    """
+    if configured is not None:
+        configured = check_world(*configured)
+        if configured == (0, 1):
+            configured = None
+    distributed = _torch_distributed()
+    if distributed is not None:
+        if configured is not None and configured != distributed:
+            raise ConfigError(
+                f"rank/world_size: the config says rank {configured[0]} of {configured[1]}, "
+                f"torch.distributed says rank {distributed[0]} of {distributed[1]}"
+            )
+        return distributed
+    if configured is not None:
+        return configured
+    return _environment() or (0, 1)
+
+
+def _segment(stop: Position | Checkpoint) -> Segment:
+    return stop.position.segment if isinstance(stop, Checkpoint) else stop.segment
+
+
+def _where(stop: Position | Checkpoint) -> str:
+    return f"global batch {stop.next_batch} (stage {_segment(stop).stage})"
+
+
+def check_same_stream(stops: Mapping[str, Position | Checkpoint | None]) -> None:
+    """Refuses ``stops`` (named positions or checkpoints; ``None``: not started) of several streams.
+
+    Their fingerprints must agree: files of another run, or of the same run with other shards,
+    fields or seed, are not one stream's ranks. :class:`CheckpointError` names two that differ.
+    """
+    if not stops:
+        raise CheckpointError("checkpoint refused: no checkpoint to move")
+    started = [(name, stop) for name, stop in stops.items() if stop is not None]
+    for name, stop in started[1:]:
+        if stop.fingerprint != started[0][1].fingerprint:
+            raise CheckpointError(
+                f"checkpoint refused: {started[0][0]} and {name} belong to different streams "
+                f"({started[0][1].fingerprint}, {stop.fingerprint})"
+            )
+
+
+def check_same_place(stops: Mapping[str, Position | Checkpoint | None], *, world_size: int) -> None:
+    """Refuses to move ``stops`` onto ``world_size`` ranks unless they are all at one place.
+
+    ``stops`` are the old ranks' positions or checkpoints, each named as errors should name it
+    (a file, ``rank 3``); ``None`` is a rank that has not started. Positions are global, so
+    moving them is exact only when every old rank belongs to the same stream (fingerprint),
+    stopped in the same curriculum segment and before the same global batch; otherwise some
+    batches would be delivered twice or never, and :class:`CheckpointError` names two that
+    differ. Used by ``o41 checkpoint reshard``, the JAX Orbax handler and the Lightning plugin.
+    """
+    check_same_stream(stops)
+    named = list(stops.items())
+    first_name, first = named[0]
+    refused = (
+        f"checkpoint refused: moving it onto {world_size} ranks is exact only when every old rank "
+        "stopped at the same place"
+    )
+    for name, stop in named[1:]:
+        if (stop is None) != (first is None):
+            late = name if stop is None else first_name
+            raise CheckpointError(f"{refused}, but {late} has not started")
+        if stop is None or first is None:
+            continue
+        if (stop.next_batch, _segment(stop)) != (first.next_batch, _segment(first)):
+            raise CheckpointError(
+                f"{refused}, and they did not: {first_name} at {_where(first)}, {name} at {_where(stop)}"
+            )
+
+
+def move_to_world(stops: Mapping[str, Checkpoint], rank: int, world_size: int) -> Checkpoint:
+    """The checkpoint for rank ``rank`` of ``world_size``, moved from the old ranks' ``stops``.
+
+    :func:`check_same_place` first, then :meth:`Checkpoint.for_world` on any of them (they are
+    equal but for their rank). ``stops`` maps a name for errors to each old rank's checkpoint.
+    """
+    rank, world_size = check_world(rank, world_size)
+    check_same_place(stops, world_size=world_size)
+    return next(iter(stops.values())).for_world(rank, world_size)
+
+
+def write_rank_file(path: Path, text: str, *, overwrite: bool) -> None:
+    """Writes ``text`` to ``path`` all or nothing: a reader sees the old file or the new one.
+
+    The text goes to a temporary file in the same directory and is flushed to disk, then renamed
+    over ``path`` (``overwrite``) or linked to it, which fails with :class:`FileExistsError` when
+    ``path`` exists; the directory is flushed too, so the new name survives a crash.
+    """
+    descriptor, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(descriptor, "w", encoding="utf-8") as file:
+            file.write(text)
+            file.flush()
+            os.fsync(file.fileno())
+        if overwrite:
+            os.replace(temporary, path)
+        else:
+            os.link(temporary, path)
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(temporary)
+    directory = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(directory)
+    finally:
+        os.close(directory)

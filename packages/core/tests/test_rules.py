@@ -1,0 +1,200 @@
+"""The stream's rules every adapter uses (docs/rules.md): ranks, the delivered schema, ramp rows,
+moving checkpoints to another world, and per-rank files written all or nothing."""
+
+from __future__ import annotations
+
+import os
+import threading
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+from o41_testkit import ShardWriter
+from o41_training_data import (
+    LIMITS,
+    BatchStreamConfig,
+    Checkpoint,
+    CheckpointError,
+    ConfigError,
+    DeliveredField,
+    FileSource,
+    ProjectedField,
+    Ramp,
+    Stage,
+    StreamRules,
+    check_same_place,
+    check_same_stream,
+    move_to_world,
+    open_batch_stream,
+    process_ranks,
+    write_rank_file,
+)
+
+
+def two_stages(shard: ShardWriter, **kwargs: object) -> BatchStreamConfig:
+    a = shard("jsonl", [{"v": i, "m": [1, 0, 1]} for i in range(64)])
+    b = shard("jsonl", [{"v": 1000 + i, "m": [0, 0, 1]} for i in range(64)])
+    return BatchStreamConfig(
+        fields=[ProjectedField("v", "v", "i64"), ProjectedField("m", "m", "bool", shape=[3])],
+        stages=[
+            Stage(sources=[FileSource([a])], batch_size=4, infinite=True),
+            Stage(sources=[FileSource([b])], batch_size=4, infinite=True),
+        ],
+        seed=1,
+        **kwargs,  # type: ignore[arg-type]
+    )
+
+
+def stop(config: BatchStreamConfig, rank: int, batches: int, switch_after: int | None = None) -> Checkpoint:
+    with open_batch_stream(replace(config, rank=rank)) as stream:
+        for k in range(batches):
+            if k == switch_after:
+                stream.advance(1)
+            next(stream)
+        return stream.checkpoint()
+
+
+# -- The delivered schema and batch shapes, read by the engine.
+
+
+def test_the_delivered_schema_of_a_config_and_its_checkpoint_include_the_valid_mask(
+    shard: ShardWriter,
+) -> None:
+    config = two_stages(shard)
+    finite = replace(config.stages[0], infinite=False)
+    config = replace(config, stages=[finite], validation_pass=True)
+    rules = StreamRules.of(config)
+    assert rules.fields == (
+        DeliveredField("v", "i64", ()),
+        DeliveredField("m", "bool", (3,)),
+        DeliveredField("valid", "bool", ()),
+    )
+    with open_batch_stream(config) as stream:
+        batch = next(stream)
+        checkpoint = stream.checkpoint()
+    # What the stream delivers is what the rules said, dtype and shape included (the core hands
+    # bool columns over as uint8 bytes; the adapters view them as their framework's bool).
+    numpy = {"i64": "int64", "bool": "uint8"}
+    assert [(n, a.dtype.name, a.shape[1:]) for n, a in batch.arrays().items()] == [
+        (f.name, numpy[f.dtype], f.shape) for f in rules.fields
+    ]
+    assert StreamRules.of(checkpoint).fields == rules.fields
+    assert StreamRules.of(checkpoint).field_names("bool") == {"m", "valid"}
+    with pytest.raises(ConfigError, match="expected a BatchStreamConfig or a Checkpoint, got dict"):
+        StreamRules.of({})  # type: ignore[arg-type]
+
+
+def test_a_ramped_stage_gives_each_rank_its_share_of_every_size(shard: ShardWriter) -> None:
+    config = two_stages(shard, world_size=2)
+    ramped = replace(config.stages[1], batch_size=8, ramp=Ramp(start=2, increment=2, rows=40))
+    rules = StreamRules.of(replace(config, stages=[config.stages[0], ramped]))
+    assert rules.stages[1].global_sizes() == (2, 4, 6, 8)
+    assert rules.stages[1].local_batch_rows(2) == (1, 2, 3, 4)
+    assert rules.stages[1].batches_per_round(2) == 1
+    assert rules.stages[0].batches_per_round(2) == 2
+    assert rules.local_batch_rows() == (1, 2, 3, 4)
+    # Four ranks split only the sizes that divide by four; the unramped stage gives whole batches.
+    assert rules.local_batch_rows(4) == (1, 2, 4)
+    # What ranks receive in the ramp, and the sizes the rules list, agree.
+    seen = set()
+    with open_batch_stream(replace(config, stages=[ramped], rank=1)) as stream:
+        for _, batch in zip(range(40), stream, strict=False):
+            seen.add(len(batch.arrays()["v"]))
+    assert seen == {1, 2, 3, 4}
+
+
+def test_the_limits_are_the_engines() -> None:
+    assert LIMITS["max_world_size"] == 2**32
+    assert LIMITS["max_seq_len"] == 2**30
+    with pytest.raises(ConfigError, match=f"world_size: must be between 1 and {2**32}"):
+        BatchStreamConfig(
+            fields=[ProjectedField("v", "v", "i64")], stages=[], world_size=2**32 + 1
+        ).validate()
+
+
+# -- Ranks and world size.
+
+
+def test_process_ranks_follow_the_configured_pair_then_the_environment(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv("RANK", raising=False)
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    assert process_ranks() == (0, 1)
+    monkeypatch.setenv("RANK", "2")
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    assert process_ranks() == (2, 4)
+    assert process_ranks((1, 3)) == (1, 3)  # an explicit pair wins over the environment
+    assert process_ranks((0, 1)) == (2, 4)  # the default pair is no choice
+    monkeypatch.setenv("RANK", "abc")
+    with pytest.raises(
+        ConfigError, match="invalid RANK environment variable: expected an integer, got 'abc'"
+    ):
+        process_ranks()
+    monkeypatch.setenv("RANK", "4")
+    with pytest.raises(ConfigError, match="RANK and WORLD_SIZE environment variables: invalid rank"):
+        process_ranks()
+    with pytest.raises(ConfigError, match="invalid world_size: must be between 1 and"):
+        process_ranks((0, 2**33))
+
+
+# -- Moving checkpoints to another world: one rule.
+
+
+def test_moving_needs_one_stream_one_segment_and_one_next_batch(shard: ShardWriter) -> None:
+    config = two_stages(shard, world_size=2)
+    stops = {"rank 0": stop(config, 0, 3), "rank 1": stop(config, 1, 3)}
+    moved = move_to_world(stops, 2, 3)
+    assert (moved.rank, moved.world_size, moved.next_batch) == (2, 3, 6)
+    # One global batch, but rank 1 switched to stage 1 on the way: the segments differ.
+    switched = {"rank 0": stops["rank 0"], "rank 1": stop(config, 1, 3, switch_after=1)}
+    assert switched["rank 1"].next_batch == stops["rank 0"].next_batch
+    with pytest.raises(
+        CheckpointError,
+        match=r"rank 0 at global batch 6 \(stage 0\), rank 1 at global batch 6 \(stage 1\)",
+    ):
+        move_to_world(switched, 0, 3)
+    with pytest.raises(
+        CheckpointError, match=r"rank 0 at global batch 6 \(stage 0\), rank 1 at global batch 8"
+    ):
+        check_same_place({"rank 0": stops["rank 0"], "rank 1": stop(config, 1, 4)}, world_size=3)
+    with pytest.raises(CheckpointError, match="but rank 1 has not started"):
+        check_same_place({"rank 0": stops["rank 0"].position, "rank 1": None}, world_size=3)
+    other = stop(replace(config, seed=2), 0, 3)
+    with pytest.raises(CheckpointError, match="rank 0 and other belong to different streams"):
+        check_same_stream({"rank 0": stops["rank 0"], "other": other})
+    with pytest.raises(CheckpointError, match="no checkpoint to move"):
+        check_same_place({}, world_size=2)
+    with pytest.raises(ConfigError, match="invalid rank: must be between 0 and 2, got 3"):
+        move_to_world(stops, 3, 3)
+
+
+# -- Per-rank files.
+
+
+def test_a_rank_file_is_written_whole_or_not_at_all(tmp_path: Path) -> None:
+    target = tmp_path / "process_0-of-2.json"
+    write_rank_file(target, "first", overwrite=False)
+    with pytest.raises(FileExistsError):
+        write_rank_file(target, "second", overwrite=False)
+    assert target.read_text() == "first"
+    write_rank_file(target, "second", overwrite=True)
+    assert target.read_text() == "second"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["process_0-of-2.json"]  # no temporary left
+    # Readers racing a writer see one of the two texts, never a mix or an empty file.
+    texts = {"a" * 100_000, "b" * 100_000}
+    seen: set[str] = set()
+    done = threading.Event()
+
+    def read() -> None:
+        while not done.is_set():
+            seen.add(target.read_text())
+
+    reader = threading.Thread(target=read)
+    reader.start()
+    for k in range(50):
+        write_rank_file(target, sorted(texts)[k % 2], overwrite=True)
+    done.set()
+    reader.join()
+    assert seen <= texts | {"second"}
+    assert os.stat(target).st_size == 100_000

@@ -1,0 +1,74 @@
+//! The stream's rules as the Python face's adapters read them: the engine's limits, and the
+//! delivered schema and batch shapes of a config or a checkpoint, computed here from the engine's
+//! own types so that no adapter parses the resolved document (or its shard list) in Python.
+
+use o41_engine::config::{FieldSpec, RampSpec};
+use o41_engine::fields::Projection;
+use o41_engine::limits::ALL as LIMITS;
+use pyo3::prelude::*;
+use pyo3::types::PyDict;
+
+use crate::checkpoint::{config_of, Checkpoint};
+use crate::errors::to_py;
+
+/// The engine's limits by name (`max_world_size`, `max_seq_len`, ...).
+#[pyfunction]
+pub fn limits(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
+    let out = PyDict::new(py);
+    for (name, value) in LIMITS {
+        out.set_item(name, value)?;
+    }
+    Ok(out)
+}
+
+/// One delivered column: name, dtype name and per-row shape.
+type FieldTuple = (String, &'static str, Vec<usize>);
+/// One stage: its global batch size and its ramp `(start, increment, rows)`, if any.
+type StageTuple = (u64, Option<(u64, u64, u64)>);
+
+/// What adapters need of a stream: `(fields, stages, rank, world_size)`, from a config (an object
+/// with `to_json()`) or a `Checkpoint` (its resolved document, as the engine holds it).
+#[pyfunction]
+pub fn stream_rules(
+    py: Python<'_>,
+    source: &Bound<'_, PyAny>,
+) -> PyResult<(Vec<FieldTuple>, Vec<StageTuple>, usize, usize)> {
+    let ramp = |r: &Option<RampSpec>| r.map(|r| (r.start, r.increment, r.rows));
+    let (fields, validation_pass, stages, rank, world_size): (Vec<FieldSpec>, bool, Vec<_>, _, _) =
+        if let Ok(checkpoint) = source.cast::<Checkpoint>() {
+            let resolved = &checkpoint.get().inner.resolved;
+            let stages = resolved
+                .stages
+                .iter()
+                .map(|s| (s.batch_size as u64, ramp(&s.ramp)))
+                .collect();
+            (
+                resolved.fields.clone(),
+                resolved.validation_pass,
+                stages,
+                resolved.rank,
+                resolved.world_size,
+            )
+        } else {
+            let config = config_of(py, source)?;
+            let stages = config
+                .stages
+                .iter()
+                .map(|s| (s.batch_size as u64, ramp(&s.ramp)))
+                .collect();
+            (
+                config.fields,
+                config.validation_pass,
+                stages,
+                config.rank,
+                config.world_size,
+            )
+        };
+    let projection = Projection::delivered(&fields, validation_pass).map_err(|e| to_py(py, &e))?;
+    let fields = projection
+        .columns
+        .into_iter()
+        .map(|c| (c.name, c.dtype.name(), c.shape))
+        .collect();
+    Ok((fields, stages, rank, world_size))
+}
