@@ -19,6 +19,7 @@ pub mod manifest;
 pub mod memory;
 pub mod metrics;
 pub mod order;
+pub mod parallel;
 pub mod pipeline;
 pub mod plan;
 pub mod pool;

@@ -159,6 +159,7 @@ impl Plan {
         let order = Order::new(&config)?;
         let mut projection = projection;
         if config.validation_pass {
+            // The same columns as `Projection::delivered`, from the projection resolve built.
             projection.columns.push(ProjectedColumn::valid_mask());
         }
         let (records, record_map) = projection.record_columns();
@@ -426,7 +427,7 @@ impl Plan {
                 .any(|&k| storage::is_remote(self.shard(k).path()));
             let threads = crate::resolve::inspection_concurrency(self.resolved.threads, remote);
             let _ =
-                crate::resolve::parallel(&todo, threads, |&k| self.meta(storage, k).map(|_| ()));
+                crate::parallel::parallel(&todo, threads, |&k| self.meta(storage, k).map(|_| ()));
         }
     }
 }

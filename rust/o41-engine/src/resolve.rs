@@ -9,14 +9,12 @@
 
 use std::borrow::Cow;
 use std::collections::HashMap;
-use std::path::Path;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use crate::checkpoint::Checkpoint;
 use crate::config::{
-    FieldSpec, ManifestSelection, ResolvedConfig, ResolvedShard, ResolvedSource, ResolvedStage,
-    SourceSpec, StreamConfig, TokenLayout, RESOLVED_CONFIG_VERSION,
+    FieldSpec, ResolvedConfig, ResolvedShard, ResolvedSource, ResolvedStage, SourceSpec,
+    StreamConfig, TokenLayout, RESOLVED_CONFIG_VERSION,
 };
 use crate::encoding::Encoding;
 use crate::error::{Error, Result};
@@ -25,6 +23,7 @@ use crate::formats::{self, Promise, PromiseOrigin, ShardMeta};
 use crate::inspect_cache::{Cached, InspectCache};
 use crate::manifest::{Manifest, ShardLocations};
 use crate::memory::{MemoryBound, PipelineShape, ShardScratch};
+use crate::parallel::parallel;
 use crate::storage::{self, Pin, Storage};
 
 /// A resolved config with what open learnt about its shards.
@@ -279,23 +278,6 @@ fn manifest_texts(config: &StreamConfig, storage: &Storage) -> Result<Vec<(Strin
     Ok(texts)
 }
 
-/// The manifest selection `source` reads, as the resolved document records it.
-fn selection(source: &SourceSpec) -> Option<ManifestSelection> {
-    match source {
-        SourceSpec::Files { .. } => None,
-        SourceSpec::Manifest {
-            manifest_uri,
-            split,
-            curriculum_stages,
-            ..
-        } => Some(ManifestSelection {
-            manifest_uri: absolute(manifest_uri),
-            split: split.clone(),
-            curriculum_stages: curriculum_stages.clone(),
-        }),
-    }
-}
-
 /// Names the config option at fault in a storage settings error.
 fn renamed(error: Error, option: &str) -> Error {
     match error {
@@ -304,13 +286,10 @@ fn renamed(error: Error, option: &str) -> Error {
     }
 }
 
-/// Local paths are made absolute so a resolved document does not depend on the working directory.
-fn absolute(path: &str) -> String {
-    if storage::is_remote(path) {
-        return path.to_owned();
-    }
-    std::path::absolute(Path::new(path))
-        .map_or_else(|_| path.to_owned(), |p| p.to_string_lossy().into_owned())
+/// Local paths are made absolute so a resolved document does not depend on the working
+/// directory, in the one spelling every layer compares ([`storage::normalize`]).
+pub(crate) fn absolute(path: &str) -> String {
+    storage::normalize(path)
 }
 
 /// What open knows from the config alone, before it touches any object.
@@ -346,7 +325,7 @@ impl<'a> Setup<'a> {
 /// the threads, and never more than `MAX_RECORD_BYTES`.
 pub(crate) fn max_record(bound: &MemoryBound, threads: usize, shards: usize) -> u64 {
     let headroom = bound.limit - bound.total();
-    (headroom / inspect_threads(threads, shards) as u64)
+    (headroom / crate::parallel::threads_for(threads, shards) as u64)
         .saturating_sub(formats::READER_BUFFER_BYTES)
         .min(formats::MAX_RECORD_BYTES)
 }
@@ -360,13 +339,6 @@ pub(crate) fn inspection_concurrency(threads: usize, remote: bool) -> usize {
     } else {
         threads
     }
-}
-
-/// Threads that inspect `shards` shards: at most `threads`, and never more than this many, which
-/// keep a storage service busy already.
-fn inspect_threads(threads: usize, shards: usize) -> usize {
-    const MAX_INSPECT_THREADS: usize = 64;
-    threads.clamp(1, shards.clamp(1, MAX_INSPECT_THREADS))
 }
 
 /// What the inspection cache keys a projection's scratch by: the fields, as the document
@@ -522,59 +494,6 @@ fn settle(storage: &Storage, jobs: &[Job], setup: &Setup<'_>) -> Result<Settled>
     Ok(Settled { shards, scratch })
 }
 
-/// Runs `f` on every item on up to `threads` threads (see [`inspect_threads`]); results keep
-/// the items' order, so the first failure reported does not depend on timing.
-pub(crate) fn parallel<T: Sync, R: Send>(
-    items: &[T],
-    threads: usize,
-    f: impl Fn(&T) -> Result<R> + Sync,
-) -> Vec<Result<R>> {
-    if items.is_empty() {
-        return Vec::new();
-    }
-    let next = AtomicUsize::new(0);
-    let done: Mutex<Vec<(usize, Result<R>)>> = Mutex::new(Vec::with_capacity(items.len()));
-    let work = || loop {
-        let i = next.fetch_add(1, Ordering::Relaxed);
-        let Some(item) = items.get(i) else { return };
-        let result = Error::catch(|| f(item));
-        done.lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .push((i, result));
-    };
-    let spawn_failed = std::thread::scope(|scope| {
-        let mut failed = None;
-        let work = &work;
-        for _ in 0..inspect_threads(threads, items.len()) {
-            if let Err(e) = std::thread::Builder::new()
-                .name("o41-inspect".to_owned())
-                .spawn_scoped(scope, work)
-            {
-                failed = Some(Error::io("inspection thread", e));
-                break;
-            }
-        }
-        failed
-    });
-    let mut done = done
-        .into_inner()
-        .unwrap_or_else(std::sync::PoisonError::into_inner);
-    done.sort_unstable_by_key(|(i, _)| *i);
-    let mut out: Vec<Result<R>> = done.into_iter().map(|(_, r)| r).collect();
-    // Items no thread reached (none could be started) fail with the reason.
-    while out.len() < items.len() {
-        out.push(Err(spawn_failed.as_ref().map_or_else(
-            || Error::Internal {
-                message: "an inspection was never run".to_owned(),
-            },
-            |e| Error::Internal {
-                message: e.to_string(),
-            },
-        )));
-    }
-    out
-}
-
 /// The inspections of `settled`, by flat shard id.
 fn inspections(settled: &mut Settled) -> Vec<(usize, Box<ShardMeta>)> {
     settled
@@ -657,7 +576,7 @@ pub fn resolve(config: &StreamConfig, storage: &Storage) -> Result<Resolved> {
             let resolved = ResolvedSource {
                 weight: source.weight(),
                 shards,
-                manifest: selection(source),
+                manifest: source.manifest_selection(),
             };
             if resolved.rows() == 0 {
                 return Err(Error::config(
@@ -699,173 +618,6 @@ pub fn resolve(config: &StreamConfig, storage: &Storage) -> Result<Resolved> {
     })
 }
 
-/// Refuses `resolved` (a checkpoint's) when `config` would not resolve to the same stream,
-/// naming the first part that differs. Compares what the config says, without reading any
-/// shard or manifest: the fields, the seed, each stage's settings and each source's weight,
-/// file list and encodings or manifest selection. Row counts are checked when the shards are
-/// reopened; rank, world size and resources (threads, prefetch, memory limit) are not compared.
-pub fn check_config(resolved: &ResolvedConfig, config: &StreamConfig) -> Result<()> {
-    config.validate()?;
-    match first_difference(resolved, config)? {
-        None => Ok(()),
-        Some(difference) => Err(Error::Checkpoint {
-            message: format!(
-                "it was taken from another stream than this config describes: {difference}"
-            ),
-        }),
-    }
-}
-
-/// "`option` is X in the checkpoint, Y in the config" when they differ.
-fn differs<T: PartialEq + serde::Serialize>(option: &str, theirs: &T, ours: &T) -> Option<String> {
-    (theirs != ours).then(|| {
-        format!(
-            "{option} is {} in the checkpoint, {} in the config",
-            show(theirs),
-            show(ours)
-        )
-    })
-}
-
-fn first_difference(resolved: &ResolvedConfig, config: &StreamConfig) -> Result<Option<String>> {
-    if let Some(d) = differs(
-        "the number of fields",
-        &resolved.fields.len(),
-        &config.fields.len(),
-    ) {
-        return Ok(Some(d));
-    }
-    for (i, (theirs, ours)) in resolved.fields.iter().zip(&config.fields).enumerate() {
-        if let Some(d) = differs(&format!("fields[{i}]"), theirs, ours) {
-            return Ok(Some(d));
-        }
-    }
-    if let Some(d) = differs("seed", &resolved.seed, &config.seed)
-        .or_else(|| {
-            differs(
-                "validation_pass",
-                &resolved.validation_pass,
-                &config.validation_pass,
-            )
-        })
-        .or_else(|| {
-            differs(
-                "the number of stages",
-                &resolved.stages.len(),
-                &config.stages.len(),
-            )
-        })
-    {
-        return Ok(Some(d));
-    }
-    for (s, (theirs, ours)) in resolved.stages.iter().zip(&config.stages).enumerate() {
-        let option = format!("stages[{s}]");
-        let stage = differs(
-            &format!("{option}.batch_size"),
-            &theirs.batch_size,
-            &ours.batch_size,
-        )
-        .or_else(|| differs(&format!("{option}.shuffle"), &theirs.shuffle, &ours.shuffle))
-        .or_else(|| {
-            differs(
-                &format!("{option}.infinite"),
-                &theirs.infinite,
-                &ours.infinite,
-            )
-        })
-        .or_else(|| differs(&format!("{option}.ramp"), &theirs.ramp, &ours.ramp))
-        .or_else(|| differs(&format!("{option}.packing"), &theirs.packing, &ours.packing))
-        .or_else(|| differs(&format!("{option}.windows"), &theirs.windows, &ours.windows))
-        .or_else(|| {
-            differs(
-                &format!("the number of {option}.sources"),
-                &theirs.sources.len(),
-                &ours.sources.len(),
-            )
-        });
-        if stage.is_some() {
-            return Ok(stage);
-        }
-        for (j, (theirs, ours)) in theirs.sources.iter().zip(&ours.sources).enumerate() {
-            let option = format!("{option}.sources[{j}]");
-            if let Some(d) = differs(&format!("{option}.weight"), &theirs.weight, &ours.weight()) {
-                return Ok(Some(d));
-            }
-            if let Some(difference) = source_difference(theirs, ours, &option)? {
-                return Ok(Some(difference));
-            }
-        }
-    }
-    Ok(None)
-}
-
-fn source_difference(
-    theirs: &ResolvedSource,
-    ours: &SourceSpec,
-    option: &str,
-) -> Result<Option<String>> {
-    let selection_in_checkpoint = &theirs.manifest;
-    match (ours, selection_in_checkpoint) {
-        (SourceSpec::Files { .. }, Some(pinned)) => Ok(Some(format!(
-            "{option} read split '{}' of {} in the checkpoint; the config lists files",
-            pinned.split, pinned.manifest_uri
-        ))),
-        (SourceSpec::Manifest { .. }, None) => Ok(Some(format!(
-            "{option} read a file list in the checkpoint; the config names a manifest"
-        ))),
-        (SourceSpec::Manifest { .. }, Some(pinned)) => {
-            let wanted = selection(ours);
-            Ok((Some(pinned) != wanted.as_ref()).then(|| {
-                format!(
-                    "{option} selects {} in the config, {} in the checkpoint",
-                    show(&wanted),
-                    show(pinned)
-                )
-            }))
-        }
-        (
-            SourceSpec::Files {
-                files, encoding, ..
-            },
-            None,
-        ) => {
-            if files.len() != theirs.shards.len() {
-                return Ok(Some(format!(
-                    "{option}: the file list changed: the checkpoint read {} files, the config lists {}",
-                    theirs.shards.len(),
-                    files.len()
-                )));
-            }
-            for (f, (file, shard)) in files.iter().zip(&theirs.shards).enumerate() {
-                let path = absolute(file);
-                if path != shard.path {
-                    return Ok(Some(format!(
-                        "{option}: the file list changed: files[{f}] is {path} in the config, {} in the checkpoint",
-                        shard.path
-                    )));
-                }
-                let expected = match encoding {
-                    Some(name) => Encoding::parse(name, &format!("{option}.encoding"))?,
-                    None => Encoding::from_path(file, &format!("{option}.files[{f}]"))?,
-                };
-                if expected != shard.encoding {
-                    return Ok(Some(format!(
-                        "{option}: files[{f}] is read as {} in the config, as {} in the checkpoint",
-                        expected.name(),
-                        shard.encoding.name()
-                    )));
-                }
-            }
-            Ok(None)
-        }
-    }
-}
-
-/// A value as compact JSON, for messages.
-fn show<T: serde::Serialize>(value: &T) -> String {
-    serde_json::to_string(value).unwrap_or_default()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -899,7 +651,7 @@ mod tests {
         assert_eq!(inspection_concurrency(2, false), 2);
         assert_eq!(inspection_concurrency(2, true), 32);
         assert_eq!(inspection_concurrency(48, true), 48);
-        assert_eq!(inspect_threads(48, 3), 3);
-        assert_eq!(inspect_threads(200, 1000), 64);
+        assert_eq!(crate::parallel::threads_for(48, 3), 3);
+        assert_eq!(crate::parallel::threads_for(200, 1000), 64);
     }
 }

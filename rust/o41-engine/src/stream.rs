@@ -13,6 +13,7 @@ use std::time::{Duration, Instant};
 use arrow_array::RecordBatch;
 use arrow_schema::SchemaRef;
 
+use crate::checkpoint::check_config;
 use crate::checkpoint::{Checkpoint, Cursor, Position};
 use crate::config::{ResolvedConfig, StreamConfig};
 use crate::error::{Error, Result};
@@ -21,7 +22,7 @@ use crate::metrics::{DecodeReading, Meter, MeterReading};
 use crate::order::{Segment, MAX_POSITION};
 use crate::pipeline::{Assembled, Pipeline};
 use crate::plan::{Plan, Planner};
-use crate::resolve::{check_config, reopen, resolve, Resolved};
+use crate::resolve::{reopen, resolve, Resolved};
 use crate::storage::Storage;
 
 /// How long [`BatchStream::batches`] waits between looks at the stream's state.

@@ -2,9 +2,9 @@
 
 use std::sync::Arc;
 
+use o41_engine::checkpoint::check_config;
 use o41_engine::checkpoint::Checkpoint as EngineCheckpoint;
 use o41_engine::config::ResolvedConfig;
-use o41_engine::resolve::check_config;
 use o41_engine::{Error, StreamConfig};
 use pyo3::prelude::*;
 use pyo3::types::{PyString, PyTuple};

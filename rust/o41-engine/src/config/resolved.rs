@@ -5,7 +5,9 @@ use std::borrow::Cow;
 
 use serde::{Deserialize, Serialize};
 
-use super::schema::{FieldSpec, PackingSpec, RampSpec, ShuffleSpec, TokenLayout, WindowsSpec};
+use super::schema::{
+    FieldSpec, PackingSpec, RampSpec, ShuffleSpec, SourceSpec, TokenLayout, WindowsSpec,
+};
 use crate::encoding::Encoding;
 use crate::storage::promise::{Promise, PromiseOrigin};
 
@@ -140,5 +142,26 @@ impl ResolvedConfig {
     /// Serialises the document as JSON.
     pub fn to_json(&self) -> String {
         serde_json::to_string(self).expect("a resolved config always serialises")
+    }
+}
+
+impl SourceSpec {
+    /// The manifest selection `source` reads, as the resolved document records it.
+    /// The manifest selection a manifest source pins in a resolved document; `None` for a file
+    /// list.
+    pub fn manifest_selection(&self) -> Option<ManifestSelection> {
+        match self {
+            SourceSpec::Files { .. } => None,
+            SourceSpec::Manifest {
+                manifest_uri,
+                split,
+                curriculum_stages,
+                ..
+            } => Some(ManifestSelection {
+                manifest_uri: crate::storage::normalize(manifest_uri),
+                split: split.clone(),
+                curriculum_stages: curriculum_stages.clone(),
+            }),
+        }
     }
 }

@@ -13,6 +13,10 @@ use crate::config::ResolvedConfig;
 use crate::error::{Error, Result};
 use crate::order::Segment;
 
+mod diff;
+
+pub use diff::check_config;
+
 /// Version of the checkpoint document.
 pub const CHECKPOINT_VERSION: u32 = 1;
 

@@ -1,0 +1,174 @@
+//! The check of a checkpoint against a config: the first part of the stream they describe
+//! differently, named by its option path, without reading any shard or manifest.
+
+use crate::config::{ResolvedConfig, ResolvedSource, SourceSpec, StreamConfig};
+use crate::encoding::Encoding;
+use crate::error::{Error, Result};
+use crate::storage::normalize as absolute;
+
+/// Refuses `resolved` (a checkpoint's) when `config` would not resolve to the same stream,
+/// naming the first part that differs. Compares what the config says, without reading any
+/// shard or manifest: the fields, the seed, each stage's settings and each source's weight,
+/// file list and encodings or manifest selection. Row counts are checked when the shards are
+/// reopened; rank, world size and resources (threads, prefetch, memory limit) are not compared.
+pub fn check_config(resolved: &ResolvedConfig, config: &StreamConfig) -> Result<()> {
+    config.validate()?;
+    match first_difference(resolved, config)? {
+        None => Ok(()),
+        Some(difference) => Err(Error::Checkpoint {
+            message: format!(
+                "it was taken from another stream than this config describes: {difference}"
+            ),
+        }),
+    }
+}
+
+/// "`option` is X in the checkpoint, Y in the config" when they differ.
+fn differs<T: PartialEq + serde::Serialize>(option: &str, theirs: &T, ours: &T) -> Option<String> {
+    (theirs != ours).then(|| {
+        format!(
+            "{option} is {} in the checkpoint, {} in the config",
+            show(theirs),
+            show(ours)
+        )
+    })
+}
+
+fn first_difference(resolved: &ResolvedConfig, config: &StreamConfig) -> Result<Option<String>> {
+    if let Some(d) = differs(
+        "the number of fields",
+        &resolved.fields.len(),
+        &config.fields.len(),
+    ) {
+        return Ok(Some(d));
+    }
+    for (i, (theirs, ours)) in resolved.fields.iter().zip(&config.fields).enumerate() {
+        if let Some(d) = differs(&format!("fields[{i}]"), theirs, ours) {
+            return Ok(Some(d));
+        }
+    }
+    if let Some(d) = differs("seed", &resolved.seed, &config.seed)
+        .or_else(|| {
+            differs(
+                "validation_pass",
+                &resolved.validation_pass,
+                &config.validation_pass,
+            )
+        })
+        .or_else(|| {
+            differs(
+                "the number of stages",
+                &resolved.stages.len(),
+                &config.stages.len(),
+            )
+        })
+    {
+        return Ok(Some(d));
+    }
+    for (s, (theirs, ours)) in resolved.stages.iter().zip(&config.stages).enumerate() {
+        let option = format!("stages[{s}]");
+        let stage = differs(
+            &format!("{option}.batch_size"),
+            &theirs.batch_size,
+            &ours.batch_size,
+        )
+        .or_else(|| differs(&format!("{option}.shuffle"), &theirs.shuffle, &ours.shuffle))
+        .or_else(|| {
+            differs(
+                &format!("{option}.infinite"),
+                &theirs.infinite,
+                &ours.infinite,
+            )
+        })
+        .or_else(|| differs(&format!("{option}.ramp"), &theirs.ramp, &ours.ramp))
+        .or_else(|| differs(&format!("{option}.packing"), &theirs.packing, &ours.packing))
+        .or_else(|| differs(&format!("{option}.windows"), &theirs.windows, &ours.windows))
+        .or_else(|| {
+            differs(
+                &format!("the number of {option}.sources"),
+                &theirs.sources.len(),
+                &ours.sources.len(),
+            )
+        });
+        if stage.is_some() {
+            return Ok(stage);
+        }
+        for (j, (theirs, ours)) in theirs.sources.iter().zip(&ours.sources).enumerate() {
+            let option = format!("{option}.sources[{j}]");
+            if let Some(d) = differs(&format!("{option}.weight"), &theirs.weight, &ours.weight()) {
+                return Ok(Some(d));
+            }
+            if let Some(difference) = source_difference(theirs, ours, &option)? {
+                return Ok(Some(difference));
+            }
+        }
+    }
+    Ok(None)
+}
+
+fn source_difference(
+    theirs: &ResolvedSource,
+    ours: &SourceSpec,
+    option: &str,
+) -> Result<Option<String>> {
+    let selection_in_checkpoint = &theirs.manifest;
+    match (ours, selection_in_checkpoint) {
+        (SourceSpec::Files { .. }, Some(pinned)) => Ok(Some(format!(
+            "{option} read split '{}' of {} in the checkpoint; the config lists files",
+            pinned.split, pinned.manifest_uri
+        ))),
+        (SourceSpec::Manifest { .. }, None) => Ok(Some(format!(
+            "{option} read a file list in the checkpoint; the config names a manifest"
+        ))),
+        (SourceSpec::Manifest { .. }, Some(pinned)) => {
+            let wanted = ours.manifest_selection();
+            Ok((Some(pinned) != wanted.as_ref()).then(|| {
+                format!(
+                    "{option} selects {} in the config, {} in the checkpoint",
+                    show(&wanted),
+                    show(pinned)
+                )
+            }))
+        }
+        (
+            SourceSpec::Files {
+                files, encoding, ..
+            },
+            None,
+        ) => {
+            if files.len() != theirs.shards.len() {
+                return Ok(Some(format!(
+                    "{option}: the file list changed: the checkpoint read {} files, the config lists {}",
+                    theirs.shards.len(),
+                    files.len()
+                )));
+            }
+            for (f, (file, shard)) in files.iter().zip(&theirs.shards).enumerate() {
+                let path = absolute(file);
+                if path != shard.path {
+                    return Ok(Some(format!(
+                        "{option}: the file list changed: files[{f}] is {path} in the config, {} in the checkpoint",
+                        shard.path
+                    )));
+                }
+                let expected = match encoding {
+                    Some(name) => Encoding::parse(name, &format!("{option}.encoding"))?,
+                    None => Encoding::from_path(file, &format!("{option}.files[{f}]"))?,
+                };
+                if expected != shard.encoding {
+                    return Ok(Some(format!(
+                        "{option}: files[{f}] is read as {} in the config, as {} in the checkpoint",
+                        expected.name(),
+                        shard.encoding.name()
+                    )));
+                }
+            }
+            Ok(None)
+        }
+    }
+}
+
+/// A value as compact JSON, for messages.
+fn show<T: serde::Serialize>(value: &T) -> String {
+    serde_json::to_string(value).unwrap_or_default()
+}

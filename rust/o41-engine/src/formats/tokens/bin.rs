@@ -1,0 +1,131 @@
+//! The `.bin` token format: little-endian ids of 2 or 4 bytes, described by a sibling
+//! `meta.json` (dtype, eos id), scanned for document ends.
+
+use std::io::Read;
+
+use serde::Deserialize;
+
+use super::{malformed, Documents};
+use crate::encoding::Encoding;
+use crate::error::{Error, Result};
+use crate::storage::{sibling, Object, Storage};
+
+/// The file beside a `.bin` shard that describes it.
+pub const META_FILE: &str = "meta.json";
+/// A `meta.json` larger than this is not one.
+pub(super) const MAX_META_BYTES: u64 = 1 << 20;
+
+/// Bytes read at a time when a `.bin` shard is scanned for document ends.
+pub(super) const SCAN_BYTES: usize = 1 << 20;
+
+/// What a `.bin` shard's `meta.json` says.
+#[derive(Debug, Deserialize)]
+pub(super) struct BinMeta {
+    /// `uint16` or `uint32`.
+    pub(super) dtype: String,
+    /// The id that ends each document, if the corpus marks them.
+    #[serde(default)]
+    pub(super) eos_id: Option<u64>,
+}
+
+/// Reads `path`'s `meta.json`: the width of its ids and its eos id.
+pub(super) fn bin_meta(storage: &Storage, path: &str) -> Result<(u64, Option<u64>)> {
+    let meta_path = sibling(path, META_FILE);
+    let object = storage.open(&meta_path).map_err(|e| match e {
+        e @ Error::Cancelled { .. } => e,
+        other => malformed(
+            path,
+            Encoding::Bin,
+            None,
+            format!(
+                "a .bin shard is described by {meta_path} (its dtype and eos id), which cannot \
+                 be read: {other}"
+            ),
+        ),
+    })?;
+    let bad = |message: String| malformed(&meta_path, Encoding::Bin, None, message);
+    if object.size() > MAX_META_BYTES {
+        return Err(bad(format!(
+            "{} bytes is not a meta.json (at most {MAX_META_BYTES})",
+            object.size()
+        )));
+    }
+    let text = object.read_range(0..object.size())?;
+    let meta: BinMeta = serde_json::from_slice(&text)
+        .map_err(|e| bad(format!("not a token corpus description: {e}")))?;
+    let width = match meta.dtype.as_str() {
+        "uint16" | "u16" => 2,
+        "uint32" | "u32" => 4,
+        other => {
+            return Err(bad(format!(
+                "dtype '{other}' is not a token id type; expected uint16 or uint32"
+            )))
+        }
+    };
+    Ok((width, meta.eos_id))
+}
+
+/// Scans a `.bin` stream for `eos`, handing each document it closes (and the tail after the
+/// last) to `documents`.
+pub(super) fn scan_bin(
+    object: &Object,
+    width: u64,
+    eos: u64,
+    documents: &mut Documents,
+    max_plan: u64,
+    too_large: &dyn Fn(u64) -> Error,
+) -> Result<()> {
+    let path = object.uri();
+    let mut reader = object.reader(0)?;
+    let mut buf = vec![0u8; SCAN_BYTES];
+    let mut filled = 0usize;
+    let mut token = 0u64;
+    let mut doc_start = 0u64;
+    loop {
+        let n = reader
+            .read(&mut buf[filled..])
+            .map_err(|e| crate::storage::from_io(e, |e| Error::io(path, e)))?;
+        filled += n;
+        let whole = filled - filled % width as usize;
+        for id in buf[..whole].chunks_exact(width as usize) {
+            if read_id(id) == eos {
+                documents.push(doc_start, token + 1 - doc_start);
+                doc_start = token + 1;
+            }
+            token += 1;
+        }
+        if documents.bytes() > max_plan {
+            return Err(too_large(max_plan));
+        }
+        buf.copy_within(whole..filled, 0);
+        filled -= whole;
+        if n == 0 {
+            break;
+        }
+    }
+    if token * width != object.size() {
+        return Err(malformed(
+            path,
+            Encoding::Bin,
+            None,
+            format!(
+                "read {} bytes of a {}-byte shard",
+                token * width + filled as u64,
+                object.size()
+            ),
+        ));
+    }
+    if doc_start < token {
+        documents.push(doc_start, token - doc_start);
+    }
+    Ok(())
+}
+
+/// A little-endian id of 2 or 4 bytes.
+pub(super) fn read_id(bytes: &[u8]) -> u64 {
+    match *bytes {
+        [a, b] => u64::from(u16::from_le_bytes([a, b])),
+        [a, b, c, d] => u64::from(u32::from_le_bytes([a, b, c, d])),
+        _ => 0,
+    }
+}

@@ -1,0 +1,463 @@
+//! Token shards: a `.bin` file of token ids (its dtype and eos id in a sibling `meta.json`), or
+//! a Parquet column of token lists read as one stream. A stage that packs or windows tokens
+//! reads such a shard as rows of windows (`order::pack`): inspection reads the shard's document
+//! boundaries and plans its windows, and the reader fills each window's tokens, segment ids and
+//! positions.
+//!
+//! `.bin` shards are read with positional reads through the storage layer (ranged requests for
+//! `s3://`), not a memory map: the stream's files may be replaced or truncated while it runs,
+//! which a mapping would turn into a `SIGBUS`, while a read returns an error that the pinned
+//! reader reports. The page cache makes repeated local reads as cheap as a mapping's.
+
+//!
+//! `bin` holds the `.bin` format, `read` the window reader; this module inspects shards and
+//! plans their windows ([`TokenIndex`]).
+
+mod bin;
+mod read;
+
+#[cfg(test)]
+mod tests;
+
+use std::sync::Arc;
+
+pub use crate::config::WindowColumn;
+use crate::config::{FieldSpec, TokenLayout};
+use crate::dtype::DType;
+use crate::encoding::Encoding;
+use crate::error::{Error, Result};
+use crate::fields::Projection;
+use crate::formats::{parquet, ShardIndex, ShardMeta};
+use crate::inspect_cache::InspectCache;
+use crate::order::pack::{
+    most_stream_pieces, stream_window, stream_window_pieces, stream_windows, PackPlan, Packer,
+    Piece,
+};
+use crate::storage::{Object, Storage};
+pub use bin::META_FILE;
+use bin::{bin_meta, scan_bin};
+use read::Need;
+pub use read::{fill_window, Reader};
+
+/// Most rows one read job decodes (the planner's job size).
+pub(super) const JOB_ROWS: u64 = crate::memory::MAX_JOB_ROWS;
+
+/// Where a shard's tokens are.
+#[derive(Debug)]
+pub(super) enum TokenFile {
+    /// Little-endian ids of `width` bytes.
+    Bin { width: u64 },
+    /// Records of one list column; record `r` holds tokens `record_starts[r]..record_starts[r + 1]`.
+    Parquet {
+        index: Arc<parquet::ParquetIndex>,
+        projection: Projection,
+        record_starts: Vec<u64>,
+    },
+}
+
+/// A token shard as a stage reads it: its stream, and its windows.
+#[derive(Debug)]
+pub struct TokenIndex {
+    pub(super) layout: TokenLayout,
+    pub(super) file: TokenFile,
+    /// Tokens in the shard's stream.
+    pub(super) tokens: u64,
+    /// Windows of a packed layout; stream windows are computed.
+    pub(super) plan: Option<PackPlan>,
+    /// Where each document of the stream starts, then the stream's end, for stream windows cut
+    /// at an eos id (a Parquet shard's records serve otherwise).
+    pub(super) starts: Option<Vec<u64>>,
+}
+
+impl TokenIndex {
+    /// Rows (windows) of the shard.
+    pub fn windows(&self) -> u64 {
+        match &self.plan {
+            Some(plan) => plan.windows(),
+            None => stream_windows(self.tokens, self.layout.row_tokens() - 1),
+        }
+    }
+
+    /// Tokens of the shard's stream.
+    pub fn tokens(&self) -> u64 {
+        self.tokens
+    }
+
+    /// Tokens the windows hold, padding excluded: every token of a packing once; a stream
+    /// window's overlapping token twice.
+    pub fn placed(&self) -> u64 {
+        match &self.plan {
+            Some(plan) => plan.tokens(),
+            None => match self.tokens {
+                0 | 1 => self.tokens,
+                t => t + self.windows() - 1,
+            },
+        }
+    }
+
+    /// Tokens in one window, padding included.
+    pub fn row_tokens(&self) -> u64 {
+        self.layout.row_tokens()
+    }
+
+    /// Bytes the index holds for as long as the stream runs: the packing plan or the
+    /// documents' starts, and a Parquet shard's record offsets.
+    pub fn bytes(&self) -> u64 {
+        let records = match &self.file {
+            TokenFile::Parquet { record_starts, .. } => 8 * record_starts.len() as u64,
+            TokenFile::Bin { .. } => 0,
+        };
+        let starts = self.starts.as_ref().map_or(0, |s| 8 * s.len() as u64);
+        records + starts + self.plan.as_ref().map_or(0, PackPlan::bytes)
+    }
+
+    /// The largest position within its document of any token the windows hold (0 for none):
+    /// what an `@positions` column must be able to hold.
+    pub fn largest_position(&self) -> u64 {
+        match (&self.plan, self.documents()) {
+            (Some(plan), _) => plan.largest_position(),
+            // Stream windows count positions from each document's start.
+            (None, Some(starts)) => starts
+                .windows(2)
+                .map(|r| r[1] - r[0])
+                .max()
+                .unwrap_or(0)
+                .saturating_sub(1),
+            (None, None) => self.tokens.saturating_sub(1),
+        }
+    }
+
+    /// Most pieces of any window: the length an `@segment_lengths` row needs.
+    pub fn most_pieces(&self) -> u64 {
+        match (&self.plan, self.documents()) {
+            (Some(plan), _) => plan.most_pieces(),
+            (None, Some(starts)) => most_stream_pieces(self.tokens, self.stride(), starts),
+            (None, None) => 1,
+        }
+    }
+
+    /// Where the documents of the stream start, then its end, for stream windows: those cut at
+    /// an eos id, or else a Parquet shard's records; `None` for a `.bin` stream not cut.
+    pub(super) fn documents(&self) -> Option<&[u64]> {
+        match (&self.starts, &self.file) {
+            (Some(starts), _) => Some(starts),
+            (None, TokenFile::Parquet { record_starts, .. }) => Some(record_starts),
+            (None, TokenFile::Bin { .. }) => None,
+        }
+    }
+
+    /// Tokens between stream windows' starts.
+    pub(super) fn stride(&self) -> u64 {
+        self.layout.row_tokens() - 1
+    }
+
+    /// Window `w`'s pieces, appended to `out`. A stream window is cut where a document starts
+    /// inside it ([`TokenIndex::documents`]); a `.bin` stream not cut at an eos id has no
+    /// documents known, and its window is one piece.
+    pub(super) fn pieces(&self, w: u64, out: &mut Vec<Piece>) {
+        match (&self.plan, self.documents()) {
+            (Some(plan), _) => out.extend_from_slice(plan.window(w)),
+            (None, Some(starts)) => {
+                stream_window_pieces(self.tokens, self.stride(), w, starts, out);
+            }
+            (None, None) => out.push(stream_window(self.tokens, self.stride(), w)),
+        }
+    }
+}
+
+pub(super) fn malformed(
+    path: &str,
+    encoding: Encoding,
+    row: Option<u64>,
+    message: String,
+) -> Error {
+    Error::Format {
+        path: path.to_owned(),
+        encoding: encoding.name(),
+        row,
+        message,
+    }
+}
+
+/// The one-column projection a Parquet token shard is inspected with.
+pub(super) fn token_projection(field: &str) -> Result<Projection> {
+    Projection::new(&[FieldSpec {
+        name: field.to_owned(),
+        source: field.to_owned(),
+        dtype: DType::I64,
+        shape: vec![1],
+        pad: serde_json::Value::from(0),
+    }])
+}
+
+/// Refuses a Parquet shard whose column `field` is not a list of integer ids, naming it.
+pub(super) fn check_token_column(
+    path: &str,
+    index: &parquet::ParquetIndex,
+    field: &str,
+) -> Result<()> {
+    let Some(data_type) = parquet::projected_type(index) else {
+        // An empty shard has no columns to check, and no tokens.
+        return Ok(());
+    };
+    let ids = match data_type {
+        arrow_schema::DataType::List(item)
+        | arrow_schema::DataType::LargeList(item)
+        | arrow_schema::DataType::FixedSizeList(item, _) => item.data_type().is_integer(),
+        _ => false,
+    };
+    if ids {
+        return Ok(());
+    }
+    Err(Error::Projection {
+        path: path.to_owned(),
+        row: 0,
+        field: field.to_owned(),
+        source_field: field.to_owned(),
+        message: format!(
+            "a token stage reads a list of integer ids from it; the shard's column is {data_type}"
+        ),
+    })
+}
+
+/// Where inspection puts the documents it finds: packing places them in windows, stream
+/// windows cut at an eos id keep where each starts.
+pub(super) enum Documents {
+    Pack(Packer),
+    Starts(Vec<u64>),
+}
+
+impl Documents {
+    pub(super) fn of(layout: &TokenLayout) -> Option<Self> {
+        match layout {
+            TokenLayout::Packed(p) => {
+                Some(Documents::Pack(Packer::new(p.seq_len, p.bins as usize)))
+            }
+            TokenLayout::Windows(w) => w.eos_id.map(|_| Documents::Starts(Vec::new())),
+        }
+    }
+
+    /// Document `start..start + len` of the stream.
+    pub(super) fn push(&mut self, start: u64, len: u64) {
+        match self {
+            Documents::Pack(packer) => packer.push(start, len),
+            Documents::Starts(starts) => starts.push(start),
+        }
+    }
+
+    /// Bytes held so far, against the stream's memory limit.
+    pub(super) fn bytes(&self) -> u64 {
+        match self {
+            Documents::Pack(packer) => packer.bytes(),
+            Documents::Starts(starts) => 8 * starts.len() as u64,
+        }
+    }
+
+    /// The packing plan, or the starts followed by the stream's end.
+    pub(super) fn finish(self, tokens: u64) -> (Option<PackPlan>, Option<Vec<u64>>) {
+        match self {
+            Documents::Pack(packer) => (Some(packer.finish()), None),
+            Documents::Starts(mut starts) => {
+                starts.push(tokens);
+                (None, Some(starts))
+            }
+        }
+    }
+}
+
+/// Inspects a token shard for `layout`: counts its tokens, reads its document boundaries where
+/// the layout packs or cuts windows at an eos id, and plans its windows. A plan needing more
+/// than `max_plan` bytes is refused before it grows past them. A Parquet shard whose documents
+/// are its records is planned from its list lengths in `cache` when they are there (they are
+/// stored there when not), without decoding its token column; the reader holds every record to
+/// those lengths.
+pub fn inspect(
+    storage: &Storage,
+    object: &Arc<Object>,
+    encoding: Encoding,
+    layout: &TokenLayout,
+    max_plan: u64,
+    cache: Option<&InspectCache>,
+) -> Result<ShardMeta> {
+    let path = object.uri().to_owned();
+    let eos = match layout {
+        TokenLayout::Packed(p) => p.eos_id,
+        TokenLayout::Windows(w) => w.eos_id,
+    };
+    let mut documents = Documents::of(layout);
+    let too_large = |bytes: u64| {
+        Error::config(
+            "memory_limit_bytes",
+            format!(
+                "{path}: its window plan needs more than {bytes} bytes (24 per placed document \
+                 piece, 8 per record), more than the stream's memory limit leaves; raise \
+                 memory_limit_bytes or split the corpus into more shards"
+            ),
+        )
+    };
+    let row_tokens = layout.row_tokens();
+    let (file, tokens, scratch) = match encoding {
+        Encoding::Bin => {
+            let (width, meta_eos) = bin_meta(storage, &path)?;
+            if !object.size().is_multiple_of(width) {
+                return Err(malformed(
+                    &path,
+                    encoding,
+                    None,
+                    format!(
+                        "{} bytes is not a whole number of {width}-byte token ids",
+                        object.size()
+                    ),
+                ));
+            }
+            let tokens = object.size() / width;
+            if let Some(documents) = documents.as_mut() {
+                let Some(eos) = eos.or(meta_eos) else {
+                    return Err(Error::config(
+                        "packing.eos_id",
+                        format!(
+                            "{path}: packing a .bin shard cuts its stream at an eos id, and \
+                             neither its meta.json nor the packing names one"
+                        ),
+                    ));
+                };
+                scan_bin(object, width, eos, documents, max_plan, &too_large)?;
+            }
+            // A job fetches its windows' bytes, and at most as many again in the gaps it reads
+            // through to save requests.
+            let scratch = 2 * JOB_ROWS * row_tokens * width;
+            (TokenFile::Bin { width }, tokens, scratch)
+        }
+        Encoding::Parquet => {
+            let projection = token_projection(layout.field())?;
+            // Every shard of a token stage is inspected at open: its footer, not a page, says
+            // whether the token column is one (its ids are checked against the dtype as read).
+            let meta = parquet::inspect_footer(object.clone(), &projection)?;
+            let index = parquet::index_of(&meta).ok_or_else(|| Error::Internal {
+                message: "a Parquet inspection without its index".to_owned(),
+            })?;
+            check_token_column(&path, &index, layout.field())?;
+            // Record offsets are held for the stream's life: a shard of many (empty) records
+            // must not reserve more than the limit leaves.
+            if (meta.rows + 1).saturating_mul(8) > max_plan {
+                return Err(too_large(max_plan));
+            }
+            let mut record_starts = Vec::with_capacity(meta.rows as usize + 1);
+            let mut tokens = 0u64;
+            let mut longest = 0u64;
+            let mut doc_start = 0u64;
+            // Only an eos cut needs the ids; counts and record documents need the lengths.
+            let values = eos.is_some() && documents.is_some();
+            // Record lengths plan a shard whose documents are its records.
+            let pin = object.pin();
+            let cache = cache.filter(|_| !values);
+            let cached = cache
+                .and_then(|c| c.lookup_lengths(&path, encoding, &pin, layout.field(), max_plan))
+                .filter(|lengths| lengths.len() as u64 == meta.rows);
+            let from_cache = cached.is_some();
+            // Without the ids to look at, the lengths come from the column's levels alone.
+            let known = match cached {
+                None if !values => parquet::list_lengths(object, &index, meta.rows, &projection)?,
+                cached => cached,
+            };
+            let mut each = |_, len, values: parquet::Ids<'_>| -> Result<()> {
+                record_starts.push(tokens);
+                longest = longest.max(len);
+                if let Some(documents) = documents.as_mut() {
+                    match eos {
+                        // Documents are cut at eos ids in the stream of all records.
+                        Some(eos) => {
+                            for (k, v) in values.iter().enumerate() {
+                                if u64::try_from(v) == Ok(eos) {
+                                    let end = tokens + k as u64 + 1;
+                                    documents.push(doc_start, end - doc_start);
+                                    doc_start = end;
+                                }
+                            }
+                        }
+                        None => documents.push(tokens, len),
+                    }
+                    let bytes = documents.bytes() + 8 * record_starts.len() as u64;
+                    if bytes > max_plan {
+                        return Err(too_large(max_plan));
+                    }
+                }
+                tokens += len;
+                Ok(())
+            };
+            if let Some(lengths) = &known {
+                for (record, &len) in lengths.iter().enumerate() {
+                    each(record as u64, len, parquet::Ids::I64(&[]))?;
+                }
+            } else {
+                for_each_record(object, &index, (meta.rows, values), &projection, &mut each)?;
+            }
+            record_starts.push(tokens);
+            if let (Some(cache), false) = (cache, from_cache) {
+                let lengths: Vec<u64> = record_starts.windows(2).map(|w| w[1] - w[0]).collect();
+                cache.store_lengths(&path, encoding, &pin, layout.field(), &lengths);
+            }
+            if let (Some(documents), Some(_)) = (documents.as_mut(), eos) {
+                if doc_start < tokens {
+                    documents.push(doc_start, tokens - doc_start);
+                }
+            }
+            // The Parquet decoder's own, one record of the longest list and a decode batch of
+            // lists widened to i64, and the job's tokens.
+            let scratch =
+                meta.scratch_bytes + 8 * longest + 8 * (1 << 20) + 8 * JOB_ROWS * row_tokens;
+            (
+                TokenFile::Parquet {
+                    index,
+                    projection,
+                    record_starts,
+                },
+                tokens,
+                scratch,
+            )
+        }
+        other => {
+            return Err(Error::config(
+                "encoding",
+                format!(
+                "{path}: stages that pack or window tokens read .bin and Parquet shards, not {}",
+                other.name()
+            ),
+            ))
+        }
+    };
+    let (plan, starts) = documents.map_or((None, None), |d| d.finish(tokens));
+    let index = TokenIndex {
+        layout: layout.clone(),
+        file,
+        tokens,
+        plan,
+        starts,
+    };
+    // A job also lists where each of its windows' pieces goes, and widens a piece's ids.
+    let pieces = index.most_pieces().max(1);
+    let listing = JOB_ROWS * pieces * std::mem::size_of::<Need>() as u64 + 8 * row_tokens;
+    Ok(ShardMeta {
+        rows: index.windows(),
+        scratch_bytes: scratch + listing,
+        pin: crate::storage::Pin::default(),
+        longest_record: 0,
+        index: ShardIndex::Tokens(Arc::new(index)),
+    })
+}
+
+/// Every record of a Parquet token shard, in order.
+pub(super) fn for_each_record(
+    object: &Arc<Object>,
+    index: &parquet::ParquetIndex,
+    (rows, values): (u64, bool),
+    projection: &Projection,
+    each: &mut parquet::EachList<'_>,
+) -> Result<()> {
+    if rows == 0 {
+        return Ok(());
+    }
+    let all = 0..rows;
+    let all = std::slice::from_ref(&all);
+    parquet::for_each_list(object, index, (all, values), projection, each)
+}

@@ -1,0 +1,375 @@
+//! Reading windows: a window's tokens gathered from its pieces and written into the batch's
+//! columns, with the columns a token stage derives from the pieces (`fill_window`).
+
+use std::ops::Range;
+use std::sync::Arc;
+
+use super::{malformed, TokenFile, TokenIndex};
+use crate::columns::{Chunk, ColumnBuf};
+use crate::config::WindowColumn;
+use crate::encoding::Encoding;
+use crate::error::{Error, Result};
+use crate::fields::Projection;
+use crate::formats::{parquet, ReadFailure, ShardReader};
+use crate::order::pack::Piece;
+use crate::storage::Object;
+
+/// Writes window `w`'s `kind` column into elements `row` of `out` (one window): the pieces'
+/// values (per token, or one length per piece), then `pad` to the row's end, so every element
+/// of the row is written. The value that does not fit the column's dtype, or the number of
+/// pieces that does not fit the row, is the error (checked for every shard at open, see
+/// [`TokenIndex::largest_position`] and [`TokenIndex::most_pieces`]).
+pub fn fill_window(
+    index: &TokenIndex,
+    w: u64,
+    kind: WindowColumn,
+    (out, row): (&mut ColumnBuf, Range<usize>),
+    pad: i64,
+    pieces: &mut Vec<Piece>,
+) -> std::result::Result<(), u64> {
+    pieces.clear();
+    index.pieces(w, pieces);
+    if kind == WindowColumn::Lengths && pieces.len() > row.len() {
+        return Err(pieces.len() as u64);
+    }
+    let mut first = row.start;
+    for (i, piece) in pieces.iter().enumerate() {
+        let (len, value, step) = match kind {
+            WindowColumn::Segments => (piece.len as usize, i as u64 + 1, 0),
+            WindowColumn::Positions => (piece.len as usize, piece.position, 1),
+            WindowColumn::Lengths => (1, piece.len.into(), 0),
+        };
+        let len = len.min(row.end - first);
+        fill(out, first..first + len, value, step)?;
+        first += len;
+    }
+    out.fill_int(first..row.end, pad);
+    Ok(())
+}
+
+/// Where a piece of a window goes: tokens `start..start + len` of the stream into element
+/// `out` of the token column, for row `row` (the shard's window, for errors).
+pub(super) struct Need {
+    pub(super) start: u64,
+    pub(super) len: u64,
+    pub(super) out: usize,
+    pub(super) row: u64,
+}
+
+/// Reads windows of a token shard.
+pub struct Reader {
+    pub(super) object: Arc<Object>,
+    pub(super) index: Arc<TokenIndex>,
+    pub(super) encoding: Encoding,
+}
+
+impl Reader {
+    /// A reader of the shard `object` that `index` describes.
+    pub fn open(object: Arc<Object>, index: Arc<TokenIndex>, encoding: Encoding) -> Self {
+        Reader {
+            object,
+            index,
+            encoding,
+        }
+    }
+
+    pub(super) fn read(
+        &self,
+        ranges: &[Range<u64>],
+        projection: &Projection,
+        chunk: &mut Chunk,
+    ) -> Result<()> {
+        let path = self.object.uri();
+        let field = self.index.layout.field();
+        // `@segment_ids` and `@positions` are not record columns: the planner writes them.
+        let tokens_column = projection.columns.iter().position(|c| c.source == field);
+        let mut needs: Vec<Need> = Vec::new();
+        let mut pieces: Vec<Piece> = Vec::new();
+        let mut out_row = 0usize;
+        for range in ranges {
+            for w in range.clone() {
+                if w >= self.index.windows() {
+                    return Err(malformed(
+                        path,
+                        self.encoding,
+                        Some(w),
+                        format!("the shard has {} windows", self.index.windows()),
+                    ));
+                }
+                if let Some(k) = tokens_column {
+                    pieces.clear();
+                    self.index.pieces(w, &mut pieces);
+                    let column = &projection.columns[k];
+                    let mut at = 0usize;
+                    for piece in &pieces {
+                        needs.push(Need {
+                            start: piece.start,
+                            len: piece.len.into(),
+                            out: out_row * column.width + at,
+                            row: w,
+                        });
+                        at += piece.len as usize;
+                    }
+                    // The pieces fill the window from its start; the rest is padding, written
+                    // here so the chunk need not be filled with pads first.
+                    let row = out_row * column.width;
+                    chunk.columns[k]
+                        .fill_pad(row + at.min(column.width)..row + column.width, column.pad);
+                }
+                out_row += 1;
+            }
+        }
+        let Some(k) = tokens_column else {
+            return Ok(());
+        };
+        needs.sort_by_key(|n| n.start);
+        let column = &projection.columns[k];
+        let out = &mut chunk.columns[k];
+        let fits = |row: u64, v: i64| Error::Projection {
+            path: path.to_owned(),
+            row,
+            field: column.name.clone(),
+            source_field: column.source.clone(),
+            message: format!("token id {v} does not fit dtype {}", column.dtype.name()),
+        };
+        match &self.index.file {
+            TokenFile::Bin { width } => self.read_bin(*width, &needs, out, &fits),
+            TokenFile::Parquet {
+                index,
+                projection,
+                record_starts,
+            } => self.read_parquet(index, projection, record_starts, &needs, out, &fits),
+        }
+    }
+
+    pub(super) fn read_bin(
+        &self,
+        width: u64,
+        needs: &[Need],
+        out: &mut ColumnBuf,
+        fits: &dyn Fn(u64, i64) -> Error,
+    ) -> Result<()> {
+        // Byte ranges, merged through a gap no longer than the piece after it: fewer requests,
+        // and never more than twice the bytes the windows need.
+        let mut ranges: Vec<Range<u64>> = Vec::new();
+        for need in needs {
+            let r = need.start * width..(need.start + need.len) * width;
+            match ranges.last_mut() {
+                Some(last) if r.start <= last.end + (r.end - r.start) => {
+                    last.end = last.end.max(r.end);
+                }
+                _ => ranges.push(r),
+            }
+        }
+        let pieces = self.object.read_pieces(&ranges)?;
+        let mut bytes: Vec<u8> = Vec::new();
+        let mut ids: Vec<i64> = Vec::new();
+        for need in needs {
+            let (from, to) = (need.start * width, (need.start + need.len) * width);
+            bytes.clear();
+            gather(&pieces, from..to, &mut bytes);
+            if bytes.len() as u64 != to - from {
+                return Err(malformed(
+                    self.object.uri(),
+                    self.encoding,
+                    Some(need.row),
+                    format!("bytes {from}..{to} were not read"),
+                ));
+            }
+            if let (2, ColumnBuf::I32(buf)) = (width, &mut *out) {
+                // Every 16-bit id fits: straight into the column.
+                let span = &mut buf[need.out..need.out + bytes.len() / 2];
+                for (o, b) in span.iter_mut().zip(bytes.chunks_exact(2)) {
+                    *o = i32::from(u16::from_le_bytes([b[0], b[1]]));
+                }
+                continue;
+            }
+            ids.clear();
+            if width == 2 {
+                ids.extend(
+                    bytes
+                        .chunks_exact(2)
+                        .map(|b| i64::from(u16::from_le_bytes([b[0], b[1]]))),
+                );
+            } else {
+                ids.extend(
+                    bytes
+                        .chunks_exact(4)
+                        .map(|b| i64::from(u32::from_le_bytes([b[0], b[1], b[2], b[3]]))),
+                );
+            }
+            put_wide(out, need.out, &ids).map_err(|v| fits(need.row, v))?;
+        }
+        Ok(())
+    }
+
+    pub(super) fn read_parquet(
+        &self,
+        index: &parquet::ParquetIndex,
+        projection: &Projection,
+        record_starts: &[u64],
+        needs: &[Need],
+        out: &mut ColumnBuf,
+        fits: &dyn Fn(u64, i64) -> Error,
+    ) -> Result<()> {
+        let record_of = |token: u64| record_starts.partition_point(|&s| s <= token) - 1;
+        let mut records: Vec<Range<u64>> = Vec::new();
+        for need in needs.iter().filter(|n| n.len > 0) {
+            let r = record_of(need.start) as u64..record_of(need.start + need.len - 1) as u64 + 1;
+            match records.last_mut() {
+                Some(last) if r.start <= last.end => last.end = last.end.max(r.end),
+                _ => records.push(r),
+            }
+        }
+        let path = self.object.uri();
+        let mut lo = 0usize;
+        parquet::for_each_list(
+            &self.object,
+            index,
+            (&records, true),
+            projection,
+            &mut |record, _, values| {
+                let (rs, re) = (
+                    record_starts[record as usize],
+                    record_starts[record as usize + 1],
+                );
+                if values.len() as u64 != re - rs {
+                    return Err(malformed(
+                        path,
+                        Encoding::Parquet,
+                        Some(record),
+                        format!(
+                            "the record holds {} tokens, {} when the shard was inspected",
+                            values.len(),
+                            re - rs
+                        ),
+                    ));
+                }
+                while lo < needs.len() && needs[lo].start + needs[lo].len <= rs {
+                    lo += 1;
+                }
+                for need in needs[lo..].iter().take_while(|n| n.start < re) {
+                    let (from, to) = (need.start.max(rs), (need.start + need.len).min(re));
+                    if from >= to {
+                        continue;
+                    }
+                    let ids = values.slice((from - rs) as usize..(to - rs) as usize);
+                    put(out, need.out + (from - need.start) as usize, ids)
+                        .map_err(|v| fits(need.row, v))?;
+                }
+                Ok(())
+            },
+        )
+    }
+}
+
+/// Appends the bytes `range` of the object, found in `pieces` (sorted, as read), to `out`.
+pub(super) fn gather(pieces: &[(u64, bytes::Bytes)], range: Range<u64>, out: &mut Vec<u8>) {
+    let k = pieces.partition_point(|(at, _)| *at <= range.start);
+    let mut next = range.start;
+    for (at, piece) in &pieces[k.saturating_sub(1)..] {
+        let end = at + piece.len() as u64;
+        if *at > next || next >= range.end {
+            break;
+        }
+        if end <= next {
+            continue;
+        }
+        let take = end.min(range.end);
+        out.extend_from_slice(&piece[(next - at) as usize..(take - at) as usize]);
+        next = take;
+    }
+}
+
+/// Copies `ids` into an integer column from element `at`; the first value that does not fit
+/// the column's dtype is the error. Ids of the column's own width are copied as they are.
+pub(super) fn put(
+    column: &mut ColumnBuf,
+    at: usize,
+    ids: parquet::Ids<'_>,
+) -> std::result::Result<(), i64> {
+    match (column, ids) {
+        (ColumnBuf::I32(buf), parquet::Ids::I32(ids)) => {
+            buf[at..at + ids.len()].copy_from_slice(ids);
+        }
+        (ColumnBuf::I64(buf), parquet::Ids::I32(ids)) => {
+            for (o, &v) in buf[at..at + ids.len()].iter_mut().zip(ids) {
+                *o = i64::from(v);
+            }
+        }
+        (column, parquet::Ids::I64(values)) => return put_wide(column, at, values),
+        // Token columns are declared i32 or i64 (checked with the config).
+        (ColumnBuf::F32(_) | ColumnBuf::F64(_) | ColumnBuf::Bool(_), parquet::Ids::I32(_)) => {}
+    }
+    Ok(())
+}
+
+/// Copies `values` into an integer column from element `at`; the first value that does not fit
+/// the column's dtype is the error. The range is checked once, so the copy vectorises.
+pub(super) fn put_wide(
+    column: &mut ColumnBuf,
+    at: usize,
+    values: &[i64],
+) -> std::result::Result<(), i64> {
+    match column {
+        ColumnBuf::I32(buf) => {
+            let (lo, hi) = values
+                .iter()
+                .fold((0i64, 0i64), |(lo, hi), &v| (lo.min(v), hi.max(v)));
+            if lo < i64::from(i32::MIN) || hi > i64::from(i32::MAX) {
+                let bad = values.iter().find(|&&v| i32::try_from(v).is_err());
+                return Err(bad.copied().unwrap_or(hi));
+            }
+            for (o, &v) in buf[at..at + values.len()].iter_mut().zip(values) {
+                *o = v as i32;
+            }
+        }
+        ColumnBuf::I64(buf) => buf[at..at + values.len()].copy_from_slice(values),
+        // Token columns are declared i32 or i64 (checked with the config).
+        ColumnBuf::F32(_) | ColumnBuf::F64(_) | ColumnBuf::Bool(_) => {}
+    }
+    Ok(())
+}
+
+/// Writes `first, first + step, ...` into elements `range` of an integer column; the largest
+/// value, when it does not fit the dtype, is the error.
+pub(super) fn fill(
+    column: &mut ColumnBuf,
+    range: Range<usize>,
+    first: u64,
+    step: u64,
+) -> std::result::Result<(), u64> {
+    let last = first.saturating_add(step.saturating_mul(range.len().saturating_sub(1) as u64));
+    match column {
+        ColumnBuf::I32(buf) => {
+            let start = i32::try_from(last)
+                .map(|_| first as i32)
+                .map_err(|_| last)?;
+            for (j, o) in buf[range].iter_mut().enumerate() {
+                *o = start + (step as i32) * j as i32;
+            }
+        }
+        ColumnBuf::I64(buf) => {
+            let start = i64::try_from(last)
+                .map(|_| first as i64)
+                .map_err(|_| last)?;
+            for (j, o) in buf[range].iter_mut().enumerate() {
+                *o = start + (step as i64) * j as i64;
+            }
+        }
+        ColumnBuf::F32(_) | ColumnBuf::F64(_) | ColumnBuf::Bool(_) => {}
+    }
+    Ok(())
+}
+
+impl ShardReader for Reader {
+    fn read_ranges(
+        &mut self,
+        ranges: &[Range<u64>],
+        projection: &Projection,
+        chunk: &mut Chunk,
+        _prefetched: Option<crate::formats::Prefetch>,
+    ) -> std::result::Result<(), ReadFailure> {
+        Ok(self.read(ranges, projection, chunk)?)
+    }
+}
