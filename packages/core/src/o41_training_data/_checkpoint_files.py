@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from ._errors import CheckpointError, ConfigError
+from ._files import check_depth, read_text
 from ._rules import check_same_place, check_world, write_rank_file
 from ._stream import Checkpoint
 
@@ -28,10 +29,8 @@ def _located(path: Path, message: str) -> CheckpointError:
 
 def read_checkpoint(path: Path) -> Checkpoint:
     """The checkpoint in the file ``path``; :class:`CheckpointError` naming the file otherwise."""
-    try:
-        text = path.read_text(encoding="utf-8")
-    except UnicodeDecodeError:
-        raise _located(path, "not a checkpoint (not UTF-8 text)") from None
+    text = read_text(path, CheckpointError, "checkpoint")  # bounded, regular files only
+    check_depth(text, path, CheckpointError)
     try:
         return Checkpoint.from_json(text)
     except CheckpointError as error:

@@ -16,7 +16,8 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, Literal
 
-from ._errors import ConfigError, ObjectNotFoundError
+from ._errors import ConfigError
+from ._files import check_depth, read_text
 from ._limits import LIMITS
 from ._storage import normalize
 
@@ -595,12 +596,8 @@ class BatchStreamConfig:
 
         """
         file = Path(path)
-        try:
-            text = file.read_text(encoding="utf-8")
-        except FileNotFoundError:
-            error = ObjectNotFoundError(f"{file}: no such config file")
-            error.path = str(file)
-            raise error from None
+        # Bounded: a FIFO, a device, a directory or a huge file is refused before it is read.
+        text = read_text(file, ConfigError, "config file")
         document = _parse_document(file, text)
         if not isinstance(document, Mapping):
             raise _in_file(file, _invalid("config", f"expected a mapping at the top, got {_kind(document)}"))
@@ -714,9 +711,13 @@ def _stage_from(option: str, document: object, base: Path | None) -> Stage:
 def _parse_document(file: Path, text: str) -> object:
     """The document in ``text``: YAML or JSON by the file's suffix."""
     suffix = file.suffix.lower()
+    if suffix in (".json", ".yaml", ".yml"):
+        check_depth(text, file, ConfigError)
     if suffix == ".json":
         try:
             return json.loads(text)
+        except RecursionError:
+            raise _in_file(file, ConfigError("nests too deep to be a config")) from None
         except json.JSONDecodeError as error:
             raise _in_file(file, ConfigError(f"not valid JSON at line {error.lineno}: {error.msg}")) from None
     if suffix in (".yaml", ".yml"):
@@ -729,6 +730,8 @@ def _parse_document(file: Path, text: str) -> object:
             ) from None
         try:
             return yaml.safe_load(text)
+        except RecursionError:
+            raise _in_file(file, ConfigError("nests too deep to be a config")) from None
         except yaml.YAMLError as error:
             mark = getattr(error, "problem_mark", None)
             where = f" at line {mark.line + 1}" if mark is not None else ""

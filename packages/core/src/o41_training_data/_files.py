@@ -1,0 +1,105 @@
+"""Reading the small documents the Python side reads itself (configs, checkpoints), bounded.
+
+A path given by a user or found on disk may name a FIFO (an open would block until a writer
+appears), a device (``/dev/zero`` never ends), a directory, or a file far larger than any
+config. Each is refused before it is read: the file is opened without blocking, must be a
+regular file, and is read up to a size limit; its text must be UTF-8, and a JSON document deeper
+than a nesting limit is refused before Python's parser recurses. Every refusal is an error of
+the package's hierarchy naming the file.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from pathlib import Path
+
+from ._errors import O41Error, ObjectNotFoundError
+
+__all__ = ["MAX_DOCUMENT_BYTES", "MAX_DOCUMENT_DEPTH", "check_depth", "read_text"]
+
+MAX_DOCUMENT_BYTES = 256 << 20
+"""Largest config or checkpoint file read (a checkpoint pins every shard of its stream: a
+million-shard document is about 150 MiB)."""
+
+MAX_DOCUMENT_DEPTH = 64
+"""Deepest nesting of lists and mappings a config or checkpoint document may have (the deepest
+legitimate one is under 10)."""
+
+
+def _located(error_class: type[O41Error], path: Path, message: str) -> O41Error:
+    error = error_class(f"{path}: {message}")
+    error.path = str(path)
+    return error
+
+
+def read_text(path: Path, error_class: type[O41Error], what: str, limit: int = MAX_DOCUMENT_BYTES) -> str:
+    """The UTF-8 text of the regular file ``path``, refused with ``error_class`` otherwise.
+
+    ``what`` names the document in errors (``config file``, ``checkpoint``). A missing file raises
+    :class:`ObjectNotFoundError`.
+    """
+    try:
+        descriptor = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    except FileNotFoundError:
+        raise _located(ObjectNotFoundError, path, f"no such {what}") from None
+    except IsADirectoryError:
+        raise _located(error_class, path, f"is a directory, not a {what}") from None
+    except OSError as error:
+        raise _located(error_class, path, f"cannot open the {what}: {error.strerror}") from None
+    try:
+        status = os.fstat(descriptor)
+        if not stat.S_ISREG(status.st_mode):
+            kind = "a directory" if stat.S_ISDIR(status.st_mode) else "not a regular file"
+            raise _located(error_class, path, f"is {kind} (a {what} must be a regular file)")
+        if status.st_size > limit:
+            raise _located(
+                error_class, path, f"is {status.st_size} bytes, more than a {what} may be ({limit})"
+            )
+        chunks = []
+        size = 0
+        while True:
+            chunk = os.read(descriptor, min(1 << 20, limit + 1 - size))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            size += len(chunk)
+            if size > limit:  # grew while being read
+                raise _located(error_class, path, f"is more than a {what} may be ({limit} bytes)")
+    except OSError as error:
+        raise _located(error_class, path, f"cannot read the {what}: {error.strerror}") from None
+    finally:
+        os.close(descriptor)
+    try:
+        return b"".join(chunks).decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise _located(
+            error_class, path, f"is not UTF-8 text (byte {error.start}), so not a {what}"
+        ) from None
+
+
+def check_depth(text: str, path: Path, error_class: type[O41Error], limit: int = MAX_DOCUMENT_DEPTH) -> None:
+    """Refuses a JSON (or flow-style YAML) text nesting brackets deeper than ``limit``.
+
+    Counts ``[``/``{`` outside strings without parsing, so that no parser recurses first.
+    """
+    depth = 0
+    in_string = escaped = False
+    for char in text:
+        if in_string:
+            if escaped:
+                escaped = False
+            elif char == "\\":
+                escaped = True
+            elif char == '"':
+                in_string = False
+        elif char == '"':
+            in_string = True
+        elif char in "[{":
+            depth += 1
+            if depth > limit:
+                raise _located(
+                    error_class, path, f"nests deeper than {limit} levels, so it is not a valid document"
+                )
+        elif char in "]}":
+            depth -= 1
