@@ -9,6 +9,8 @@ standard ``AWS_*`` environment variables instead (docs/storage.md).
 
 from __future__ import annotations
 
+import hashlib
+import ipaddress
 import os
 import posixpath
 import secrets
@@ -64,19 +66,99 @@ class RetryPolicy:
                 raise ConfigError(f"invalid retry.{name}: must be a number of seconds >= 0")
 
 
-def _check_endpoint(url: str) -> None:
-    """Refuses an endpoint with a ``user[:password]@`` part: it would show in reprs and pickles.
+class Secret(str):
+    """A credential: the string itself for whoever uses it, ``<redacted>`` in every repr.
 
-    The message does not repeat the URL, which holds a secret.
+    ``vars()``, ``repr()`` of a settings object and tracebacks that show locals print the repr.
     """
-    authority = url.split("://", 1)[-1].split("/", 1)[0]
-    if "@" in authority:
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "Secret(<redacted>)"
+
+
+def _secret(value: str | None) -> str | None:
+    return None if value is None or isinstance(value, Secret) else Secret(value)
+
+
+class Endpoint(str):
+    """An object storage endpoint: the URL itself for whoever uses it.
+
+    Reprs show a host name redacted (see :func:`_shown_endpoint`).
+    """
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return repr(_shown_endpoint(self))
+
+
+class _Held:
+    """The engine's storage object of one process, with a repr that shows no setting."""
+
+    __slots__ = ("pid", "storage")
+
+    def __init__(self, pid: int, storage: _core.Storage) -> None:
+        self.pid, self.storage = pid, storage
+
+    def __repr__(self) -> str:
+        return "<engine storage>"
+
+
+def _check_endpoint(url: str) -> None:
+    """Refuses an endpoint that is not ``scheme://host[:port]``: anything else may hide a secret.
+
+    Credentials (``user:password@``), a path, a query or a fragment would show in reprs, pickles
+    and logs. The message never repeats the URL.
+    """
+
+    def refuse(what: str) -> None:
         error = ConfigError(
-            "invalid s3_base_url: it carries credentials (user:password@host), which would show "
-            "in reprs, pickles and logs; pass them as access_key_id and secret_access_key"
+            f"invalid s3_base_url: it carries {what}, which would show in reprs, pickles and logs; "
+            "an endpoint is scheme://host[:port] (pass credentials as access_key_id and "
+            "secret_access_key)"
         )
         error.option = "s3_base_url"
         raise error
+
+    if not isinstance(url, str):
+        refuse("no URL")
+    scheme, separator, rest = url.partition("://")
+    if not separator or scheme not in ("http", "https"):
+        refuse("no http:// or https:// scheme")
+    authority, _, path = rest.partition("/")
+    if "@" in authority:
+        refuse("credentials (user:password@host)")
+    if "?" in url or "#" in url:
+        refuse("a query or fragment")
+    if path:
+        refuse("a path")
+    if not authority or any(c in authority for c in " \t\r\n\\"):
+        refuse("no valid host")
+
+
+def _shown_endpoint(url: str) -> str:
+    """The endpoint as reprs and messages show it.
+
+    An IP address or localhost as it is; any other host name redacted (a name may carry a token)
+    but for a digest that tells two endpoints apart.
+    """
+    scheme, _, authority = url.partition("://")
+    authority = authority.rstrip("/")
+    host, colon, port = authority.rpartition(":") if not authority.endswith("]") else (authority, "", "")
+    if not colon:
+        host, port = authority, ""
+    bare = host.strip("[]")
+    try:
+        ipaddress.ip_address(bare)
+        plain = True
+    except ValueError:
+        plain = bare == "localhost"
+    if plain:
+        return url.rstrip("/")
+    digest = hashlib.sha256(host.encode()).hexdigest()[:8]
+    return f"{scheme}://<host {digest}>" + (f":{port}" if colon else "")
 
 
 def _env(*names: str) -> str | None:
@@ -114,6 +196,9 @@ class StorageConfig:
     def __post_init__(self) -> None:
         if self.s3_base_url is not None:
             _check_endpoint(self.s3_base_url)
+            object.__setattr__(self, "s3_base_url", Endpoint(self.s3_base_url))
+        for name in ("access_key_id", "secret_access_key", "session_token"):
+            object.__setattr__(self, name, _secret(getattr(self, name)))
         if self.s3_base_url is not None and self.secret_access_key is not None:
             # Registered now, before any worker is forked, so forked workers inherit the entry.
             token = secrets.token_hex(16)
@@ -158,8 +243,8 @@ class StorageConfig:
         for name, value in (("access_key_id", key), ("secret_access_key", secret)):
             if not value:
                 raise ConfigError(
-                    f"invalid {name}: object storage at {endpoint} needs credentials; pass {name} "
-                    f"or set AWS_{name.upper()}"
+                    f"invalid {name}: object storage at {_shown_endpoint(endpoint)} needs credentials; "
+                    f"pass {name} or set AWS_{name.upper()}"
                 )
         config = cls(
             s3_base_url=endpoint,
@@ -181,9 +266,9 @@ class StorageConfig:
         """The engine's storage object for these settings (built once per process)."""
         if self._missing_credentials is not None:
             raise ConfigError(self._missing_credentials)
-        cached: tuple[int, _core.Storage] | None = self.__dict__.get("_core_storage")
-        if cached is not None and cached[0] == os.getpid():
-            return cached[1]
+        cached: _Held | None = self.__dict__.get("_core_storage")
+        if cached is not None and cached.pid == os.getpid():
+            return cached.storage
         r = self.retry
         storage = _core.Storage(
             self.s3_base_url,
@@ -198,15 +283,14 @@ class StorageConfig:
             initial_backoff_s=r.initial_backoff_s,
             max_backoff_s=r.max_backoff_s,
         )
-        object.__setattr__(self, "_core_storage", (os.getpid(), storage))
+        object.__setattr__(self, "_core_storage", _Held(os.getpid(), storage))
         return storage
 
     def __repr__(self) -> str:
         if self.s3_base_url is None:
             return "StorageConfig(local)"
-        return (
-            f"StorageConfig(s3_base_url={self.s3_base_url!r}, region={self.region!r}, credentials=<redacted>)"
-        )
+        endpoint = _shown_endpoint(self.s3_base_url)
+        return f"StorageConfig(s3_base_url={endpoint!r}, region={self.region!r}, credentials=<redacted>)"
 
     def __reduce__(self) -> tuple[Any, ...]:
         if self.s3_base_url is None:
