@@ -8,10 +8,10 @@ use bytes::{Buf, Bytes};
 
 use parquet::arrow::arrow_reader::{ArrowReaderMetadata, ArrowReaderOptions};
 use parquet::errors::ParquetError;
-use parquet::file::metadata::PageIndexPolicy;
+use parquet::file::metadata::{PageIndexPolicy, ParquetMetaData, ParquetMetaDataReader};
 use parquet::file::reader::{ChunkReader, Length};
 
-use super::footer::{check_layout, selection, ParquetIndex};
+use super::footer::{check_layout, check_schema, selection, ParquetIndex};
 use super::metered::metered;
 use super::page_cache::{held, Lookup, PageCache};
 use super::{decode_error, REMOTE_TAIL_BYTES};
@@ -348,18 +348,38 @@ pub(super) fn load_metadata(object: &Arc<Object>) -> Result<ArrowReaderMetadata>
 pub(super) fn read_metadata(object: &Arc<Object>) -> Result<ArrowReaderMetadata> {
     let path = object.uri();
     let options = ArrowReaderOptions::new().with_offset_index_policy(PageIndexPolicy::Optional);
-    if let Some(file) = object.local_file() {
+    let metadata = if let Some(file) = object.local_file() {
         let result = match object.meter() {
-            Some(meter) => ArrowReaderMetadata::load(&metered(file, meter)?, options),
-            None => ArrowReaderMetadata::load(file.as_ref(), options),
+            Some(meter) => parse_footer(&metered(file, meter)?, &options),
+            None => parse_footer(file.as_ref(), &options),
         };
-        return result.map_err(|e| decode_error(path, None, &e));
-    }
-    let size = object.size();
-    let tail_range = size.saturating_sub(REMOTE_TAIL_BYTES)..size;
-    let tail = Fetched::new(object.clone(), std::slice::from_ref(&tail_range))?;
-    ArrowReaderMetadata::load(&tail, options).map_err(|e| {
-        tail.take_failure()
-            .unwrap_or_else(|| decode_error(path, None, &e))
-    })
+        result.map_err(|e| decode_error(path, None, &e))?
+    } else {
+        let size = object.size();
+        let tail_range = size.saturating_sub(REMOTE_TAIL_BYTES)..size;
+        let tail = Fetched::new(object.clone(), std::slice::from_ref(&tail_range))?;
+        parse_footer(&tail, &options).map_err(|e| {
+            tail.take_failure()
+                .unwrap_or_else(|| decode_error(path, None, &e))
+        })?
+    };
+    // Before arrow-rs builds Arrow types from the schema (by recursion, see MAX_SCHEMA_DEPTH).
+    check_schema(&metadata, path)?;
+    ArrowReaderMetadata::try_new(Arc::new(metadata), options)
+        .map_err(|e| decode_error(path, None, &e))
+}
+
+/// The footer (and offset index) as `ArrowReaderMetadata::load` reads them, without yet
+/// converting the schema to Arrow.
+fn parse_footer<R: ChunkReader>(
+    reader: &R,
+    options: &ArrowReaderOptions,
+) -> std::result::Result<ParquetMetaData, ParquetError> {
+    ParquetMetaDataReader::new()
+        .with_column_index_policy(options.column_index_policy())
+        .with_offset_index_policy(options.offset_index_policy())
+        .with_column_index_mask(options.column_index_mask().clone())
+        .with_offset_index_mask(options.offset_index_mask().clone())
+        .with_metadata_options(Some(options.metadata_options().clone()))
+        .parse_and_finish(reader)
 }

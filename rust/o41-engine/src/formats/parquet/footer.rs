@@ -26,6 +26,32 @@ pub struct ParquetIndex {
 
 /// Refuses a footer whose sizes and offsets cannot describe this file: negative or past its end.
 /// The Parquet reader trusts them (and asserts on some), so they are checked before it runs.
+/// Deepest nesting of a column (its path from the root, groups included) read or written here.
+/// arrow-rs builds readers, writers and Arrow types by recursion over the schema, one stack frame
+/// or more per level: a forged 1,000-level column overflows a thread's stack (the process dies),
+/// so deeper schemas are refused before arrow-rs sees them. Training data nests a few levels.
+pub const MAX_SCHEMA_DEPTH: usize = 64;
+
+/// Refuses a footer whose schema nests deeper than [`MAX_SCHEMA_DEPTH`], before any Arrow type
+/// or reader is built from it.
+pub(super) fn check_schema(metadata: &ParquetMetaData, path: &str) -> Result<()> {
+    let schema = metadata.file_metadata().schema_descr();
+    for column in schema.columns() {
+        let depth = column.path().parts().len();
+        if depth > MAX_SCHEMA_DEPTH {
+            return Err(Error::Unsupported {
+                path: path.to_owned(),
+                encoding: ENCODING,
+                message: format!(
+                    "column '{}' nests {depth} levels deep, more than the {MAX_SCHEMA_DEPTH} supported",
+                    column.path().parts()[..2].join(".")
+                ),
+            });
+        }
+    }
+    Ok(())
+}
+
 pub(super) fn check_layout(metadata: &ParquetMetaData, file_size: u64, path: &str) -> Result<()> {
     let bad =
         |what: String| format_error(path, None, format!("the footer is inconsistent: {what}"));

@@ -11,7 +11,34 @@ use parquet::errors::ParquetError;
 use parquet::file::metadata::KeyValue;
 use parquet::file::properties::WriterProperties;
 
+use super::footer::MAX_SCHEMA_DEPTH;
 use crate::error::{Error, Result};
+
+/// Levels of `data_type` (1 for a leaf), counted no further than `limit + 1`: the walk itself
+/// must not recurse without bound either.
+fn nesting(data_type: &DataType, limit: usize) -> usize {
+    if limit == 0 {
+        return 1;
+    }
+    let children: Vec<&DataType> = match data_type {
+        DataType::List(f)
+        | DataType::LargeList(f)
+        | DataType::ListView(f)
+        | DataType::LargeListView(f)
+        | DataType::FixedSizeList(f, _)
+        | DataType::Map(f, _) => vec![f.data_type()],
+        DataType::Struct(fields) => fields.iter().map(|f| f.data_type()).collect(),
+        DataType::Union(fields, _) => fields.iter().map(|(_, f)| f.data_type()).collect(),
+        DataType::Dictionary(_, value) => vec![value.as_ref()],
+        DataType::RunEndEncoded(_, values) => vec![values.data_type()],
+        _ => return 1,
+    };
+    1 + children
+        .into_iter()
+        .map(|child| nesting(child, limit - 1))
+        .max()
+        .unwrap_or(0)
+}
 
 /// Writes `batches` (all of `schema`) as one Parquet file: zstd-compressed pages with a page
 /// index, so that streams select just the pages holding the rows a rank reads, and for each
@@ -29,6 +56,22 @@ pub fn write(
         field: None,
         message: format!("cannot be written as Parquet: {e}"),
     };
+    // arrow-rs builds a writer per level by recursion: a deep schema would overflow the stack.
+    if let Some(field) = schema
+        .fields()
+        .iter()
+        .find(|f| nesting(f.data_type(), MAX_SCHEMA_DEPTH) > MAX_SCHEMA_DEPTH)
+    {
+        return Err(Error::Data {
+            path: path.to_owned(),
+            row: None,
+            field: Some(field.name().clone()),
+            message: format!(
+                "nests more than {MAX_SCHEMA_DEPTH} levels deep, more than a Parquet shard \
+                 written here may"
+            ),
+        });
+    }
     let properties = WriterProperties::builder()
         .set_compression(Compression::ZSTD(ZstdLevel::default()))
         .build();
