@@ -155,7 +155,7 @@ impl InspectCache {
     ) -> Option<Cached> {
         let key = key(location, encoding, pin)?;
         let path = entry_path(&self.dir, &key);
-        let file = std::fs::File::open(&path).ok()?;
+        let file = open_entry(&path)?;
         if file.metadata().ok()?.len() > MAX_ENTRY_BYTES {
             return None;
         }
@@ -226,7 +226,7 @@ impl InspectCache {
     ) -> Option<Vec<u64>> {
         let header = Self::lengths_header(location, encoding, pin, column)?;
         let path = lengths_path(&self.dir, &header);
-        let file = std::fs::File::open(&path).ok()?;
+        let file = open_entry(&path)?;
         if file.metadata().ok()?.len().saturating_mul(3) > max_bytes {
             return None;
         }
@@ -291,6 +291,20 @@ fn write_atomically(
         let _ = std::fs::remove_file(&tmp);
     }
     result
+}
+
+/// Opens a cache entry without blocking, and only if it is a regular file: an entry replaced by
+/// a FIFO would block a plain open until a writer came, a device would never end. Anything but a
+/// regular file is a cache miss.
+fn open_entry(path: &std::path::Path) -> Option<std::fs::File> {
+    use std::os::unix::fs::OpenOptionsExt;
+
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(path)
+        .ok()?;
+    file.metadata().ok()?.is_file().then_some(file)
 }
 
 #[cfg(test)]
@@ -394,6 +408,41 @@ mod tests {
             cache.lookup("/d/c.parquet", Encoding::Parquet, &unversioned, "p1"),
             None
         );
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn an_entry_replaced_by_a_fifo_is_a_miss_without_blocking() {
+        let dir = std::env::temp_dir().join(format!("o41-cache-fifo-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let cache = InspectCache::new(&dir);
+        let cached = Cached {
+            rows: 42,
+            scratch_bytes: None,
+        };
+        let (at, parquet) = ("/d/a.parquet", Encoding::Parquet);
+        cache.store(at, parquet, &pin(10, "mtime:1"), "p1", cached);
+        cache.store_lengths(at, parquet, &pin(10, "mtime:1"), "t", &[3, 4]);
+        for file in std::fs::read_dir(&dir).unwrap() {
+            let path = file.unwrap().path();
+            std::fs::remove_file(&path).unwrap();
+            let made = std::process::Command::new("mkfifo")
+                .arg(&path)
+                .status()
+                .unwrap();
+            assert!(made.success());
+        }
+        // A plain open of a FIFO with no writer blocks forever; the lookups return at once.
+        let (done, wait) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let found = cache.lookup(at, parquet, &pin(10, "mtime:1"), "p1");
+            let lengths = cache.lookup_lengths(at, parquet, &pin(10, "mtime:1"), "t", 1 << 20);
+            done.send((found, lengths)).unwrap();
+        });
+        let (found, lengths) = wait
+            .recv_timeout(std::time::Duration::from_secs(10))
+            .expect("a lookup blocked on a FIFO");
+        assert_eq!((found, lengths), (None, None));
         let _ = std::fs::remove_dir_all(&dir);
     }
 

@@ -9,7 +9,7 @@ use o41_engine::{Error, StreamConfig};
 use pyo3::prelude::*;
 use pyo3::types::{PyString, PyTuple};
 
-use crate::errors::to_py;
+use crate::errors::{index_arg, to_py};
 use crate::position::Position;
 
 /// A rank's position in a batch stream: the resolved config (no credentials), the cursor and
@@ -84,10 +84,14 @@ impl Checkpoint {
     fn check(
         &self,
         py: Python<'_>,
-        rank: Option<usize>,
-        world_size: Option<usize>,
+        rank: Option<&Bound<'_, PyAny>>,
+        world_size: Option<&Bound<'_, PyAny>>,
         config: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<()> {
+        let rank = rank.map(|r| index_arg(py, "rank", r)).transpose()?;
+        let world_size = world_size
+            .map(|w| index_arg(py, "world_size", w))
+            .transpose()?;
         self.inner
             .check_process(rank, world_size)
             .map_err(|e| to_py(py, &e))?;
@@ -104,7 +108,16 @@ impl Checkpoint {
     }
 
     /// The same position for another rank and world size (elastic resume).
-    fn for_world(&self, py: Python<'_>, rank: usize, world_size: usize) -> PyResult<Self> {
+    fn for_world(
+        &self,
+        py: Python<'_>,
+        rank: &Bound<'_, PyAny>,
+        world_size: &Bound<'_, PyAny>,
+    ) -> PyResult<Self> {
+        let (rank, world_size) = (
+            index_arg(py, "rank", rank)?,
+            index_arg(py, "world_size", world_size)?,
+        );
         self.inner
             .for_world(rank, world_size)
             .map(|inner| Checkpoint { inner })

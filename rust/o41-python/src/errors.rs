@@ -15,6 +15,29 @@ struct Context<'a> {
 
 /// Converts an engine error into the matching `o41_training_data` exception, with the option,
 /// path, row and field at fault as attributes (None where they do not apply).
+/// A whole-number argument (`rank`, `world_size`) as `usize`: anything else, a bool, a negative
+/// or a too-large int, is the package's `ConfigError` naming `name`, not a `TypeError` or an
+/// `OverflowError` from the conversion.
+pub fn index_arg(py: Python<'_>, name: &str, value: &Bound<'_, PyAny>) -> PyResult<usize> {
+    let refused = |shown: String| {
+        to_py(
+            py,
+            &Error::config(name, format!("expected a whole number >= 0, got {shown}")),
+        )
+    };
+    if value.is_instance_of::<pyo3::types::PyBool>()
+        || !value.is_instance_of::<pyo3::types::PyInt>()
+    {
+        let shown = value
+            .repr()
+            .map_or_else(|_| "?".to_owned(), |r| r.to_string());
+        return Err(refused(shown));
+    }
+    value
+        .extract::<usize>()
+        .map_err(|_| refused(value.to_string()))
+}
+
 pub fn to_py(py: Python<'_>, err: &Error) -> PyErr {
     build(py, err).unwrap_or_else(|e| e)
 }

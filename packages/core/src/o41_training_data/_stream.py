@@ -14,6 +14,7 @@ import pyarrow as pa
 from . import _core
 from ._config import BatchStreamConfig
 from ._core import Checkpoint, Drain, Position, Segment
+from ._errors import ConfigError
 from ._stats import DecodeStats, ReadStats, SourceStats, _minus_read
 from ._storage import StorageConfig
 
@@ -430,6 +431,9 @@ class BatchStream:
             >>> stream.advance(1, at=batch.position.next_batch + 8)  # doctest: +SKIP
 
         """
+        _whole("stage", stage)
+        if at is not None:
+            _whole("at", at)
         self._core.advance(stage, at)
 
     @property
@@ -494,8 +498,28 @@ def open_batch_stream(
         >>> stream = open_batch_stream(config)  # doctest: +SKIP
 
     """
-    offset, stride = share
+    offset, stride = _share(share)
     return BatchStream(_core.Stream(config.to_json(), offset, stride, _core_storage(storage)))
+
+
+def _whole(name: str, value: object) -> int:
+    """``value`` if it is a whole number (not a bool) from 0 to 2^64 - 1; ConfigError naming it."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < 2**64:
+        raise ConfigError(f"invalid {name}: expected a whole number >= 0, got {value!r}")
+    return value
+
+
+def _share(share: object) -> tuple[int, int]:
+    """``share=(offset, stride)`` checked: ``stride`` of at least 1 and ``offset`` below it."""
+    if not isinstance(share, tuple) or len(share) != 2:
+        raise ConfigError(f"invalid share: expected (offset, stride), got {share!r}")
+    offset, stride = _whole("share offset", share[0]), _whole("share stride", share[1])
+    if stride < 1 or offset >= stride:
+        raise ConfigError(
+            "invalid share: expected 0 <= offset < stride (stride >= 1), "
+            f"got offset {offset}, stride {stride}"
+        )
+    return offset, stride
 
 
 def resume_batch_stream(
@@ -525,7 +549,11 @@ def resume_batch_stream(
         >>> stream = resume_batch_stream(checkpoint, rank=0, world_size=2)  # doctest: +SKIP
 
     """
-    offset, stride = share
+    offset, stride = _share(share)
+    if rank is not None:
+        _whole("rank", rank)
+    if world_size is not None and _whole("world_size", world_size) < 1:
+        raise ConfigError("invalid world_size: must be at least 1, got 0")
     return BatchStream(
         _core.Stream.resume(
             checkpoint,

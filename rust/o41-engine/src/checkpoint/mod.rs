@@ -9,8 +9,9 @@ use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
-use crate::config::ResolvedConfig;
+use crate::config::{ResolvedConfig, RESOLVED_CONFIG_VERSION};
 use crate::error::{Error, Result};
+use crate::limits::MAX_POSITION;
 use crate::order::Segment;
 
 mod diff;
@@ -122,8 +123,62 @@ impl Position {
                 position.rank, position.world_size
             )));
         }
+        check_counters(
+            position.stage,
+            &position.cursor,
+            [position.batches_yielded, position.rows_yielded],
+            &position.epochs,
+        )?;
         Ok(position)
     }
+}
+
+/// Refuses a position whose fields contradict each other or exceed what a stream reaches: the
+/// stage its cursor is in, counters and epochs below [`MAX_POSITION`], and no more batches
+/// received than the global batches before its cursor. A forged or corrupted document is named
+/// by its fields rather than resumed somewhere else in the sequence.
+fn check_counters(
+    stage: usize,
+    cursor: &Cursor,
+    [batches, rows]: [u64; 2],
+    epochs: &[u64],
+) -> Result<()> {
+    if stage != cursor.segment.stage {
+        return Err(refuse(format!(
+            "its stage is {stage} but its cursor is in stage {}; the fields contradict each other",
+            cursor.segment.stage
+        )));
+    }
+    for (field, value) in [
+        ("batches_yielded", batches),
+        ("rows_yielded", rows),
+        ("cursor.next_batch", cursor.next_batch),
+        ("cursor.segment.start_batch", cursor.segment.start_batch),
+    ]
+    .into_iter()
+    .chain(epochs.iter().map(|&e| ("epochs", e)))
+    {
+        if value > MAX_POSITION {
+            return Err(refuse(format!(
+                "its {field} is {value}, beyond what a stream reaches ({MAX_POSITION})"
+            )));
+        }
+    }
+    if cursor.segment.start_batch > cursor.next_batch {
+        return Err(refuse(format!(
+            "its cursor.next_batch {} is before its segment's start_batch {}; the fields \
+             contradict each other",
+            cursor.next_batch, cursor.segment.start_batch
+        )));
+    }
+    if batches > cursor.next_batch {
+        return Err(refuse(format!(
+            "its batches_yielded {batches} exceeds the global batches before its cursor ({}); \
+             the fields contradict each other",
+            cursor.next_batch
+        )));
+    }
+    Ok(())
 }
 
 /// Refuses a checkpoint or position of another rank or world size than this process's.
@@ -191,7 +246,42 @@ impl Checkpoint {
             .resolved
             .validate()
             .map_err(|e| refuse(format!("its resolved config is invalid: {e}")))?;
+        checkpoint.check_consistent()?;
         Ok(checkpoint)
+    }
+
+    /// Refuses a checkpoint whose position contradicts itself or its resolved document: see
+    /// `check_counters`, and the stage and epochs must fit the document's stages and sources.
+    fn check_consistent(&self) -> Result<()> {
+        if self.resolved.version != RESOLVED_CONFIG_VERSION {
+            return Err(refuse(format!(
+                "its resolved config is version {}; this release reads version \
+                 {RESOLVED_CONFIG_VERSION}",
+                self.resolved.version
+            )));
+        }
+        check_counters(
+            self.stage,
+            &self.cursor,
+            [self.batches_yielded, self.rows_yielded],
+            &self.epochs,
+        )?;
+        let stages = self.resolved.stages.len();
+        let Some(stage) = self.resolved.stages.get(self.stage) else {
+            return Err(refuse(format!(
+                "its stage {} is not one of the stream's {stages} stages",
+                self.stage
+            )));
+        };
+        if self.epochs.len() != stage.sources.len() {
+            return Err(refuse(format!(
+                "its epochs list {} sources, but stage {} has {}",
+                self.epochs.len(),
+                self.stage,
+                stage.sources.len()
+            )));
+        }
+        Ok(())
     }
 
     /// The position part of the checkpoint.
@@ -240,7 +330,7 @@ impl Checkpoint {
             retargeted.rank = position.rank;
             retargeted.world_size = position.world_size;
         }
-        Ok(Checkpoint {
+        let checkpoint = Checkpoint {
             version: CHECKPOINT_VERSION,
             fingerprint: fingerprint.to_owned(),
             cursor: position.cursor,
@@ -249,7 +339,9 @@ impl Checkpoint {
             rows_yielded: position.rows_yielded,
             epochs: position.epochs,
             resolved,
-        })
+        };
+        checkpoint.check_consistent()?;
+        Ok(checkpoint)
     }
 
     /// The same position for rank `rank` of `world_size`.

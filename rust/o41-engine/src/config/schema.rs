@@ -60,7 +60,13 @@ impl FieldSpec {
         let fits = match self.dtype {
             DType::I32 => <i32 as crate::dtype::Element>::from_scalar(scalar).is_some(),
             DType::I64 => <i64 as crate::dtype::Element>::from_scalar(scalar).is_some(),
-            DType::F32 | DType::F64 => !matches!(scalar, Scalar::Bool(_)),
+            // A float beyond f32's range would be stored as infinity: refused, not padded with it.
+            DType::F32 => match scalar {
+                Scalar::Bool(_) => false,
+                Scalar::Int(_) => true,
+                Scalar::Float(f) => (f as f32).is_finite(),
+            },
+            DType::F64 => !matches!(scalar, Scalar::Bool(_)),
             DType::Bool => <u8 as crate::dtype::Element>::from_scalar(scalar).is_some(),
         };
         if fits {

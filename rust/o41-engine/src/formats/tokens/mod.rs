@@ -312,6 +312,7 @@ pub fn inspect(
             }
             let tokens = object.size() / width;
             if let Some(documents) = documents.as_mut() {
+                let from_layout = eos.is_some();
                 let Some(eos) = eos.or(meta_eos) else {
                     return Err(Error::config(
                         "packing.eos_id",
@@ -321,6 +322,26 @@ pub fn inspect(
                         ),
                     ));
                 };
+                // An id the shard's dtype cannot hold never occurs: no document would end.
+                let largest = if width >= 8 {
+                    u64::MAX
+                } else {
+                    (1u64 << (8 * width)) - 1
+                };
+                if eos > largest {
+                    let option = match (from_layout, layout) {
+                        (false, _) => "meta.json eos_id",
+                        (true, TokenLayout::Packed(_)) => "packing.eos_id",
+                        (true, TokenLayout::Windows(_)) => "windows.eos_id",
+                    };
+                    return Err(Error::config(
+                        option,
+                        format!(
+                            "{path}: eos id {eos} cannot occur in a shard of {width}-byte ids \
+                             (largest {largest}), so no document would end"
+                        ),
+                    ));
+                }
                 scan_bin(object, width, eos, documents, max_plan, &too_large)?;
             }
             // A job fetches its windows' bytes, and at most as many again in the gaps it reads
