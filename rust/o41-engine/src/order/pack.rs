@@ -116,6 +116,13 @@ impl Packer {
         self.plan.bytes() + open * PLAN_BYTES_PER_PIECE
     }
 
+    /// Bytes the plan may grow by when the document of `len` tokens is pushed: a window per whole
+    /// `seq_len` of it and one piece for the rest. Callers check it against their bound before
+    /// [`Packer::push`], which allocates it: a forged length must not be planned first.
+    pub fn growth(&self, len: u64) -> u64 {
+        (len / self.seq_len + 1).saturating_mul(PLAN_BYTES_PER_PIECE + PLAN_BYTES_PER_WINDOW)
+    }
+
     fn emit(&mut self, pieces: &[Piece]) {
         self.plan.pieces.extend_from_slice(pieces);
         self.plan.starts.push(self.plan.pieces.len() as u64);

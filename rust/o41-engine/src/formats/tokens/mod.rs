@@ -245,6 +245,14 @@ impl Documents {
         }
     }
 
+    /// Bytes the document of `len` tokens may add (see [`Packer::growth`]).
+    pub(super) fn growth(&self, len: u64) -> u64 {
+        match self {
+            Documents::Pack(packer) => packer.growth(len),
+            Documents::Starts(_) => 8,
+        }
+    }
+
     /// Bytes held so far, against the stream's memory limit.
     pub(super) fn bytes(&self) -> u64 {
         match self {
@@ -385,18 +393,23 @@ pub fn inspect(
                 record_starts.push(tokens);
                 longest = longest.max(len);
                 if let Some(documents) = documents.as_mut() {
-                    match eos {
-                        // Documents are cut at eos ids in the stream of all records.
-                        Some(eos) => {
-                            for (k, v) in values.iter().enumerate() {
-                                if u64::try_from(v) == Ok(eos) {
-                                    let end = tokens + k as u64 + 1;
-                                    documents.push(doc_start, end - doc_start);
-                                    doc_start = end;
-                                }
+                    // Documents are cut at eos ids in the stream of all records.
+                    if let Some(eos) = eos {
+                        for (k, v) in values.iter().enumerate() {
+                            if u64::try_from(v) == Ok(eos) {
+                                let end = tokens + k as u64 + 1;
+                                documents.push(doc_start, end - doc_start);
+                                doc_start = end;
                             }
                         }
-                        None => documents.push(tokens, len),
+                    } else {
+                        // Before the push allocates it: a forged list length (the footer's
+                        // index, a cache entry) must fail here, not in the allocator.
+                        let after = documents.bytes().saturating_add(documents.growth(len));
+                        if after > max_plan {
+                            return Err(too_large(max_plan));
+                        }
+                        documents.push(tokens, len);
                     }
                     let bytes = documents.bytes() + 8 * record_starts.len() as u64;
                     if bytes > max_plan {

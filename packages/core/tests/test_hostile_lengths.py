@@ -1,0 +1,78 @@
+"""A forged list-length record (an inspection-cache entry claiming records of 2^32 - 1 tokens)
+is refused against the memory bound before the packing plan allocates for it, instead of
+aborting the process in the allocator."""
+
+from __future__ import annotations
+
+import struct
+import subprocess
+import sys
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from o41_training_data import (
+    BatchStreamConfig,
+    FileSource,
+    Packing,
+    ProjectedField,
+    Stage,
+    open_batch_stream,
+)
+
+MAGIC = b"o41len01"
+
+
+def forge(entry: Path, length: int) -> None:
+    """Rewrites every length of a cache `.lengths` entry (magic, header, count, u32 lengths)."""
+    data = entry.read_bytes()
+    assert data.startswith(MAGIC)
+    (header_len,) = struct.unpack_from("<I", data, len(MAGIC))
+    at = len(MAGIC) + 4 + header_len
+    (count,) = struct.unpack_from("<Q", data, at)
+    entry.write_bytes(data[: at + 8] + struct.pack(f"<{count}I", *([length] * count)))
+
+
+def test_a_forged_cache_length_is_refused_against_the_memory_bound(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("O41_INSPECT_CACHE", str(tmp_path / "cache"))
+    shard = tmp_path / "tokens.parquet"
+    pq.write_table(pa.table({"tokens": pa.array([[1, 2, 3]] * 4, pa.list_(pa.int32()))}), shard)
+    config = BatchStreamConfig(
+        fields=[ProjectedField("tokens", "tokens", "i32", length=8)],
+        stages=[
+            Stage(
+                sources=[FileSource([str(shard)])],
+                batch_size=1,
+                packing=Packing(field="tokens", seq_len=8, bins=2),
+            )
+        ],
+        memory_limit_bytes=256 << 20,
+    )
+    with open_batch_stream(config) as stream:
+        assert next(stream).arrays()["tokens"][0].tolist()[:3] == [1, 2, 3]
+    [entry] = (tmp_path / "cache").glob("*.lengths")
+    forge(entry, 2**32 - 1)
+    # In a child under an address-space cap (the engine's declared bound, and room for the
+    # interpreter and its libraries): an allocation past it would abort the child.
+    child = (
+        "import resource, sys\n"
+        "resource.setrlimit(resource.RLIMIT_AS, (3 << 30, 3 << 30))\n"
+        "from o41_training_data import *\n"
+        "config = BatchStreamConfig(\n"
+        "    fields=[ProjectedField('tokens', 'tokens', 'i32', length=8)],\n"
+        "    stages=[Stage(sources=[FileSource([sys.argv[1]])], batch_size=1,\n"
+        "                  packing=Packing(field='tokens', seq_len=8, bins=2))],\n"
+        "    memory_limit_bytes=256 << 20)\n"
+        "try:\n"
+        "    open_batch_stream(config)\n"
+        "except ConfigError as error:\n"
+        "    print(error)\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", child, str(shard)], capture_output=True, text=True, timeout=120, check=False
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "tokens.parquet: its window plan needs more than" in result.stdout
