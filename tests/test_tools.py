@@ -11,6 +11,9 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def tool(name: str) -> ModuleType:
+    # The tools import their shared module from their own folder, as when run as scripts.
+    if str(ROOT / "tools") not in sys.path:
+        sys.path.insert(0, str(ROOT / "tools"))
     spec = importlib.util.spec_from_file_location(name, ROOT / "tools" / f"{name}.py")
     assert spec is not None
     assert spec.loader is not None

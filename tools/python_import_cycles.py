@@ -16,6 +16,8 @@ import ast
 import sys
 from pathlib import Path
 
+from strongly_connected import components
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -68,34 +70,7 @@ def imports_of(name: str, file: Path, modules: dict[str, Path]) -> dict[str, int
 
 def cycles(edges: dict[str, dict[str, int]]) -> list[list[str]]:
     """The strongly connected components of two or more modules."""
-    index: dict[str, int] = {}
-    low: dict[str, int] = {}
-    stack: list[str] = []
-    found: list[list[str]] = []
-
-    def visit(node: str) -> None:
-        index[node] = low[node] = len(index)
-        stack.append(node)
-        for succ in edges.get(node, {}):
-            if succ not in index:
-                visit(succ)
-                low[node] = min(low[node], low[succ])
-            elif succ in stack:
-                low[node] = min(low[node], index[succ])
-        if low[node] == index[node]:
-            component = []
-            while True:
-                member = stack.pop()
-                component.append(member)
-                if member == node:
-                    break
-            if len(component) > 1:
-                found.append(sorted(component))
-
-    for node in sorted(edges):
-        if node not in index:
-            visit(node)
-    return found
+    return components(edges)
 
 
 def check(src: Path) -> list[str]:

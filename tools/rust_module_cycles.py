@@ -27,6 +27,8 @@ import sys
 from collections.abc import Iterable
 from pathlib import Path
 
+from strongly_connected import components
+
 ROOT = Path(__file__).resolve().parent.parent
 _PATH = re.compile(r"\b(crate|super|self)((?:::\w+)+)")
 _USE = re.compile(r"\buse\s+((?:crate|super|self)::[^;]*);", re.DOTALL)
@@ -145,39 +147,8 @@ def layers(
 
 
 def cycles(edges: dict[tuple[str, ...], dict[tuple[str, ...], str]]) -> list[list[tuple[str, ...]]]:
-    """The strongly connected components of two or more modules (Tarjan's algorithm)."""
-    index: dict[tuple[str, ...], int] = {}
-    low: dict[tuple[str, ...], int] = {}
-    stack: list[tuple[str, ...]] = []
-    on_stack: set[tuple[str, ...]] = set()
-    found: list[list[tuple[str, ...]]] = []
-    sys.setrecursionlimit(10_000)
-
-    def visit(node: tuple[str, ...]) -> None:
-        index[node] = low[node] = len(index)
-        stack.append(node)
-        on_stack.add(node)
-        for succ in edges.get(node, {}):
-            if succ not in index:
-                visit(succ)
-                low[node] = min(low[node], low[succ])
-            elif succ in on_stack:
-                low[node] = min(low[node], index[succ])
-        if low[node] == index[node]:
-            component = []
-            while True:
-                member = stack.pop()
-                on_stack.discard(member)
-                component.append(member)
-                if member == node:
-                    break
-            if len(component) > 1:
-                found.append(sorted(component))
-
-    for node in sorted(edges):
-        if node not in index:
-            visit(node)
-    return found
+    """The strongly connected components of two or more modules."""
+    return components(edges)
 
 
 def lines_of_code(file: Path) -> int:

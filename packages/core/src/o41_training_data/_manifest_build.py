@@ -13,6 +13,7 @@ from collections.abc import Callable, Sequence
 
 from ._config import ENCODINGS, _invalid
 from ._manifest import DataManifest, ManifestShard, ManifestSplit, load_manifest, save_manifest
+from ._ray import connect
 from ._storage import StorageConfig, normalize
 
 __all__ = ["manifest_from_files"]
@@ -42,8 +43,7 @@ def _describe_on_ray(
 ) -> list[tuple[int, int, str]]:
     import ray
 
-    if not ray.is_initialized():
-        ray.init(address=ray_address, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    connect(ray_address)
     remote = ray.remote(_describe)
     chunks = [paths[i : i + _TASK_SHARDS] for i in range(0, len(paths), _TASK_SHARDS)]
     pending = {remote.remote(chunk, data_format, storage): k for k, chunk in enumerate(chunks)}

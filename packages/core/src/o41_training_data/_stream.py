@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import TracebackType
@@ -14,7 +15,7 @@ import pyarrow as pa
 from . import _core
 from ._config import BatchStreamConfig
 from ._core import Checkpoint, Drain, Position, Segment
-from ._errors import ConfigError
+from ._errors import ConfigError, StreamClosedError
 from ._stats import DecodeStats, ReadStats, SourceStats, _minus_read
 from ._storage import StorageConfig
 
@@ -362,7 +363,9 @@ class BatchStream:
     Open one with :func:`open_batch_stream` or :func:`resume_batch_stream`. Iterating yields
     :class:`Batch` objects; a finite stage ends with ``StopIteration``. ``close()`` stops the
     engine's threads after the read in flight and is idempotent; using a closed stream raises
-    :class:`StreamClosedError`.
+    :class:`StreamClosedError`. A stream belongs to the process that opened it: used in a forked
+    child (which has none of its engine's threads) it raises :class:`StreamClosedError` at once
+    instead of waiting for them; open a new stream in the child.
 
     Examples:
         >>> with open_batch_stream(config) as stream:  # doctest: +SKIP
@@ -372,7 +375,19 @@ class BatchStream:
     """
 
     def __init__(self, core: _core.Stream) -> None:
-        self._core = core
+        self._stream = core
+        self._pid = os.getpid()
+
+    @property
+    def _core(self) -> _core.Stream:
+        """The engine's stream, in the process that opened it only."""
+        if os.getpid() != self._pid:
+            raise StreamClosedError(
+                f"this stream was opened in process {self._pid}; in a forked child (process "
+                f"{os.getpid()}) its engine threads do not exist, so it cannot deliver batches: "
+                "open a new stream in the child"
+            )
+        return self._stream
 
     def __iter__(self) -> BatchStream:
         return self
@@ -401,12 +416,14 @@ class BatchStream:
         Any thread may call it, also while another thread waits in ``next``, which then raises
         :class:`StreamClosedError`.
         """
+        if os.getpid() != self._pid:
+            return  # a forked child's copy: the parent's stream is the parent's to close
         self._core.close()
 
     @property
     def closed(self) -> bool:
-        """True once :meth:`close` has run."""
-        return self._core.closed
+        """True once :meth:`close` has run, and in a forked child."""
+        return os.getpid() != self._pid or self._core.closed
 
     @property
     def stage(self) -> int:

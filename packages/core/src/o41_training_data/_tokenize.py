@@ -29,6 +29,7 @@ from ._config import ENCODINGS
 from ._errors import ConfigError, DataError, ObjectNotFoundError
 from ._manifest import DataManifest
 from ._manifest_build import encoding_of
+from ._ray import connect
 from ._saver import SHARD_EXTENSIONS, DatasetSaver, SavedShard
 from ._storage import StorageConfig, normalize, parent
 
@@ -446,8 +447,7 @@ def _run_on_ray(
 ) -> list[_InputResult]:
     import ray
 
-    if not ray.is_initialized():
-        ray.init(address=ray_address, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    connect(ray_address)
     remote = ray.remote(_ray_task).options(num_cpus=1)
     pending = {remote.remote(job): k for k, job in enumerate(jobs)}
     results: list[_InputResult | None] = [None] * len(jobs)

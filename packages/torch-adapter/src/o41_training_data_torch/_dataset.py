@@ -391,6 +391,41 @@ class O41IterableDataset(IterableDataset[O41Batch]):
             if self._requests[2] == number:
                 return int(stage), int(switch), int(number)
 
+    @staticmethod
+    def _loaded_share(state: Mapping[str, Any]) -> dict[str, int]:
+        """The state's ``offset``, ``stride`` and ``workers``, checked: a share a loader makes."""
+        values = {}
+        for key in ("offset", "stride"):
+            if key not in state:
+                raise CheckpointError(f"state refused: it has no {key!r}")
+            values[key] = state[key]
+        # States of the first releases have no "workers": their stride was the count.
+        values["workers"] = state.get("workers", values["stride"])
+        for key, value in values.items():
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise CheckpointError(f"state refused: its {key} is {value!r}, not a whole number")
+        offset, stride, workers = values["offset"], values["stride"], values["workers"]
+        # Shares a loader makes: the whole sequence (1), one of `workers` split ones, or none
+        # (stride 0: a worker other than the first when the workers do not split the batches).
+        idle = stride == 0 and offset == 0 and workers >= 2
+        if workers < 1 or not (idle or (stride in (1, workers) and offset < stride)):
+            raise CheckpointError(
+                f"state refused: offset {offset}, stride {stride} with {workers} workers is not a "
+                "share a DataLoader makes (stride 1 or the worker count with the offset below it, "
+                "or 0 for an idle worker)"
+            )
+        return values
+
+    def _check_same_stream(self, checkpoint: Checkpoint) -> None:
+        """Refuses a checkpoint of another stream than this dataset's (naming the difference)."""
+        if self._config is not None:
+            checkpoint.check(config=self._config)
+        elif self._start is not None and checkpoint.fingerprint != self._start.fingerprint:
+            raise CheckpointError(
+                f"state refused: it belongs to stream {checkpoint.fingerprint}, this dataset's is "
+                f"{self._start.fingerprint}"
+            )
+
     def state_dict(self) -> dict[str, Any]:
         """The position after the last batch this process yielded.
 
@@ -417,20 +452,33 @@ class O41IterableDataset(IterableDataset[O41Batch]):
         return {"version": STATE_VERSION, "checkpoint": start.to_json(), **share}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Continues from ``state`` (from :meth:`state_dict`) at the next iteration."""
+        """Continues from ``state`` (from :meth:`state_dict`) at the next iteration.
+
+        The state must be this dataset's stream's (its fingerprint, or its config when it is at
+        the start) and its share of the rank's batches must be one a loader produces: anything
+        else raises :class:`CheckpointError` naming what is wrong, never a silent skip.
+        """
+        if not isinstance(state, Mapping):
+            raise CheckpointError(f"state refused: expected the mapping state_dict() returns, got {state!r}")
         if state.get("version") != STATE_VERSION:
             raise CheckpointError(
                 f"state refused: version {state.get('version')!r}, expected {STATE_VERSION}"
             )
+        share = self._loaded_share(state)
         if "checkpoint" in state:
-            Checkpoint.from_json(state["checkpoint"]).check(rank=self.rank, world_size=self.world_size)
-            self._loaded = {
-                "checkpoint": state["checkpoint"],
-                "offset": state["offset"],
-                "stride": state["stride"],
-                # States of the first releases have no "workers": their stride was the count.
-                "workers": state.get("workers", state["stride"]),
-            }
+            if not isinstance(state["checkpoint"], str):
+                raise CheckpointError("state refused: its checkpoint is not checkpoint JSON text")
+            checkpoint = Checkpoint.from_json(state["checkpoint"])
+            checkpoint.check(rank=self.rank, world_size=self.world_size)
+            self._check_same_stream(checkpoint)
+            self._loaded = {"checkpoint": state["checkpoint"], **share}
         else:
+            if "config" not in state:
+                raise CheckpointError("state refused: it has neither a 'checkpoint' nor a 'config'")
+            if self._config is None or state["config"] != self._config.to_json():
+                raise CheckpointError(
+                    "state refused: it is the start of another stream than this dataset's "
+                    "(its config differs)"
+                )
             self._loaded = None
         self._last_position = None
