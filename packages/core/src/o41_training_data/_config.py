@@ -89,6 +89,9 @@ def _check_field(option: str, field: ProjectedField) -> None:
         value = getattr(field, name)
         if not isinstance(value, str) or not value:
             raise _invalid(f"{option}.{name}", f"expected a non-empty string, got {value!r}")
+    if "\0" in field.name:
+        # Arrow's C data interface, which hands batches to Python, cannot carry it.
+        raise _invalid(f"{option}.name", f"{field.name!r} holds a NUL character; a column name cannot")
     for size in field.shape or ():
         _integer(f"{option}.shape", size, minimum=1)
     pad = field.pad

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from ._errors import O41Error, ObjectNotFoundError
 
-__all__ = ["MAX_DOCUMENT_BYTES", "MAX_DOCUMENT_DEPTH", "check_depth", "read_text"]
+__all__ = ["MAX_DOCUMENT_BYTES", "MAX_DOCUMENT_DEPTH", "check_depth", "json_depth", "read_text"]
 
 MAX_DOCUMENT_BYTES = 256 << 20
 """Largest config or checkpoint file read (a checkpoint pins every shard of its stream: a
@@ -78,12 +78,13 @@ def read_text(path: Path, error_class: type[O41Error], what: str, limit: int = M
         ) from None
 
 
-def check_depth(text: str, path: Path, error_class: type[O41Error], limit: int = MAX_DOCUMENT_DEPTH) -> None:
-    """Refuses a JSON (or flow-style YAML) text nesting brackets deeper than ``limit``.
+def json_depth(text: str) -> int:
+    """How deep ``[``/``{`` nest in ``text`` outside strings (0 for a scalar), without parsing.
 
-    Counts ``[``/``{`` outside strings without parsing, so that no parser recurses first.
+    Safe on any input, so that no parser recurses on a forged document first; for text that is
+    not JSON it is a bound the parser then refines with its own error.
     """
-    depth = 0
+    depth = deepest = 0
     in_string = escaped = False
     for char in text:
         if in_string:
@@ -97,9 +98,14 @@ def check_depth(text: str, path: Path, error_class: type[O41Error], limit: int =
             in_string = True
         elif char in "[{":
             depth += 1
-            if depth > limit:
-                raise _located(
-                    error_class, path, f"nests deeper than {limit} levels, so it is not a valid document"
-                )
+            deepest = max(deepest, depth)
         elif char in "]}":
             depth -= 1
+    return deepest
+
+
+def check_depth(text: str, path: Path, error_class: type[O41Error], limit: int = MAX_DOCUMENT_DEPTH) -> None:
+    """Refuses a JSON (or flow-style YAML) text nesting brackets deeper than ``limit``."""
+    if json_depth(text) > limit:
+        message = f"nests deeper than {limit} levels, so it is not a valid document"
+        raise _located(error_class, path, message)

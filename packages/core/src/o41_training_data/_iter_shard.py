@@ -6,9 +6,11 @@ import os
 from collections.abc import Iterator
 from typing import Any
 
+import pyarrow as pa
+
 from . import _core
-from ._config import ENCODINGS
-from ._errors import ConfigError
+from ._config import ENCODINGS, _invalid
+from ._errors import UnsupportedFormatError
 from ._manifest import ManifestShard
 from ._storage import StorageConfig, normalize
 
@@ -16,6 +18,16 @@ __all__ = ["iter_shard"]
 
 # Records decoded per call into the engine: large enough that the call costs nothing per record.
 _CHUNK = 1024
+
+
+def _next_chunk(records: _core.ShardRecords, uri: str) -> list[dict[str, Any]] | pa.RecordBatch | None:
+    try:
+        return records.next_chunk(_CHUNK)
+    except pa.ArrowInvalid as error:
+        # Arrow's C data interface refuses what Parquet allows: a NUL in a column's name.
+        refused = UnsupportedFormatError(f"{uri}: its columns cannot be handed to Python: {error}")
+        refused.path = uri
+        raise refused from None
 
 
 def iter_shard(
@@ -38,9 +50,9 @@ def iter_shard(
 
     """
     if data_format not in ENCODINGS:
-        raise ConfigError(f"invalid data_format: {data_format!r}; expected one of {', '.join(ENCODINGS)}")
+        raise _invalid("data_format", f"{data_format!r}; expected one of {', '.join(ENCODINGS)}")
     uri = normalize(shard.path or shard.location) if isinstance(shard, ManifestShard) else normalize(shard)
     records = _core.ShardRecords(uri, data_format, (storage_config or StorageConfig()).core(), _CHUNK)
-    while (chunk := records.next_chunk(_CHUNK)) is not None:
+    while (chunk := _next_chunk(records, uri)) is not None:
         # Parquet arrives as Arrow; its rows become dicts in pyarrow's C++, not here.
         yield from chunk if isinstance(chunk, list) else chunk.to_pylist()

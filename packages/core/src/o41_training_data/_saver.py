@@ -19,7 +19,9 @@ from typing import Any
 import pyarrow as pa
 
 from . import _core
+from ._config import _invalid
 from ._errors import ConfigError, DataError, MalformedShardError, ObjectConflictError, ObjectNotFoundError
+from ._files import MAX_DOCUMENT_BYTES, MAX_DOCUMENT_DEPTH, json_depth
 from ._manifest import Curriculum, DataManifest, ManifestShard, ManifestSplit, load_manifest, save_manifest
 from ._storage import StorageConfig, is_remote, normalize, parent
 
@@ -29,7 +31,7 @@ DESCRIPTOR_VERSION = 1
 MAX_SHARD_BYTES = 5 * 2**30
 # The file extension of a saved shard, by data format.
 SHARD_EXTENSIONS = {"parquet": ".parquet", "msgpack": ".msgpack", "jsonl.gz": ".jsonl.gz"}
-_ID = re.compile(r"^[A-Za-z0-9._-]+$")
+_ID = re.compile(r"[A-Za-z0-9._-]+")
 _DESCRIPTOR = re.compile(r"^[A-Za-z0-9._-]+/[A-Za-z0-9._-]+/shard-[A-Za-z0-9._-]+\.done\.json$")
 
 
@@ -103,6 +105,23 @@ def _to_table(records: Sequence[Mapping[str, Any]], where: str) -> pa.Table:
         raise DataError(f"{where}: {err}") from None
 
 
+def _check_names(schema: pa.Schema, where: str) -> None:
+    """Refuses a field name with a NUL character: Arrow's C data interface cuts the name there."""
+    pending: list[tuple[str, pa.Field]] = [("", f) for f in schema]
+    while pending:
+        prefix, item = pending.pop()
+        path = f"{prefix}{item.name}"
+        if "\0" in item.name:
+            error = DataError(f"{where}, field {path!r}: a field name cannot hold a NUL character")
+            error.field = path
+            raise error
+        kind = item.type
+        while pa.types.is_list(kind) or pa.types.is_large_list(kind):
+            kind = kind.value_type
+        if pa.types.is_struct(kind):
+            pending.extend((f"{path}.", kind.field(i)) for i in range(kind.num_fields))
+
+
 def _fails(values: list[Any]) -> bool:
     try:
         pa.array(values)
@@ -123,19 +142,27 @@ def _write_data(
     return _core.write_shard(str(path), data_format, records=records, name=name)
 
 
+def _refused(descriptor: str, why: str) -> MalformedShardError:
+    error = MalformedShardError(f"{descriptor}: {why}; remove it and its data object to regenerate the shard")
+    error.path = descriptor
+    return error
+
+
 def _parse_descriptor(text: bytes, descriptor: str, location: str) -> SavedShard:
     """A completion descriptor's shard; anything truncated, altered or foreign is refused naming it."""
 
     def refuse(why: str) -> MalformedShardError:
-        error = MalformedShardError(
-            f"{descriptor}: {why}; remove it and its data object to regenerate the shard"
-        )
-        error.path = descriptor
-        return error
+        return _refused(descriptor, why)
 
     try:
-        document = json.loads(text)
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        body = text.decode()
+    except UnicodeDecodeError as err:
+        raise refuse(f"not a completion descriptor ({err})") from None
+    if json_depth(body) > MAX_DOCUMENT_DEPTH:
+        raise refuse(f"not a completion descriptor (nested deeper than {MAX_DOCUMENT_DEPTH})")
+    try:
+        document = json.loads(body)
+    except (ValueError, RecursionError) as err:
         raise refuse(f"not a completion descriptor ({err})") from None
     if not isinstance(document, dict):
         raise refuse("not a completion descriptor (not a JSON object)")
@@ -231,9 +258,13 @@ class DatasetSaver:
         return _core.shard_location(self.manifest_uri, location)
 
     def _location(self, split: str, stage: str | None, shard_id: str) -> str:
+        if stage in ("", "_"):
+            # "_" is the directory of shards without a stage: a stage of that name would be none.
+            raise _invalid("curriculum_stage", f"{stage!r} is not a stage name; pass None for no stage")
         for name, value in (("split", split), ("curriculum_stage", stage or "_"), ("shard_id", shard_id)):
-            if not _ID.match(value) or value in (".", ".."):
-                raise ConfigError(f"invalid {name} {value!r}: use letters, digits, '.', '_' and '-'")
+            # fullmatch: "$" would let a trailing newline through.
+            if not isinstance(value, str) or not _ID.fullmatch(value) or value in (".", ".."):
+                raise _invalid(name, f"{value!r}: use letters, digits, '.', '_' and '-'")
         return f"{split}/{stage or '_'}/shard-{shard_id}{SHARD_EXTENSIONS[self.data_format]}"
 
     def _read_descriptor(self, location: str) -> SavedShard | None:
@@ -241,21 +272,26 @@ class DatasetSaver:
         data = self._uri(location)
         store = self._storage.core()
         try:
-            text = store.read(descriptor)
+            handle = store.open(descriptor)
         except ObjectNotFoundError:
             return None
-        shard = _parse_descriptor(bytes(text), descriptor, location)
+        if handle.size > MAX_DOCUMENT_BYTES:
+            raise _refused(descriptor, f"{handle.size:,} bytes is over the {MAX_DOCUMENT_BYTES:,}-byte limit")
+        shard = _parse_descriptor(bytes(handle.read_range(0, handle.size)), descriptor, location)
         try:
-            intact = (
-                store.open(data).size == shard.bytes and "sha256:" + store.checksum(data) == shard.checksum
+            # Rows too: a descriptor's count would otherwise reach the manifest unchecked.
+            rows, size, digest = store.describe_shard(data, self.data_format)
+            found = {"rows": rows, "bytes": size, "checksum": "sha256:" + digest}
+        except (ObjectNotFoundError, DataError) as unreadable:
+            found = {"data object": str(unreadable)}
+        differ = [name for name, value in found.items() if getattr(shard, name, None) != value]
+        if differ:
+            mismatch = MalformedShardError(
+                f"{data}: the data object does not match its completion descriptor {descriptor} "
+                f"({', '.join(differ)}); remove both to regenerate the shard"
             )
-        except ObjectNotFoundError:
-            intact = False
-        if not intact:
-            raise MalformedShardError(
-                f"{data}: the data object does not match its completion descriptor {descriptor}; "
-                "remove both to regenerate the shard"
-            )
+            mismatch.path = data
+            raise mismatch
         return shard
 
     def recover(self, split: str, curriculum_stage: str | None, *, shard_id: str) -> SavedShard:
@@ -296,6 +332,7 @@ class DatasetSaver:
         rows = list(records)
         data = self._uri(location)
         table = _to_table(rows, data)
+        _check_names(table.schema, data)
         schema = {f.name: _arrow_type_name(f.type) for f in table.schema}
         # A local target gets its temporary file beside it, so publishing is a link, not a copy.
         scratch = None if is_remote(data) else Path(data).parent
@@ -454,5 +491,19 @@ class DatasetSaver:
         Committing the same completed publication again is a no-op.
         """
         manifest = self.build_manifest()
-        save_manifest(self.manifest_uri, manifest, storage=self._storage)
+        if not manifest.splits:
+            error = ConfigError(
+                f"{self.manifest_uri}: no completed shard under {self._root}; a manifest lists at "
+                "least one, so nothing was published"
+            )
+            error.path = self.manifest_uri
+            raise error
+        try:
+            save_manifest(self.manifest_uri, manifest, storage=self._storage)
+        except ObjectConflictError:
+            # An empty manifest (published by an earlier version) holds nothing to protect.
+            existing = load_manifest(self.manifest_uri, storage=self._storage)
+            if any(split.shards for split in existing.splits.values()):
+                raise
+            save_manifest(self.manifest_uri, manifest, overwrite=True, storage=self._storage)
         return load_manifest(self.manifest_uri, storage=self._storage)
