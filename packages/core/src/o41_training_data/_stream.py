@@ -519,22 +519,28 @@ def open_batch_stream(
     return BatchStream(_core.Stream(config.to_json(), offset, stride, _core_storage(storage)))
 
 
+def _refused(name: str, message: str) -> ConfigError:
+    """``ConfigError`` for argument ``name`` (``share offset`` is option ``share``)."""
+    error = ConfigError(f"invalid {name}: {message}")
+    error.option = name.split(" ", 1)[0]
+    return error
+
+
 def _whole(name: str, value: object) -> int:
     """``value`` if it is a whole number (not a bool) from 0 to 2^64 - 1; ConfigError naming it."""
     if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < 2**64:
-        raise ConfigError(f"invalid {name}: expected a whole number >= 0, got {value!r}")
+        raise _refused(name, f"expected a whole number >= 0, got {value!r}")
     return value
 
 
 def _share(share: object) -> tuple[int, int]:
     """``share=(offset, stride)`` checked: ``stride`` of at least 1 and ``offset`` below it."""
     if not isinstance(share, tuple) or len(share) != 2:
-        raise ConfigError(f"invalid share: expected (offset, stride), got {share!r}")
+        raise _refused("share", f"expected (offset, stride), got {share!r}")
     offset, stride = _whole("share offset", share[0]), _whole("share stride", share[1])
     if stride < 1 or offset >= stride:
-        raise ConfigError(
-            "invalid share: expected 0 <= offset < stride (stride >= 1), "
-            f"got offset {offset}, stride {stride}"
+        raise _refused(
+            "share", f"expected 0 <= offset < stride (stride >= 1), got offset {offset}, stride {stride}"
         )
     return offset, stride
 
@@ -570,7 +576,7 @@ def resume_batch_stream(
     if rank is not None:
         _whole("rank", rank)
     if world_size is not None and _whole("world_size", world_size) < 1:
-        raise ConfigError("invalid world_size: must be at least 1, got 0")
+        raise _refused("world_size", "must be at least 1, got 0")
     return BatchStream(
         _core.Stream.resume(
             checkpoint,

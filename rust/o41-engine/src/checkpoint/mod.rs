@@ -149,20 +149,16 @@ fn check_counters(
             cursor.segment.stage
         )));
     }
-    for (field, value) in [
-        ("batches_yielded", batches),
-        ("rows_yielded", rows),
-        ("cursor.next_batch", cursor.next_batch),
-        ("cursor.segment.start_batch", cursor.segment.start_batch),
-    ]
-    .into_iter()
-    .chain(epochs.iter().map(|&e| ("epochs", e)))
-    {
-        if value > MAX_POSITION {
-            return Err(refuse(format!(
-                "its {field} is {value}, beyond what a stream reaches ({MAX_POSITION})"
-            )));
-        }
+    // The cursor's own bounds are the order's to check at resume ("beyond any position").
+    if batches > MAX_POSITION || rows > MAX_POSITION {
+        return Err(refuse(format!(
+            "its counters ({batches} batches, {rows} rows) are beyond any a stream reaches"
+        )));
+    }
+    if let Some(&epoch) = epochs.iter().find(|&&e| e > MAX_POSITION) {
+        return Err(refuse(format!(
+            "its epochs is {epoch}, beyond what a stream reaches ({MAX_POSITION})"
+        )));
     }
     if cursor.segment.start_batch > cursor.next_batch {
         return Err(refuse(format!(
