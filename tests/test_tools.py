@@ -24,6 +24,7 @@ def tool(name: str) -> ModuleType:
 
 
 def crate(tmp_path: Path, files: dict[str, str]) -> Path:
+    """A source tree (a crate's or a package's) of ``files`` under ``tmp_path/src``."""
     src = tmp_path / "src"
     for name, text in files.items():
         (src / name).parent.mkdir(parents=True, exist_ok=True)
@@ -95,17 +96,9 @@ def test_the_engine_has_no_module_cycle_and_no_oversized_file() -> None:
         assert cycles.check(src, max_lines=800) == []
 
 
-def package(tmp_path: Path, files: dict[str, str]) -> Path:
-    src = tmp_path / "src"
-    for name, text in files.items():
-        (src / name).parent.mkdir(parents=True, exist_ok=True)
-        (src / name).write_text(text)
-    return src
-
-
 def test_an_import_cycle_through_a_deferred_or_type_only_import_is_reported(tmp_path: Path) -> None:
     imports = tool("python_import_cycles")
-    src = package(
+    src = crate(
         tmp_path,
         {
             "pkg/__init__.py": "from ._a import A\n",
