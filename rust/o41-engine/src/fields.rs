@@ -141,7 +141,7 @@ impl ProjectedColumn {
 }
 
 /// All projected columns of a stream.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, Default, PartialEq)]
 pub struct Projection {
     /// Columns in config order.
     pub columns: Vec<ProjectedColumn>,

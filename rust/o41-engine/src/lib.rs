@@ -25,6 +25,7 @@ pub mod plan;
 pub mod pool;
 pub mod record;
 pub mod resolve;
+pub mod shards;
 pub mod storage;
 pub mod stream;
 

@@ -196,13 +196,7 @@ fn decode(
     } else {
         let meta = plan.meta(storage, job.shard)?;
         let storage = plan.metered(storage, job.shard);
-        let reader = formats::open(
-            &storage,
-            entry.path(),
-            entry.encoding(),
-            meta,
-            plan.pages.as_ref(),
-        )?;
+        let reader = formats::open(&storage, entry.path(), meta, plan.pages.as_ref())?;
         entry.meter().shard_opened();
         // A few open readers per worker, so consecutive jobs on a shard continue in place.
         if readers.len() as u64 == READERS_PER_WORKER {

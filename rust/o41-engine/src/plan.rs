@@ -13,77 +13,19 @@ use std::sync::{Arc, OnceLock};
 use arrow_schema::SchemaRef;
 
 use crate::columns::{batch_schema, Chunk};
-use crate::config::{ResolvedConfig, ResolvedShard, TokenLayout};
+use crate::config::ResolvedConfig;
 use crate::dtype::{DType, Element};
 use crate::encoding::Encoding;
 use crate::error::{Error, Result};
 use crate::fields::{ProjectedColumn, Projection, Synthetic};
-use crate::formats::{
-    self, fill_window, PageCache, Prefetch, Promise, PromiseOrigin, ShardMeta, TokenIndex,
-    WindowColumn,
-};
+use crate::formats::{fill_window, PageCache, Prefetch, ShardMeta, TokenIndex, WindowColumn};
 use crate::memory::{MemoryBound, ShardScratch, MAX_JOB_ROWS};
-use crate::metrics::{DecodeMeter, Meter};
+use crate::metrics::DecodeMeter;
 use crate::order::{LayoutCache, Order, Segment, Slot};
 use crate::pool::BufferPool;
 use crate::resolve::Resolved;
-use crate::storage::{self, Storage};
-
-/// The shards of one source: flat shard ids `first..` up to the next source's `first`. What a
-/// shard is (location, encoding, promise) stays in the resolved document alone, so a
-/// million-shard stream holds each location once.
-struct SourceShards {
-    /// Stage and source index in the resolved document.
-    stage: usize,
-    source: usize,
-    /// Flat id of the source's first shard.
-    first: usize,
-    /// Who promised the shards' row counts (and sizes or versions).
-    origin: PromiseOrigin,
-    /// How the source's stage reads tokens: its shards' rows are then windows.
-    layout: Option<Arc<TokenLayout>>,
-}
-
-/// One shard of the stream, by flat id: where it is, what the stream was promised about it,
-/// and, once something read it, its inspection.
-#[derive(Clone, Copy)]
-pub struct ShardEntry<'a> {
-    /// The shard in the resolved document.
-    resolved: &'a ResolvedShard,
-    /// Its source.
-    source: &'a SourceShards,
-    /// What its source read.
-    meter: &'a Arc<Meter>,
-    /// Its inspection, once made.
-    meta: &'a OnceLock<Box<ShardMeta>>,
-}
-
-impl<'a> ShardEntry<'a> {
-    /// Location.
-    pub fn path(&self) -> &'a str {
-        &self.resolved.path
-    }
-
-    /// Encoding.
-    pub fn encoding(&self) -> Encoding {
-        self.resolved.encoding
-    }
-
-    /// The inspection, if the shard has been inspected.
-    pub fn inspected(&self) -> Option<&'a ShardMeta> {
-        self.meta.get().map(AsRef::as_ref)
-    }
-
-    /// What the shard's source read.
-    pub fn meter(&self) -> &'a Meter {
-        self.meter
-    }
-
-    /// Rows (and size or version, where known) the shard is held to when first inspected.
-    fn promise(&self) -> Promise<'a> {
-        self.resolved.promise(self.source.origin)
-    }
-}
+use crate::shards::{InspectionLimits, ShardEntry, Shards};
+use crate::storage::Storage;
 
 /// How much more decode scratch than the largest known the stream reserves for shards it has
 /// not inspected yet: shards of one source come from one writer and differ little.
@@ -106,13 +48,8 @@ pub struct Plan {
     pub records: Projection,
     /// Batch column of each record column.
     pub record_map: Vec<usize>,
-    /// Every source, in stage then source order, with the flat ids of its shards.
-    sources: Vec<SourceShards>,
-    /// Index into `sources` of each stage's first source.
-    stage_sources: Vec<usize>,
-    /// Every shard's inspection once made, by flat id (boxed: most of a million-shard corpus
-    /// is never inspected by one rank).
-    inspections: Vec<OnceLock<Box<ShardMeta>>>,
+    /// Every shard, with its inspection once made.
+    pub shards: Shards,
     /// Schema of delivered batches.
     pub schema: SchemaRef,
     /// The working-set bound, checked at open.
@@ -129,9 +66,6 @@ pub struct Plan {
     /// one's is computed at the first position asked for (it hashes every shard entry, which
     /// open itself does not need).
     fingerprint: OnceLock<String>,
-    /// What each source read, in stage then source order (as `sources`). Kept for the
-    /// stream's life, across advances.
-    pub meters: Vec<Arc<Meter>>,
     /// Decode time and rows by encoding.
     pub decode: DecodeMeter,
     /// The encodings of the stream's shards, in first-seen order.
@@ -169,48 +103,14 @@ impl Plan {
             .enumerate()
             .filter_map(|(k, c)| WindowColumn::of(&c.source).map(|kind| (k, kind)))
             .collect();
-        let mut sources = Vec::new();
-        let mut stage_sources = Vec::with_capacity(config.stages.len());
-        let mut encodings = Vec::new();
-        let mut prefetching = false;
-        let mut shard_count = 0;
-        for (s, stage) in config.stages.iter().enumerate() {
-            stage_sources.push(sources.len());
-            let layout = stage.token_layout().map(Arc::new);
-            for (j, source) in stage.sources.iter().enumerate() {
-                let origin = match (resumed_from.is_some(), &source.manifest) {
-                    (true, _) => PromiseOrigin::Checkpoint,
-                    // A token shard's rows are the windows open counted, not the manifest's.
-                    (false, Some(_)) if layout.is_none() => PromiseOrigin::Manifest,
-                    (false, _) => PromiseOrigin::Listing,
-                };
-                sources.push(SourceShards {
-                    stage: s,
-                    source: j,
-                    first: shard_count,
-                    origin,
-                    layout: layout.clone(),
-                });
-                shard_count += source.shards.len();
-                for shard in &source.shards {
-                    if !encodings.contains(&shard.encoding) {
-                        encodings.push(shard.encoding);
-                    }
-                    prefetching |= storage::is_remote(&shard.path);
-                }
-            }
-        }
         let token_plans = inspected
             .iter()
             .filter_map(|(_, meta)| meta.tokens())
             .map(TokenIndex::bytes)
             .sum();
-        let mut inspections: Vec<OnceLock<Box<ShardMeta>>> =
-            (0..shard_count).map(|_| OnceLock::new()).collect();
-        for (id, meta) in inspected {
-            inspections[id] = OnceLock::from(meta);
-        }
-        let meters = sources.iter().map(|_| Arc::new(Meter::default())).collect();
+        let mut shards = Shards::new(config.clone(), resumed_from.is_some(), inspected);
+        let encodings = shards.encodings();
+        let prefetching = shards.any_remote();
         let shape = config.pipeline_shape()?;
         let known = MemoryBound::compute(
             &shape,
@@ -246,6 +146,11 @@ impl Plan {
                 token_plans,
             },
         )?;
+        shards.hold_to(InspectionLimits {
+            records: records.clone(),
+            scratch_reserved,
+            plan_room: bound.limit - bound.total(),
+        });
         let plan = Plan {
             schema: batch_schema(&projection),
             resolved: config,
@@ -257,9 +162,7 @@ impl Plan {
             projection,
             records,
             record_map,
-            sources,
-            stage_sources,
-            inspections,
+            shards,
             bound,
             scratch_reserved,
             group_rows: shape.group_rows,
@@ -270,7 +173,6 @@ impl Plan {
                 None
             },
             fingerprint: resumed_from.map_or_else(OnceLock::new, OnceLock::from),
-            meters,
             decode: DecodeMeter::default(),
             encodings,
             window_columns,
@@ -283,44 +185,33 @@ impl Plan {
 
     /// Shard `id` (a flat id).
     pub fn shard(&self, id: usize) -> ShardEntry<'_> {
-        let k = self.sources.partition_point(|s| s.first <= id) - 1;
-        let source = &self.sources[k];
-        ShardEntry {
-            resolved: &self.resolved.stages[source.stage].sources[source.source].shards
-                [id - source.first],
-            source,
-            meter: &self.meters[k],
-            meta: &self.inspections[id],
-        }
-    }
-
-    /// The flat id of shard `shard` of source `source` of stage `stage`.
-    pub fn shard_id(&self, stage: usize, source: usize, shard: usize) -> usize {
-        self.sources[self.stage_sources[stage] + source].first + shard
-    }
-
-    /// The flat ids of stage `stage`'s shards.
-    fn stage_shards(&self, stage: usize) -> Range<usize> {
-        let end = self
-            .stage_sources
-            .get(stage + 1)
-            .map_or(self.inspections.len(), |&next| self.sources[next].first);
-        self.shard_id(stage, 0, 0)..end
+        self.shards.entry(id)
     }
 
     /// Shard `id`'s inspection, if it has been inspected.
     pub fn inspected(&self, id: usize) -> Option<&ShardMeta> {
-        self.inspections[id].get().map(AsRef::as_ref)
+        self.shards.inspected(id)
+    }
+
+    /// Shard `shard`'s inspection, made now if no read needed it before ([`Shards::meta`]).
+    pub fn meta(&self, storage: &Storage, shard: usize) -> Result<&ShardMeta> {
+        self.shards.meta(storage, shard)
+    }
+
+    /// `storage`, counting into the meter of shard `shard`'s source.
+    pub fn metered(&self, storage: &Storage, shard: usize) -> Storage {
+        self.shards.metered(storage, shard)
+    }
+
+    /// Inspects those of `shards` not inspected yet ([`Shards::inspect_all`]).
+    pub fn inspect_all(&self, storage: &Storage, shards: &[usize]) {
+        self.shards
+            .inspect_all(storage, shards, self.resolved.threads);
     }
 
     /// The resolved config's fingerprint.
     pub fn fingerprint(&self) -> &str {
         self.fingerprint.get_or_init(|| self.resolved.fingerprint())
-    }
-
-    /// `storage`, counting into the meter of shard `shard`'s source.
-    pub fn metered(&self, storage: &Storage, shard: usize) -> Storage {
-        storage.with_meter(self.shard(shard).meter.clone())
     }
 
     /// What the token stages' windows hold, per stage (`None` for a stage of records), from
@@ -338,7 +229,7 @@ impl Plan {
                     row_tokens: layout.row_tokens(),
                     most_segments: 0,
                 };
-                for k in self.stage_shards(s) {
+                for k in self.shards.stage_shards(s) {
                     if let Some(index) = self.inspected(k).and_then(ShardMeta::tokens) {
                         stats.tokens += index.placed();
                         stats.windows += index.windows();
@@ -358,77 +249,6 @@ impl Plan {
     /// This stream's rank.
     pub fn rank(&self) -> u64 {
         self.resolved.rank as u64
-    }
-
-    /// Shard `shard`'s inspection, made now if no read needed it before. The shard is held to
-    /// its promise and to the stream's scratch reservation; a failure is not remembered, so a
-    /// later read (after `advance`, say) tries again.
-    pub fn meta(&self, storage: &Storage, shard: usize) -> Result<&ShardMeta> {
-        let entry = self.shard(shard);
-        if let Some(meta) = entry.inspected() {
-            return Ok(meta);
-        }
-        let meta = formats::inspect_shard(
-            &self.metered(storage, shard),
-            entry.path(),
-            entry.encoding(),
-            entry
-                .source
-                .layout
-                .as_deref()
-                .map(|layout| formats::TokenInspection {
-                    layout,
-                    cache: None,
-                }),
-            &self.records,
-            (
-                self.scratch_reserved.min(formats::MAX_RECORD_BYTES),
-                self.bound.limit - self.bound.total(),
-            ),
-            formats::Checks {
-                promise: Some(&entry.promise()),
-                first_record: false,
-                seen: None,
-            },
-        )?;
-        if meta.scratch_bytes > self.scratch_reserved {
-            return Err(Error::config(
-                "memory_limit_bytes",
-                format!(
-                    "{} needs {} bytes of decode scratch per read, more than the {} the stream \
-                     reserved at open from the shards it inspected then (its row groups or \
-                     records are much larger than theirs); raise memory_limit_bytes, or rewrite \
-                     the shard with smaller row groups",
-                    entry.path(),
-                    meta.scratch_bytes,
-                    self.scratch_reserved
-                ),
-            ));
-        }
-        Ok(entry.meta.get_or_init(|| Box::new(meta)).as_ref())
-    }
-
-    /// Inspects, in parallel, those of `shards` not inspected yet, so a group's first reads
-    /// find their shards' indexes ready. Failures are left for the read that needs the shard,
-    /// which reports them at its batch.
-    pub fn inspect_all(&self, storage: &Storage, shards: &[usize]) {
-        let mut todo: Vec<usize> = shards
-            .iter()
-            .copied()
-            .filter(|&k| self.inspected(k).is_none())
-            .collect();
-        todo.sort_unstable();
-        todo.dedup();
-        if todo.len() == 1 {
-            let _ = self.meta(storage, todo[0]);
-        } else if !todo.is_empty() {
-            let remote = todo
-                .iter()
-                .any(|&k| storage::is_remote(self.shard(k).path()));
-            let threads = crate::resolve::inspection_concurrency(self.resolved.threads, remote);
-            let _ =
-                crate::parallel::parallel(&todo, threads, |&k| self.meta(storage, k).map(|_| ()));
-        }
     }
 }
 
@@ -581,7 +401,7 @@ impl Planner {
                 }
                 let at = order.slot_at(&self.segment, t, &mut self.layouts);
                 fill_synthetic(&plan, &mut buffer, slot, &at);
-                let shard = plan.shard_id(at.stage, at.row.source, at.row.at.shard);
+                let shard = plan.shards.id(at.stage, at.row.source, at.row.at.shard);
                 fill_windows(
                     &plan,
                     &mut buffer,
@@ -717,7 +537,7 @@ fn check_window_columns(plan: &Plan) -> Result<()> {
         if !positions && kind != Some(WindowColumn::Lengths) {
             continue;
         }
-        for id in 0..plan.inspections.len() {
+        for id in 0..plan.shards.len() {
             let Some(index) = plan.inspected(id).and_then(ShardMeta::tokens) else {
                 continue;
             };
@@ -783,6 +603,7 @@ fn fill_synthetic(plan: &Plan, buffer: &mut Chunk, slot: usize, at: &Slot) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::formats;
     use arrow_array::{ArrayRef, Int64Array, RecordBatch};
     use parquet::arrow::ArrowWriter;
 
@@ -877,7 +698,7 @@ mod tests {
             "open left the second shard alone"
         );
         plan.meta(&Storage::local(), 1).unwrap();
-        let at_first_read = plan.shard(1).meter.reading().bytes_read;
+        let at_first_read = plan.shard(1).meter().reading().bytes_read;
 
         let meter = Arc::new(crate::metrics::Meter::default());
         let checks = formats::Checks {

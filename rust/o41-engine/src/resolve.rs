@@ -13,13 +13,13 @@ use std::sync::Arc;
 
 use crate::checkpoint::Checkpoint;
 use crate::config::{
-    FieldSpec, ResolvedConfig, ResolvedShard, ResolvedSource, ResolvedStage, SourceSpec,
-    StreamConfig, TokenLayout, RESOLVED_CONFIG_VERSION,
+    FieldSpec, ResolvedConfig, ResolvedShard, ResolvedSource, SourceSpec, StreamConfig,
+    TokenLayout, RESOLVED_CONFIG_VERSION,
 };
 use crate::encoding::Encoding;
 use crate::error::{Error, Result};
 use crate::fields::Projection;
-use crate::formats::{self, Promise, PromiseOrigin, ShardMeta};
+use crate::formats::{self, format_of, Promise, PromiseOrigin, ShardMeta};
 use crate::inspect_cache::{Cached, InspectCache};
 use crate::manifest::{Manifest, ShardLocations};
 use crate::memory::{MemoryBound, PipelineShape, ShardScratch};
@@ -92,7 +92,7 @@ pub fn reopen(checkpoint: &Checkpoint, storage: &Storage) -> Result<Resolved> {
         projection,
         inspected: inspections(&mut settled),
         scratch: settled.scratch,
-        resumed_from: Some(checkpoint.fingerprint.clone()),
+        resumed_from: Some(checkpoint.position.fingerprint.clone()),
         storage: storage.clone(),
     })
 }
@@ -144,7 +144,7 @@ fn check_token_sources(
         if let Some((k, job)) = jobs
             .iter()
             .enumerate()
-            .find(|(_, job)| job.encoding == Encoding::Bin)
+            .find(|(_, job)| !format_of(job.encoding).reads_records())
         {
             let at = match source {
                 SourceSpec::Files { .. } => format!("{option}.files[{k}]"),
@@ -153,20 +153,22 @@ fn check_token_sources(
             return Err(Error::config(
                 at,
                 format!(
-                    "{} is a .bin token stream, which only a stage with packing or windows reads",
-                    job.path
+                    "{} is a {} token stream, which only a stage with packing or windows reads",
+                    job.path,
+                    job.encoding.name()
                 ),
             ));
         }
         return Ok(());
     }
     for (k, job) in jobs.iter_mut().enumerate() {
-        if !matches!(job.encoding, Encoding::Bin | Encoding::Parquet) {
+        if !format_of(job.encoding).reads_tokens() {
             return Err(Error::config(
                 format!("{option}.encoding"),
                 format!(
-                    "stages[{s}] packs or windows tokens, which come from .bin or Parquet \
-                     shards; shard {k} ({}) is {}",
+                    "stages[{s}] packs or windows tokens, which come from {} shards; shard {k} \
+                     ({}) is {}",
+                    crate::formats::token_encodings(),
                     job.path,
                     job.encoding.name()
                 ),
@@ -586,15 +588,7 @@ pub fn resolve(config: &StreamConfig, storage: &Storage) -> Result<Resolved> {
             }
             sources.push(resolved);
         }
-        stages.push(ResolvedStage {
-            sources,
-            batch_size: stage.batch_size,
-            shuffle: stage.shuffle,
-            infinite: stage.infinite,
-            ramp: stage.ramp,
-            packing: stage.packing.clone(),
-            windows: stage.windows.clone(),
-        });
+        stages.push(stage.with_sources(sources));
     }
     let config = Arc::new(ResolvedConfig {
         version: RESOLVED_CONFIG_VERSION,

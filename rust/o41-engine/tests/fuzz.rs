@@ -244,7 +244,7 @@ fn read_every_way(bytes: &[u8], encoding: Encoding, case: u64) {
     let storage = Storage::local();
     let projection = projection();
     if let Ok(meta) = formats::inspect(&storage, &uri, encoding, &projection, 1 << 20, FIRST) {
-        if let Ok(mut reader) = formats::open(&storage, &uri, encoding, &meta, None) {
+        if let Ok(mut reader) = formats::open(&storage, &uri, &meta, None) {
             let rows = meta.rows.min(1 << 16);
             let mut chunk = Chunk::padded(&projection, rows as usize);
             let _ = reader.read_ranges(
@@ -334,7 +334,7 @@ fn seeds_read_whole() {
             "seed {k}: {} rows",
             meta.rows
         );
-        let mut reader = formats::open(&storage, &uri, encoding, &meta, None).unwrap();
+        let mut reader = formats::open(&storage, &uri, &meta, None).unwrap();
         let mut chunk = Chunk::padded(&projection, meta.rows as usize);
         reader
             .read_ranges(
@@ -548,8 +548,8 @@ fn checkpoint_documents() {
                 // What resuming does with the document before opening any shard.
                 if let Ok(order) = Order::new(&checkpoint.resolved) {
                     let _ = order.check_cursor(
-                        &checkpoint.cursor.segment,
-                        checkpoint.cursor.next_batch,
+                        &checkpoint.position.cursor.segment,
+                        checkpoint.position.cursor.next_batch,
                         checkpoint.resolved.world_size as u64,
                     );
                 }

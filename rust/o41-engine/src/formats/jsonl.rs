@@ -11,10 +11,13 @@ use flate2::read::MultiGzDecoder;
 use flate2::Decompress;
 
 use super::cursor::ObjectCursor;
+use super::format::{wrong_data, EachRecord, RecordInspection, RecordSource, ShardFormat};
 use super::gz_members::{self, MemberIndex};
 use super::json_fast;
 use super::value::{read_record, Record, RecordRef};
-use super::{Encoding, RecordCursor, ShardIndex, ShardMeta, INDEX_STRIDE};
+use super::{
+    Encoding, PageCache, RecordCursor, ShardData, ShardIndex, ShardMeta, ShardReader, INDEX_STRIDE,
+};
 use crate::columns::Chunk;
 use crate::error::{Error, Result};
 use crate::fields::Projection;
@@ -23,6 +26,87 @@ use crate::storage::Pin;
 use crate::storage::{self, Object};
 
 const BUF_BYTES: usize = 1 << 20;
+
+/// JSON Lines, plain ([`JSONL`]) or gzip-compressed ([`JSONL_GZ`]).
+pub struct JsonLines(Encoding);
+
+/// Plain JSON Lines.
+pub const JSONL: JsonLines = JsonLines(Encoding::Jsonl);
+
+/// Gzip-compressed JSON Lines.
+pub const JSONL_GZ: JsonLines = JsonLines(Encoding::JsonlGz);
+
+impl ShardFormat for JsonLines {
+    fn encoding(&self) -> Encoding {
+        self.0
+    }
+
+    fn inspect(&self, object: Arc<Object>, how: RecordInspection<'_>) -> Result<ShardMeta> {
+        inspect(
+            object,
+            self.0,
+            how.projection,
+            how.max_record,
+            how.first_record,
+        )
+    }
+
+    fn records(&self, object: Arc<Object>, _chunk_rows: usize) -> Result<Box<dyn RecordSource>> {
+        let reader = Reader::open(object, self.0, None, super::MAX_RECORD_BYTES)?;
+        Ok(Box::new(EachRecord::new(reader, Reader::next_record)))
+    }
+
+    fn write(&self, out: &mut (dyn Write + Send), data: ShardData<'_>, name: &str) -> Result<()> {
+        match data {
+            ShardData::Records(records) => write(out, self.0, records, name),
+            ShardData::Arrow { .. } => Err(wrong_data(self.0)),
+        }
+    }
+}
+
+/// Where a shard's lines are: every `INDEX_STRIDE`-th record's byte offset in a plain file, or
+/// nothing in a compressed stream without a member index (read forward).
+#[derive(Debug)]
+struct LineIndex {
+    encoding: Encoding,
+    offsets: Option<Arc<Vec<u64>>>,
+}
+
+impl ShardIndex for LineIndex {
+    fn open(
+        self: Arc<Self>,
+        object: Arc<Object>,
+        meta: &ShardMeta,
+        _pages: Option<&Arc<PageCache>>,
+    ) -> Result<Box<dyn ShardReader>> {
+        let reader = Reader::open(
+            object,
+            self.encoding,
+            self.offsets.clone(),
+            meta.longest_record,
+        )?;
+        Ok(Box::new(reader))
+    }
+}
+
+impl ShardIndex for MemberIndex {
+    fn block_of(&self, row: u64) -> u64 {
+        self.member_of(row) as u64
+    }
+
+    fn open(
+        self: Arc<Self>,
+        object: Arc<Object>,
+        meta: &ShardMeta,
+        _pages: Option<&Arc<PageCache>>,
+    ) -> Result<Box<dyn ShardReader>> {
+        Ok(Box::new(MemberReader::open(
+            object,
+            self,
+            meta.longest_record,
+        )))
+    }
+}
 
 fn is_blank(line: &[u8]) -> bool {
     line.iter().all(u8::is_ascii_whitespace)
@@ -359,11 +443,10 @@ pub fn inspect(
         }
         offset += n as u64;
     }
-    let index = if plain {
-        ShardIndex::Offsets(Arc::new(offsets))
-    } else {
-        ShardIndex::Sequential
-    };
+    let index = Arc::new(LineIndex {
+        encoding,
+        offsets: plain.then(|| Arc::new(offsets)),
+    });
     Ok(ShardMeta {
         rows,
         pin: Pin::default(),
@@ -411,7 +494,7 @@ fn inspect_members(
         // records ends (four bytes per record, and a record takes at least three: `{}\n`).
         scratch_bytes: largest + largest / 3 * 4,
         longest_record: longest,
-        index: ShardIndex::Members(index),
+        index,
     })
 }
 
@@ -669,7 +752,7 @@ mod tests {
             seen: None,
         };
         let meta = inspect(&storage, uri, Encoding::JsonlGz, &p, 1 << 20, checks)?;
-        let mut reader = open(&storage, uri, Encoding::JsonlGz, &meta, None)?;
+        let mut reader = open(&storage, uri, &meta, None)?;
         let mut chunk = Chunk::padded(&p, (range.end - range.start) as usize);
         reader.read_ranges(std::slice::from_ref(&range), &p, &mut chunk, None)?;
         let ColumnBuf::I64(values) = &chunk.columns[0] else {
@@ -694,7 +777,7 @@ mod tests {
         )
         .unwrap();
         assert_eq!(meta.rows, 3000);
-        assert!(matches!(meta.index, ShardIndex::Members(_)));
+        assert!(meta.index_as::<MemberIndex>().is_some());
         assert_eq!(meta.block_of(2047), 1);
         assert_eq!(
             read(&uri, 1020..1030).unwrap(),
@@ -733,7 +816,7 @@ mod tests {
             pin: Storage::local().open(&uri).unwrap().pin(),
             ..meta
         };
-        let mut reader = open(&storage, &uri, Encoding::JsonlGz, &meta, None).unwrap();
+        let mut reader = open(&storage, &uri, &meta, None).unwrap();
         let mut chunk = Chunk::padded(&p, 24);
         reader
             .read_ranges(&[1024..1036, 2036..2048], &p, &mut chunk, None)
@@ -796,7 +879,9 @@ mod tests {
             Checks::default(),
         )
         .unwrap();
-        assert!(matches!(meta.index, ShardIndex::Sequential));
+        assert!(meta
+            .index_as::<LineIndex>()
+            .is_some_and(|index| index.offsets.is_none()));
         assert_eq!(meta.rows, 300);
         assert_eq!(read(&uri, 250..253).unwrap(), vec![250, 251, 252]);
     }

@@ -1,4 +1,6 @@
-//! Shard encodings: their readers and writers, one module each (`parquet`, `jsonl`, `msgpack`).
+//! Shard encodings: their readers and writers, one module each (`parquet`, `jsonl`, `msgpack`,
+//! `tokens` for `.bin`), each implementing [`ShardFormat`] and bound to its [`Encoding`] in
+//! `registry.rs`, the one place a new format is listed.
 //!
 //! A stream opens each shard in two steps. [`inspect`] runs once at stream open: it counts rows,
 //! builds whatever index lets later reads start mid-shard, and projects the first record so a
@@ -7,6 +9,7 @@
 //! shard (the dataset saver), each through the same encoding modules.
 
 mod cursor;
+mod format;
 mod gz_members;
 mod json_fast;
 mod jsonl;
@@ -15,6 +18,7 @@ mod msgpack;
 mod parquet;
 mod parquet_direct;
 mod records;
+mod registry;
 mod rle;
 mod tokens;
 mod value;
@@ -35,9 +39,11 @@ use crate::fields::Projection;
 use crate::storage::{Object, Pin, Storage};
 
 pub use crate::storage::promise::{Promise, PromiseOrigin};
+pub use format::{RecordInspection, RecordSource, ShardFormat, ShardIndex};
 pub use msgpack::FRAME_HEADER_BYTES;
 pub use parquet::PageCache;
 pub use records::{RecordChunk, ShardRecords};
+pub use registry::{format_of, token_encodings};
 pub use tokens::{fill_window, TokenIndex, WindowColumn, META_FILE as TOKEN_META_FILE};
 pub use value::{Record, Value};
 
@@ -67,40 +73,27 @@ pub struct ShardMeta {
     /// The longest line or frame of a JSON Lines or `MessagePack` shard: readers refuse a longer
     /// one (the shard changed) before buffering it.
     pub longest_record: u64,
-    index: ShardIndex,
+    index: Arc<dyn ShardIndex>,
 }
 
 impl ShardMeta {
     /// The storage block (a Parquet row group) holding `row`; 0 for encodings without blocks.
     /// Read jobs do not straddle blocks, so each fetches and decodes only the blocks it needs.
     pub fn block_of(&self, row: u64) -> u64 {
-        match &self.index {
-            ShardIndex::Parquet(index) => index.group_of(row),
-            ShardIndex::Members(index) => index.member_of(row) as u64,
-            _ => 0,
-        }
+        self.index.block_of(row)
     }
 
     /// A token shard's index (its stream and windows); `None` for a shard of records.
     pub fn tokens(&self) -> Option<&TokenIndex> {
-        match &self.index {
-            ShardIndex::Tokens(index) => Some(index),
-            _ => None,
-        }
+        self.index_as()
     }
-}
 
-#[derive(Debug, Clone)]
-enum ShardIndex {
-    Parquet(Arc<parquet::ParquetIndex>),
-    /// Byte offset of record `k * INDEX_STRIDE`, for seekable line- or frame-based shards.
-    Offsets(Arc<Vec<u64>>),
-    /// Where each gzip member of a seekable `jsonl.gz` shard lies and which rows it holds.
-    Members(Arc<gz_members::MemberIndex>),
-    /// Compressed streams without a member index can only be read forward.
-    Sequential,
-    /// A token shard read as windows.
-    Tokens(Arc<tokens::TokenIndex>),
+    /// The shard's index, if the format that inspected it keeps a `T`.
+    fn index_as<T: ShardIndex>(&self) -> Option<&T> {
+        // Through `dyn ShardIndex`: `as_any` on the `Arc` itself would give the `Arc`.
+        let index: &dyn ShardIndex = &*self.index;
+        index.as_any().downcast_ref()
+    }
 }
 
 /// How a stage that packs or windows tokens inspects its shards: its layout, and the cache of
@@ -151,7 +144,18 @@ pub fn inspect_shard(
         promise.check_pin(path, encoding, &pin)?;
         promise.check_stored_sha256(path, encoding, object.stored_sha256())?;
     }
-    let mut meta = tokens::inspect(storage, &object, encoding, layout, max_plan, cache)?;
+    if !format_of(encoding).reads_tokens() {
+        return Err(Error::config(
+            "encoding",
+            format!(
+                "{path}: stages that pack or window tokens read {} shards, not {}",
+                token_encodings(),
+                encoding.name()
+            ),
+        ));
+    }
+    let how = TokenInspection { layout, cache };
+    let mut meta = tokens::inspect(storage, &object, encoding, how, max_plan)?;
     // A manifest counts records; a checkpoint or an open stream, the windows they became.
     if let Some(promise) = promise.filter(|p| p.origin != PromiseOrigin::Manifest) {
         promise.check_rows(path, encoding, meta.rows)?;
@@ -179,24 +183,12 @@ pub fn inspect(
         promise.check_pin(path, encoding, &pin)?;
         promise.check_stored_sha256(path, encoding, object.stored_sha256())?;
     }
-    let mut meta = match encoding {
-        Encoding::Parquet => parquet::inspect(object, projection, checks.first_record),
-        Encoding::Jsonl | Encoding::JsonlGz => jsonl::inspect(
-            object,
-            encoding,
-            projection,
-            max_record,
-            checks.first_record,
-        ),
-        Encoding::Msgpack => msgpack::inspect(object, projection, max_record),
-        Encoding::Bin => Err(Error::config(
-            "encoding",
-            format!(
-                "{path} is a .bin token stream, read only by stages that pack or window tokens \
-                 (Stage packing= or windows=)"
-            ),
-        )),
-    }?;
+    let how = RecordInspection {
+        projection,
+        max_record,
+        first_record: checks.first_record,
+    };
+    let mut meta = format_of(encoding).inspect(object, how)?;
     if let Some(promise) = promise {
         promise.check_rows(path, encoding, meta.rows)?;
     }
@@ -284,14 +276,12 @@ pub fn prefetch(
     projection: &Projection,
     pages: Option<&Arc<PageCache>>,
 ) -> Option<Prefetch> {
-    let ShardIndex::Parquet(index) = &meta.index else {
-        return None;
-    };
     if !crate::storage::is_remote(path) {
         return None;
     }
-    let object = storage.open_pinned(path, &meta.pin).ok()?;
-    parquet::prefetch(&object, index, ranges, projection, pages).map(Prefetch)
+    meta.index
+        .clone()
+        .prefetch(storage, (path, &meta.pin), ranges, projection, pages)
 }
 
 /// A reader of self-describing records (one line or frame each) that can seek by record number.
@@ -346,44 +336,12 @@ fn read_record_ranges(
 pub fn open(
     storage: &Storage,
     path: &str,
-    encoding: Encoding,
     meta: &ShardMeta,
     pages: Option<&Arc<PageCache>>,
 ) -> Result<Box<dyn ShardReader>> {
     // Reads are pinned to the version inspected, so a replaced object fails at its first read.
     let object = Arc::new(storage.open_pinned(path, &meta.pin)?);
-    let reader: Box<dyn ShardReader> = match (&meta.index, encoding) {
-        (ShardIndex::Parquet(index), _) => {
-            Box::new(parquet::Reader::open(object.clone(), index.clone()).with_pages(pages))
-        }
-        (ShardIndex::Offsets(offsets), Encoding::Msgpack) => Box::new(msgpack::Reader::open(
-            object.clone(),
-            offsets.clone(),
-            meta.longest_record,
-        )?),
-        (ShardIndex::Offsets(offsets), _) => Box::new(jsonl::Reader::open(
-            object.clone(),
-            encoding,
-            Some(offsets.clone()),
-            meta.longest_record,
-        )?),
-        (ShardIndex::Members(index), _) => Box::new(jsonl::MemberReader::open(
-            object.clone(),
-            index.clone(),
-            meta.longest_record,
-        )),
-        (ShardIndex::Tokens(index), _) => Box::new(tokens::Reader::open(
-            object.clone(),
-            index.clone(),
-            encoding,
-        )),
-        (ShardIndex::Sequential, _) => Box::new(jsonl::Reader::open(
-            object.clone(),
-            encoding,
-            None,
-            meta.longest_record,
-        )?),
-    };
+    let reader = meta.index.clone().open(object.clone(), meta, pages)?;
     Ok(Box::new(Pinned { reader, object }))
 }
 
@@ -443,40 +401,7 @@ pub fn write_shard(
 ) -> Result<WrittenShard> {
     let file = File::create(path).map_err(|e| Error::io(path, e))?;
     let mut out = Hashing::new(BufWriter::with_capacity(1 << 20, file));
-    match (encoding, data) {
-        (Encoding::Parquet, ShardData::Arrow { schema, batches }) => {
-            parquet::write(&mut out, schema, batches, name)?;
-        }
-        (Encoding::Jsonl | Encoding::JsonlGz, ShardData::Records(records)) => {
-            jsonl::write(&mut out, encoding, records, name)?;
-        }
-        (Encoding::Msgpack, ShardData::Records(records)) => {
-            msgpack::write(&mut out, records, name)?;
-        }
-        (Encoding::Bin, _) => {
-            return Err(Error::config(
-                "data_format",
-                format!(
-                    "{name}: .bin token streams are written by a tokenizer, not the dataset saver; \
-                     save records with a token list field as parquet"
-                ),
-            ))
-        }
-        (encoding, _) => {
-            return Err(Error::config(
-                "data_format",
-                format!(
-                    "{} shards are written from {}",
-                    encoding.name(),
-                    if encoding == Encoding::Parquet {
-                        "Arrow batches"
-                    } else {
-                        "records"
-                    }
-                ),
-            ))
-        }
-    }
+    format_of(encoding).write(&mut out, data, name)?;
     out.flush().map_err(|e| Error::io(path, e))?;
     let (inner, written) = out.finish();
     inner

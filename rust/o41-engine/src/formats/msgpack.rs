@@ -6,8 +6,12 @@ use std::io::{Read, Write};
 use std::sync::Arc;
 
 use super::cursor::ObjectCursor;
+use super::format::{wrong_data, EachRecord, RecordInspection, RecordSource, ShardFormat};
 use super::value::{read_record, Record, RecordRef};
-use super::{RecordCursor, ShardIndex, ShardMeta, INDEX_STRIDE};
+use super::{
+    Encoding, PageCache, RecordCursor, ShardData, ShardIndex, ShardMeta, ShardReader, INDEX_STRIDE,
+    MAX_RECORD_BYTES,
+};
 use crate::columns::Chunk;
 use crate::error::{Error, Result};
 use crate::fields::Projection;
@@ -27,6 +31,47 @@ fn format_error(path: &str, row: u64, message: impl Into<String>) -> Error {
         encoding: ENCODING,
         row: Some(row),
         message: message.into(),
+    }
+}
+
+/// Framed `MessagePack`.
+pub struct Msgpack;
+
+impl ShardFormat for Msgpack {
+    fn encoding(&self) -> Encoding {
+        Encoding::Msgpack
+    }
+
+    fn inspect(&self, object: Arc<Object>, how: RecordInspection<'_>) -> Result<ShardMeta> {
+        inspect(object, how.projection, how.max_record)
+    }
+
+    fn records(&self, object: Arc<Object>, _chunk_rows: usize) -> Result<Box<dyn RecordSource>> {
+        let reader = Reader::open(object, Arc::new(vec![0]), MAX_RECORD_BYTES)?;
+        Ok(Box::new(EachRecord::new(reader, Reader::next_record)))
+    }
+
+    fn write(&self, out: &mut (dyn Write + Send), data: ShardData<'_>, name: &str) -> Result<()> {
+        match data {
+            ShardData::Records(records) => write(out, records, name),
+            ShardData::Arrow { .. } => Err(wrong_data(Encoding::Msgpack)),
+        }
+    }
+}
+
+/// Byte offset of every `INDEX_STRIDE`-th frame.
+#[derive(Debug)]
+struct FrameIndex(Arc<Vec<u64>>);
+
+impl ShardIndex for FrameIndex {
+    fn open(
+        self: Arc<Self>,
+        object: Arc<Object>,
+        meta: &ShardMeta,
+        _pages: Option<&Arc<PageCache>>,
+    ) -> Result<Box<dyn ShardReader>> {
+        let reader = Reader::open(object, self.0.clone(), meta.longest_record)?;
+        Ok(Box::new(reader))
     }
 }
 
@@ -321,6 +366,6 @@ pub fn inspect(object: Arc<Object>, projection: &Projection, max_record: u64) ->
         pin: Pin::default(),
         scratch_bytes: longest + BUF_BYTES as u64,
         longest_record: longest,
-        index: ShardIndex::Offsets(Arc::new(offsets)),
+        index: Arc::new(FrameIndex(Arc::new(offsets))),
     })
 }

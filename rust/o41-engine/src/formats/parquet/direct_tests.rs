@@ -1,5 +1,4 @@
 use crate::columns::Chunk;
-use crate::formats::ShardIndex;
 
 use std::ops::Range;
 use std::sync::Arc;
@@ -99,10 +98,7 @@ fn write(lengths: &[usize], layout: &Layout, path: &std::path::Path) {
 fn index_of(path: &std::path::Path, projection: &Projection) -> Arc<ParquetIndex> {
     let object = Arc::new(Storage::local().open(&path.to_string_lossy()).unwrap());
     let meta = super::inspect(object, projection, true).unwrap();
-    let ShardIndex::Parquet(index) = meta.index else {
-        panic!("a Parquet index")
-    };
-    index
+    crate::formats::parquet::index_of(&meta).expect("a Parquet index")
 }
 
 /// Reads `ranges` both ways: page by page (`None` where that reader declined the shard)

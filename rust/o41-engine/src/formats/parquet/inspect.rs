@@ -9,7 +9,7 @@ use super::read::Reader;
 use crate::columns::Chunk;
 use crate::error::{Error, Result};
 use crate::fields::Projection;
-use crate::formats::{ShardIndex, ShardMeta, ShardReader};
+use crate::formats::{ShardMeta, ShardReader};
 use crate::storage::Object;
 use crate::storage::Pin;
 
@@ -47,12 +47,12 @@ pub(super) fn inspect_unguarded(
             pin: Pin::default(),
             scratch_bytes: 0,
             longest_record: 0,
-            index: ShardIndex::Parquet(Arc::new(ParquetIndex {
+            index: Arc::new(ParquetIndex {
                 metadata,
                 roots: Vec::new(),
                 group_starts: vec![0],
                 batch_rows: 1,
-            })),
+            }),
         });
     }
     let schema = metadata.schema().clone();
@@ -126,7 +126,7 @@ pub(super) fn inspect_unguarded(
         // A job spans at most two row groups (it holds at most one group's worth of rows).
         scratch_bytes: 2 * largest_group + gap_bytes,
         longest_record: 0,
-        index: ShardIndex::Parquet(index.clone()),
+        index: index.clone(),
     };
     if rows > 0 && decode_first {
         // Decoding the first record checks every projected column's type now, not mid-run.

@@ -20,7 +20,7 @@ use super::read::selected_rows;
 use super::{decode_error, format_error};
 use crate::error::{Error, Result};
 use crate::fields::Projection;
-use crate::formats::{ShardIndex, ShardMeta};
+use crate::formats::ShardMeta;
 use crate::storage::Object;
 
 /// The Arrow type of the first column `index` projects; `None` for an empty shard's index.
@@ -31,10 +31,7 @@ pub(in crate::formats) fn projected_type(index: &ParquetIndex) -> Option<&DataTy
 
 /// The index of a shard inspected with `projection`, for readers of whole lists (token shards).
 pub(in crate::formats) fn index_of(meta: &ShardMeta) -> Option<Arc<ParquetIndex>> {
-    match &meta.index {
-        ShardIndex::Parquet(index) => Some(index.clone()),
-        _ => None,
-    }
+    meta.index.clone().into_any().downcast().ok()
 }
 
 /// A record's token ids as the file stores them: `i32` and `i64` lists are lent as they were

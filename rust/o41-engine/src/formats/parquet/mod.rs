@@ -8,6 +8,7 @@
 
 mod fetch;
 mod footer;
+mod format;
 mod inspect;
 mod lists;
 mod metered;
@@ -22,9 +23,9 @@ mod tests;
 
 use crate::error::Error;
 
-pub use fetch::prefetch;
 pub use fetch::Prefetched;
 pub use footer::ParquetIndex;
+pub use format::Parquet;
 pub use inspect::inspect;
 pub use inspect::inspect_footer;
 pub(super) use lists::for_each_list;

@@ -11,7 +11,7 @@ use parquet::file::reader::{ChunkReader, Length};
 
 use crate::columns::Chunk;
 use crate::fields::Projection;
-use crate::formats::{ShardIndex, ShardReader};
+use crate::formats::ShardReader;
 use crate::storage::Object;
 
 use std::sync::Arc;
@@ -62,9 +62,7 @@ fn round_trip(codec: Compression, version: WriterVersion, dictionary: bool) {
     let projection = projection();
     let meta = inspect(object.clone(), &projection, true).unwrap();
     assert_eq!(meta.rows, 1000);
-    let ShardIndex::Parquet(index) = meta.index else {
-        panic!("a Parquet index")
-    };
+    let index = crate::formats::parquet::index_of(&meta).expect("a Parquet index");
     let mut reader = Reader::open(object, index);
     let mut chunk = Chunk::padded(&projection, 30);
     reader
@@ -126,10 +124,7 @@ fn write_lists(name: &str, rows: u64) -> (std::path::PathBuf, Arc<Object>) {
 /// The index inspection builds for the Parquet shard `object`.
 fn parquet_index(object: &Arc<Object>, projection: &Projection) -> Arc<ParquetIndex> {
     let meta = inspect(object.clone(), projection, true).unwrap();
-    let ShardIndex::Parquet(index) = meta.index else {
-        panic!("a Parquet index")
-    };
-    index
+    crate::formats::parquet::index_of(&meta).expect("a Parquet index")
 }
 
 fn expected_rows(ranges: &[Range<u64>]) -> Vec<i64> {

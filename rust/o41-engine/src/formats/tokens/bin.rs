@@ -2,13 +2,70 @@
 //! `meta.json` (dtype, eos id), scanned for document ends.
 
 use std::io::Read;
+use std::sync::Arc;
 
 use serde::Deserialize;
 
 use super::{malformed, Documents};
 use crate::encoding::Encoding;
 use crate::error::{Error, Result};
+use crate::formats::format::{RecordInspection, RecordSource, ShardFormat};
+use crate::formats::{ShardData, ShardMeta};
 use crate::storage::{sibling, Object, Storage};
+
+/// A `.bin` stream of token ids: read only by stages that pack or window tokens, written only by
+/// the tokenizer.
+pub struct Bin;
+
+impl ShardFormat for Bin {
+    fn encoding(&self) -> Encoding {
+        Encoding::Bin
+    }
+
+    fn reads_records(&self) -> bool {
+        false
+    }
+
+    fn reads_tokens(&self) -> bool {
+        true
+    }
+
+    fn inspect(&self, object: Arc<Object>, _how: RecordInspection<'_>) -> Result<ShardMeta> {
+        Err(Error::config(
+            "encoding",
+            format!(
+                "{} is a .bin token stream, read only by stages that pack or window tokens \
+                 (Stage packing= or windows=)",
+                object.uri()
+            ),
+        ))
+    }
+
+    fn records(&self, object: Arc<Object>, _chunk_rows: usize) -> Result<Box<dyn RecordSource>> {
+        Err(Error::Unsupported {
+            path: object.uri().to_owned(),
+            encoding: Encoding::Bin.name(),
+            message: "a .bin shard is a stream of token ids, not records; read it with a \
+                      stage's packing or windows"
+                .to_owned(),
+        })
+    }
+
+    fn write(
+        &self,
+        _out: &mut (dyn std::io::Write + Send),
+        _data: ShardData<'_>,
+        name: &str,
+    ) -> Result<()> {
+        Err(Error::config(
+            "data_format",
+            format!(
+                "{name}: .bin token streams are written by a tokenizer, not the dataset saver; \
+                 save records with a token list field as parquet"
+            ),
+        ))
+    }
+}
 
 /// The file beside a `.bin` shard that describes it.
 pub const META_FILE: &str = "meta.json";

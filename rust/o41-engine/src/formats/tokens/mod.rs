@@ -27,15 +27,14 @@ use crate::dtype::DType;
 use crate::encoding::Encoding;
 use crate::error::{Error, Result};
 use crate::fields::Projection;
-use crate::formats::{parquet, ShardIndex, ShardMeta};
-use crate::inspect_cache::InspectCache;
+use crate::formats::{parquet, PageCache, ShardIndex, ShardMeta, ShardReader, TokenInspection};
 use crate::order::pack::{
     most_stream_pieces, stream_window, stream_window_pieces, stream_windows, PackPlan, Packer,
     Piece,
 };
 use crate::storage::{Object, Storage};
-pub use bin::META_FILE;
 use bin::{bin_meta, scan_bin};
+pub use bin::{Bin, META_FILE};
 use read::Need;
 pub use read::{fill_window, Reader};
 
@@ -283,9 +282,8 @@ pub fn inspect(
     storage: &Storage,
     object: &Arc<Object>,
     encoding: Encoding,
-    layout: &TokenLayout,
+    TokenInspection { layout, cache }: TokenInspection<'_>,
     max_plan: u64,
-    cache: Option<&InspectCache>,
 ) -> Result<ShardMeta> {
     let path = object.uri().to_owned();
     let eos = match layout {
@@ -476,8 +474,23 @@ pub fn inspect(
         scratch_bytes: scratch + listing,
         pin: crate::storage::Pin::default(),
         longest_record: 0,
-        index: ShardIndex::Tokens(Arc::new(index)),
+        index: Arc::new(index),
     })
+}
+
+impl ShardIndex for TokenIndex {
+    fn open(
+        self: Arc<Self>,
+        object: Arc<Object>,
+        _meta: &ShardMeta,
+        _pages: Option<&Arc<PageCache>>,
+    ) -> Result<Box<dyn ShardReader>> {
+        let encoding = match self.file {
+            TokenFile::Bin { .. } => Encoding::Bin,
+            TokenFile::Parquet { .. } => Encoding::Parquet,
+        };
+        Ok(Box::new(Reader::open(object, self, encoding)))
+    }
 }
 
 /// Every record of a Parquet token shard, in order.

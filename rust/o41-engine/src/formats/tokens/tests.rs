@@ -30,7 +30,11 @@ fn projection(row: usize) -> Projection {
 fn windows(uri: &str, layout: &TokenLayout) -> Result<Vec<[Vec<i32>; 3]>> {
     let storage = Storage::local();
     let object = Arc::new(storage.open(uri)?);
-    let meta = inspect(&storage, &object, Encoding::Bin, layout, 1 << 20, None)?;
+    let how = crate::formats::TokenInspection {
+        layout,
+        cache: None,
+    };
+    let meta = inspect(&storage, &object, Encoding::Bin, how, 1 << 20)?;
     let p = projection(layout.row_tokens() as usize);
     let (records, _) = p.record_columns();
     let rows = meta.rows as usize;
@@ -39,9 +43,12 @@ fn windows(uri: &str, layout: &TokenLayout) -> Result<Vec<[Vec<i32>; 3]>> {
     // Junk where the reader must write: it pads each window's tail itself.
     let len = tokens.columns[0].len();
     tokens.columns[0].fill_pad(0..len, crate::dtype::Scalar::Int(99));
-    let ShardIndex::Tokens(index) = &meta.index else {
-        unreachable!("a token index")
-    };
+    let index: Arc<TokenIndex> = meta
+        .index
+        .clone()
+        .into_any()
+        .downcast()
+        .expect("a token index");
     let mut reader = Reader::open(object, index.clone(), Encoding::Bin);
     reader
         .read_ranges(
@@ -57,7 +64,7 @@ fn windows(uri: &str, layout: &TokenLayout) -> Result<Vec<[Vec<i32>; 3]>> {
     for w in 0..rows {
         for (k, kind) in [(1, WindowColumn::Segments), (2, WindowColumn::Positions)] {
             let out = (&mut chunk.columns[k], w * width..(w + 1) * width);
-            fill_window(index, w as u64, kind, out, 0, &mut pieces).unwrap();
+            fill_window(&index, w as u64, kind, out, 0, &mut pieces).unwrap();
         }
     }
     let column = |k: usize, w: usize| match &chunk.columns[k] {

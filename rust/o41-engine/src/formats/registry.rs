@@ -1,0 +1,50 @@
+//! The one place each encoding is bound to the module that reads and writes it.
+
+use super::format::ShardFormat;
+use super::{jsonl, msgpack, parquet, tokens};
+use crate::encoding::Encoding;
+
+/// The format that reads and writes `encoding`.
+pub fn format_of(encoding: Encoding) -> &'static dyn ShardFormat {
+    match encoding {
+        Encoding::Parquet => &parquet::Parquet,
+        Encoding::Jsonl => &jsonl::JSONL,
+        Encoding::JsonlGz => &jsonl::JSONL_GZ,
+        Encoding::Msgpack => &msgpack::Msgpack,
+        Encoding::Bin => &tokens::Bin,
+    }
+}
+
+/// The encodings token stages read, for messages (`.bin and Parquet`).
+pub fn token_encodings() -> String {
+    let names: Vec<&str> = Encoding::ALL
+        .into_iter()
+        .filter(|&e| format_of(e).reads_tokens())
+        .map(Encoding::name)
+        .collect();
+    names.join(" and ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_encoding_is_bound_to_the_format_that_names_it() {
+        for encoding in Encoding::ALL {
+            let format = format_of(encoding);
+            assert_eq!(format.encoding(), encoding);
+            assert!(
+                format.reads_records() || format.reads_tokens(),
+                "{} is read by no stage",
+                encoding.name()
+            );
+        }
+    }
+
+    #[test]
+    fn token_stages_read_parquet_and_bin_only() {
+        assert_eq!(token_encodings(), "parquet and bin");
+        assert!(!format_of(Encoding::Bin).reads_records());
+    }
+}
