@@ -256,3 +256,23 @@ def test_a_manifest_selection_is_compared_not_re_read(tmp_path: Path) -> None:
     other = dataclasses.replace(source, curriculum_stages=["hard"])
     with pytest.raises(CheckpointError, match=r"stages\[0\]\.sources\[0\] selects .*hard.* in the config"):
         checkpoint.check(config=dataclasses.replace(config, stages=[Stage(sources=[other], batch_size=4)]))
+
+
+def test_a_checkpoint_is_its_position_with_the_resolved_config(shard: ShardWriter) -> None:
+    with open_batch_stream(curriculum(shard, rank=1, world_size=2)) as stream:
+        values(stream, 3)
+        checkpoint = stream.checkpoint()
+    assert isinstance(checkpoint, Position)
+    # One declaration of each getter: the checkpoint reads them from its Position base.
+    for getter in ("fingerprint", "rank", "world_size", "stage", "segment", "next_batch", "epochs"):
+        assert getter not in vars(Checkpoint), getter
+        assert getattr(checkpoint, getter) == getattr(checkpoint.position, getter)
+    assert type(checkpoint.position) is Position
+    assert checkpoint.position == Position.from_json(checkpoint.position.to_json())
+    moved = checkpoint.for_world(0, 4)
+    assert (moved.rank, moved.world_size) == (0, 4)
+    assert (moved.position.rank, moved.position.world_size) == (0, 4)
+    assert moved.resolved_config()["world_size"] == 4
+    again = Checkpoint.from_json(moved.to_json())
+    assert again == moved and (again.rank, again.world_size, again.next_batch) == (0, 4, checkpoint.next_batch)
+    assert pickle.loads(pickle.dumps(again)) == again

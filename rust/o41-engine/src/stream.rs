@@ -261,10 +261,10 @@ impl BatchStream {
         let meter = Arc::new(Meter::default());
         let resolved = reopen(checkpoint, &storage.with_meter(meter.clone()))?;
         let start = Start {
-            segment: checkpoint.cursor.segment,
-            origin: checkpoint.cursor.next_batch,
-            batches_base: checkpoint.batches_yielded,
-            rows_base: checkpoint.rows_yielded,
+            segment: checkpoint.position.cursor.segment,
+            origin: checkpoint.position.cursor.next_batch,
+            batches_base: checkpoint.position.batches_yielded,
+            rows_base: checkpoint.position.rows_yielded,
             share,
         };
         Self::start(resolved, start, meter)
@@ -664,13 +664,13 @@ impl BatchStream {
             )
         };
         let plan = &self.plan;
-        let mut sources = Vec::with_capacity(plan.meters.len());
+        let mut sources = Vec::with_capacity(plan.shards.meters.len());
         for (stage, config) in plan.resolved.stages.iter().enumerate() {
             for source in 0..config.sources.len() {
                 sources.push(SourceStats {
                     stage,
                     source,
-                    read: plan.meters[sources.len()].reading(),
+                    read: plan.shards.meters[sources.len()].reading(),
                 });
             }
         }

@@ -12,15 +12,29 @@ use pyo3::types::{PyString, PyTuple};
 use crate::errors::{index_arg, to_py};
 use crate::position::Position;
 
-/// A rank's position in a batch stream: the resolved config (no credentials), the cursor and
-/// the counters `stage`, `batches_yielded`, `rows_yielded` and per-source `epochs`.
+/// A rank's position in a batch stream together with the resolved config (no credentials) it
+/// is a position in. It is a `Position`: the cursor and the counters `stage`,
+/// `batches_yielded`, `rows_yielded` and per-source `epochs` are read as on one.
 ///
 /// Write `to_json()` next to the model checkpoint; `Checkpoint.from_json` reads it back and
 /// `resume_batch_stream` continues exactly after the last consumed batch.
-#[pyclass(module = "o41_training_data", frozen, eq)]
+#[pyclass(module = "o41_training_data", frozen, eq, extends = Position)]
 #[derive(PartialEq)]
 pub struct Checkpoint {
     pub inner: EngineCheckpoint,
+}
+
+impl Checkpoint {
+    /// The Python object of `inner`: its `Position` base holds the checkpoint's position.
+    pub fn wrap(py: Python<'_>, inner: EngineCheckpoint) -> PyResult<Py<Checkpoint>> {
+        let base = Position {
+            inner: inner.position.clone(),
+        };
+        Py::new(
+            py,
+            PyClassInitializer::from(base).add_subclass(Checkpoint { inner }),
+        )
+    }
 }
 
 /// A config object's JSON document (`BatchStreamConfig.to_json()`), parsed by the engine.
@@ -34,11 +48,12 @@ impl Checkpoint {
     /// Parses a checkpoint document; raises `CheckpointError` when it is corrupt, of another
     /// version, or altered.
     #[staticmethod]
-    fn from_json(py: Python<'_>, text: &str) -> PyResult<Self> {
+    fn from_json(py: Python<'_>, text: &str) -> PyResult<Py<Self>> {
         // A million-shard document takes most of a second: other Python threads run meanwhile.
-        py.detach(|| Error::catch(|| EngineCheckpoint::from_json(text)))
-            .map(|inner| Checkpoint { inner })
-            .map_err(|e| to_py(py, &e))
+        let inner = py
+            .detach(|| Error::catch(|| EngineCheckpoint::from_json(text)))
+            .map_err(|e| to_py(py, &e))?;
+        Self::wrap(py, inner)
     }
 
     /// The checkpoint at `position` of the stream that `resolved` describes: a checkpoint of that
@@ -50,7 +65,7 @@ impl Checkpoint {
         py: Python<'_>,
         position: &Position,
         resolved: &Bound<'_, PyAny>,
-    ) -> PyResult<Self> {
+    ) -> PyResult<Py<Self>> {
         let config: Arc<ResolvedConfig> = if let Ok(checkpoint) = resolved.cast::<Checkpoint>() {
             checkpoint.get().inner.resolved.clone()
         } else {
@@ -70,9 +85,9 @@ impl Checkpoint {
                 )
             })?)
         };
-        EngineCheckpoint::from_position(config, position.inner.clone())
-            .map(|inner| Checkpoint { inner })
-            .map_err(|e| to_py(py, &e))
+        let inner = EngineCheckpoint::from_position(config, position.inner.clone())
+            .map_err(|e| to_py(py, &e))?;
+        Self::wrap(py, inner)
     }
 
     /// Refuses the checkpoint for this process, raising `CheckpointError` that names what
@@ -113,18 +128,19 @@ impl Checkpoint {
         py: Python<'_>,
         rank: &Bound<'_, PyAny>,
         world_size: &Bound<'_, PyAny>,
-    ) -> PyResult<Self> {
+    ) -> PyResult<Py<Self>> {
         let (rank, world_size) = (
             index_arg(py, "rank", rank)?,
             index_arg(py, "world_size", world_size)?,
         );
-        self.inner
+        let inner = self
+            .inner
             .for_world(rank, world_size)
-            .map(|inner| Checkpoint { inner })
-            .map_err(|e| to_py(py, &e))
+            .map_err(|e| to_py(py, &e))?;
+        Self::wrap(py, inner)
     }
 
-    /// The position part: everything but the resolved config.
+    /// The position part as a plain `Position`: everything but the resolved config.
     #[getter]
     fn position(&self) -> Position {
         Position {
@@ -136,54 +152,6 @@ impl Checkpoint {
     #[getter]
     fn version(&self) -> u32 {
         self.inner.version
-    }
-
-    /// Fingerprint of the resolved sources, fields and seed.
-    #[getter]
-    fn fingerprint(&self) -> &str {
-        &self.inner.fingerprint
-    }
-
-    /// Active stage.
-    #[getter]
-    fn stage(&self) -> usize {
-        self.inner.stage
-    }
-
-    /// Batches this rank has received over the whole run.
-    #[getter]
-    fn batches_yielded(&self) -> u64 {
-        self.inner.batches_yielded
-    }
-
-    /// Rows this rank has received over the whole run.
-    #[getter]
-    fn rows_yielded(&self) -> u64 {
-        self.inner.rows_yielded
-    }
-
-    /// Completed passes over each source of the active stage.
-    #[getter]
-    fn epochs(&self) -> Vec<u64> {
-        self.inner.epochs.clone()
-    }
-
-    /// The rank this checkpoint belongs to.
-    #[getter]
-    fn rank(&self) -> usize {
-        self.inner.rank()
-    }
-
-    /// The world size it was taken in.
-    #[getter]
-    fn world_size(&self) -> usize {
-        self.inner.world_size()
-    }
-
-    /// First global batch of the next round: every earlier one was consumed.
-    #[getter]
-    fn next_batch(&self) -> u64 {
-        self.inner.cursor.next_batch
     }
 
     /// The resolved config document (JSON) the checkpoint pins.
@@ -209,10 +177,10 @@ impl Checkpoint {
             "Checkpoint(rank={}, world_size={}, stage={}, batches_yielded={}, rows_yielded={}, epochs={:?})",
             self.inner.rank(),
             self.inner.world_size(),
-            self.inner.stage,
-            self.inner.batches_yielded,
-            self.inner.rows_yielded,
-            self.inner.epochs
+            self.inner.position.stage,
+            self.inner.position.batches_yielded,
+            self.inner.position.rows_yielded,
+            self.inner.position.epochs
         )
     }
 }

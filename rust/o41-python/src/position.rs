@@ -14,7 +14,7 @@ use crate::errors::to_py;
 /// Every `Batch` carries the position after it (`batch.position`). Combine it with the stream's
 /// resolved config through `Checkpoint.from_position` or `BatchStream.checkpoint(position)`.
 /// It pickles as its JSON, so adapters can send it from worker processes with each batch.
-#[pyclass(module = "o41_training_data", frozen, eq)]
+#[pyclass(module = "o41_training_data", frozen, eq, subclass)]
 #[derive(PartialEq)]
 pub struct Position {
     pub inner: EnginePosition,

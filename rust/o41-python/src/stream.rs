@@ -158,7 +158,7 @@ impl Stream {
     /// The checkpoint after the last delivered batch, or at `position` (one of this stream's,
     /// also once the stream is closed).
     #[pyo3(signature = (position=None))]
-    fn checkpoint(&self, py: Python<'_>, position: Option<&Position>) -> PyResult<Checkpoint> {
+    fn checkpoint(&self, py: Python<'_>, position: Option<&Position>) -> PyResult<Py<Checkpoint>> {
         // A position names its point itself, so its checkpoint is there after close too (a
         // loop that ends, closes the stream, then saves the last consumed batch's position).
         let inner = match position {
@@ -168,7 +168,7 @@ impl Stream {
                 .checkpoint_at(&position.inner)
                 .map_err(|e| to_py(py, &e))?,
         };
-        Ok(Checkpoint { inner })
+        Checkpoint::wrap(py, inner)
     }
 
     /// The active stage.

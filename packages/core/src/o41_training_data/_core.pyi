@@ -39,67 +39,6 @@ def stream_rules(
 def host_memory_bytes() -> int | None:
     """Physical memory of the host in bytes, or None where it cannot be read."""
 
-class Checkpoint:
-    """A rank's position in a batch stream: the resolved config (no credentials), the cursor
-    and the counters ``stage``, ``batches_yielded``, ``rows_yielded`` and ``epochs``.
-
-    Examples:
-        >>> text = stream.checkpoint().to_json()  # doctest: +SKIP
-        >>> Checkpoint.from_json(text).batches_yielded  # doctest: +SKIP
-        1000
-    """
-
-    @staticmethod
-    def from_json(text: str) -> Checkpoint:
-        """Parses a checkpoint; raises ``CheckpointError`` if corrupt, altered or of another version."""
-    @staticmethod
-    def from_position(position: Position, resolved: Checkpoint | str | Mapping[str, Any]) -> Checkpoint:
-        """The checkpoint at ``position`` of the stream ``resolved`` (a checkpoint of it, or its
-        resolved config document as a dict or JSON text) describes."""
-    def check(
-        self, *, rank: int | None = None, world_size: int | None = None, config: _ConfigLike | None = None
-    ) -> None:
-        """Raises ``CheckpointError`` naming what differs from this process's rank, world size or config."""
-    @property
-    def position(self) -> Position:
-        """The position part: everything but the resolved config."""
-    def to_json(self) -> str:
-        """The checkpoint as a JSON document."""
-    def for_world(self, rank: int, world_size: int) -> Checkpoint:
-        """The same position for another rank and world size (elastic resume)."""
-    @property
-    def version(self) -> int:
-        """Document version."""
-    @property
-    def fingerprint(self) -> str:
-        """Fingerprint of the resolved sources, fields and seed."""
-    @property
-    def stage(self) -> int:
-        """Active stage."""
-    @property
-    def batches_yielded(self) -> int:
-        """Batches this rank has received over the whole run."""
-    @property
-    def rows_yielded(self) -> int:
-        """Rows this rank has received over the whole run."""
-    @property
-    def epochs(self) -> list[int]:
-        """Completed passes over each source of the active stage."""
-    @property
-    def rank(self) -> int:
-        """The rank this checkpoint belongs to."""
-    @property
-    def world_size(self) -> int:
-        """The world size it was taken in."""
-    @property
-    def next_batch(self) -> int:
-        """First global batch of the next round: every earlier one was consumed."""
-    def resolved_json(self) -> str:
-        """The resolved config document (JSON) the checkpoint pins."""
-    def resolved_config(self) -> dict[str, Any]:
-        """The resolved config document the checkpoint pins, as a dict."""
-    def __eq__(self, other: object, /) -> bool: ...
-
 class Position:
     """A rank's place in a batch stream after some batch: everything a checkpoint holds except
     the resolved config.
@@ -142,6 +81,44 @@ class Position:
     @property
     def epochs(self) -> list[int]:
         """Completed passes over each source of the active stage."""
+    def __eq__(self, other: object, /) -> bool: ...
+
+class Checkpoint(Position):
+    """A rank's position in a batch stream together with the resolved config (no credentials)
+    it is a position in. It is a ``Position``: the cursor and the counters ``stage``,
+    ``batches_yielded``, ``rows_yielded`` and ``epochs`` are read as on one.
+
+    Examples:
+        >>> text = stream.checkpoint().to_json()  # doctest: +SKIP
+        >>> Checkpoint.from_json(text).batches_yielded  # doctest: +SKIP
+        1000
+    """
+
+    @staticmethod
+    def from_json(text: str) -> Checkpoint:
+        """Parses a checkpoint; raises ``CheckpointError`` if corrupt, altered or of another version."""
+    @staticmethod
+    def from_position(position: Position, resolved: Checkpoint | str | Mapping[str, Any]) -> Checkpoint:
+        """The checkpoint at ``position`` of the stream ``resolved`` (a checkpoint of it, or its
+        resolved config document as a dict or JSON text) describes."""
+    def check(
+        self, *, rank: int | None = None, world_size: int | None = None, config: _ConfigLike | None = None
+    ) -> None:
+        """Raises ``CheckpointError`` naming what differs from this process's rank, world size or config."""
+    @property
+    def position(self) -> Position:
+        """The position part as a plain ``Position``: everything but the resolved config."""
+    def to_json(self) -> str:
+        """The checkpoint as a JSON document."""
+    def for_world(self, rank: int, world_size: int) -> Checkpoint:
+        """The same position for another rank and world size (elastic resume)."""
+    @property
+    def version(self) -> int:
+        """Document version."""
+    def resolved_json(self) -> str:
+        """The resolved config document (JSON) the checkpoint pins."""
+    def resolved_config(self) -> dict[str, Any]:
+        """The resolved config document the checkpoint pins, as a dict."""
     def __eq__(self, other: object, /) -> bool: ...
 
 class Segment:

@@ -55,28 +55,77 @@ pub struct Position {
     pub epochs: Vec<u64>,
 }
 
-/// A rank's stream position.
+/// A rank's stream position: its [`Position`] and the resolved document the position is in.
+/// The position's rank and world size are always the document's.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(from = "Document", into = "Document")]
 pub struct Checkpoint {
     /// Document version.
     pub version: u32,
-    /// Fingerprint of the resolved sources, fields and seed: always `resolved.fingerprint()`,
-    /// which every constructor computes or checks, so a resumed stream takes it as known.
-    pub fingerprint: String,
-    /// Position.
-    pub cursor: Cursor,
-    /// Active stage.
-    pub stage: usize,
-    /// Batches this rank has received, over the whole run.
-    pub batches_yielded: u64,
-    /// Rows this rank has received, over the whole run.
-    pub rows_yielded: u64,
-    /// Completed passes over each source of the active stage.
-    pub epochs: Vec<u64>,
+    /// Where the rank stands. Its fingerprint is always `resolved.fingerprint()`, which every
+    /// constructor computes or checks, so a resumed stream takes it as known.
+    pub position: Position,
     /// The resolved config, including this checkpoint's rank and world size. Shared with the
     /// stream that took the checkpoint: taking one does not copy a million-shard document.
     pub resolved: Arc<ResolvedConfig>,
+}
+
+/// The checkpoint document as written (`docs/checkpoint.md`): the position's fields without
+/// its rank and world size, which the resolved document holds.
+#[derive(Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Document {
+    version: u32,
+    fingerprint: String,
+    cursor: Cursor,
+    stage: usize,
+    batches_yielded: u64,
+    rows_yielded: u64,
+    epochs: Vec<u64>,
+    resolved: Arc<ResolvedConfig>,
+}
+
+impl From<Document> for Checkpoint {
+    fn from(doc: Document) -> Self {
+        Checkpoint {
+            version: doc.version,
+            position: Position {
+                fingerprint: doc.fingerprint,
+                rank: doc.resolved.rank,
+                world_size: doc.resolved.world_size,
+                cursor: doc.cursor,
+                stage: doc.stage,
+                batches_yielded: doc.batches_yielded,
+                rows_yielded: doc.rows_yielded,
+                epochs: doc.epochs,
+            },
+            resolved: doc.resolved,
+        }
+    }
+}
+
+impl From<Checkpoint> for Document {
+    fn from(checkpoint: Checkpoint) -> Self {
+        let Position {
+            fingerprint,
+            cursor,
+            stage,
+            batches_yielded,
+            rows_yielded,
+            epochs,
+            ..
+        } = checkpoint.position;
+        Document {
+            version: checkpoint.version,
+            fingerprint,
+            cursor,
+            stage,
+            batches_yielded,
+            rows_yielded,
+            epochs,
+            resolved: checkpoint.resolved,
+        }
+    }
 }
 
 fn refuse(message: impl Into<String>) -> Error {
@@ -200,12 +249,12 @@ pub fn check_process(
 impl Checkpoint {
     /// The rank this checkpoint belongs to.
     pub fn rank(&self) -> usize {
-        self.resolved.rank
+        self.position.rank
     }
 
     /// The world size it was taken in.
     pub fn world_size(&self) -> usize {
-        self.resolved.world_size
+        self.position.world_size
     }
 
     /// Refuses the checkpoint for a process of another rank or world size (`None` accepts any).
@@ -232,10 +281,10 @@ impl Checkpoint {
             return Err(unsupported(checkpoint.version));
         }
         let expected = checkpoint.resolved.fingerprint();
-        if checkpoint.fingerprint != expected {
+        if checkpoint.position.fingerprint != expected {
             return Err(refuse(format!(
                 "its fingerprint {} does not match its resolved config ({expected}); the document was altered",
-                checkpoint.fingerprint
+                checkpoint.position.fingerprint
             )));
         }
         checkpoint
@@ -256,24 +305,25 @@ impl Checkpoint {
                 self.resolved.version
             )));
         }
+        let position = &self.position;
         check_counters(
-            self.stage,
-            &self.cursor,
-            [self.batches_yielded, self.rows_yielded],
-            &self.epochs,
+            position.stage,
+            &position.cursor,
+            [position.batches_yielded, position.rows_yielded],
+            &position.epochs,
         )?;
         let stages = self.resolved.stages.len();
-        let Some(stage) = self.resolved.stages.get(self.stage) else {
+        let Some(stage) = self.resolved.stages.get(position.stage) else {
             return Err(refuse(format!(
                 "its stage {} is not one of the stream's {stages} stages",
-                self.stage
+                position.stage
             )));
         };
-        if self.epochs.len() != stage.sources.len() {
+        if position.epochs.len() != stage.sources.len() {
             return Err(refuse(format!(
                 "its epochs list {} sources, but stage {} has {}",
-                self.epochs.len(),
-                self.stage,
+                position.epochs.len(),
+                position.stage,
                 stage.sources.len()
             )));
         }
@@ -282,16 +332,7 @@ impl Checkpoint {
 
     /// The position part of the checkpoint.
     pub fn position(&self) -> Position {
-        Position {
-            fingerprint: self.fingerprint.clone(),
-            rank: self.rank(),
-            world_size: self.world_size(),
-            cursor: self.cursor,
-            stage: self.stage,
-            batches_yielded: self.batches_yielded,
-            rows_yielded: self.rows_yielded,
-            epochs: self.epochs.clone(),
-        }
+        self.position.clone()
     }
 
     /// The checkpoint at `position` of the stream `resolved` describes, for the position's rank
@@ -328,12 +369,7 @@ impl Checkpoint {
         }
         let checkpoint = Checkpoint {
             version: CHECKPOINT_VERSION,
-            fingerprint: fingerprint.to_owned(),
-            cursor: position.cursor,
-            stage: position.stage,
-            batches_yielded: position.batches_yielded,
-            rows_yielded: position.rows_yielded,
-            epochs: position.epochs,
+            position,
             resolved,
         };
         checkpoint.check_consistent()?;
@@ -356,6 +392,8 @@ impl Checkpoint {
         let retargeted = Arc::make_mut(&mut out.resolved);
         retargeted.rank = rank;
         retargeted.world_size = world_size;
+        out.position.rank = rank;
+        out.position.world_size = world_size;
         // A ramped stage's batches must split over the new world too.
         out.resolved.validate()?;
         Ok(out)

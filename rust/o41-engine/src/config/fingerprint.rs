@@ -17,8 +17,8 @@ impl ResolvedConfig {
         let stages: Vec<ResolvedStage> = self
             .stages
             .iter()
-            .map(|stage| ResolvedStage {
-                sources: stage
+            .map(|stage| {
+                let sources = stage
                     .sources
                     .iter()
                     .map(|source| ResolvedSource {
@@ -26,13 +26,8 @@ impl ResolvedConfig {
                         shards: Vec::new(),
                         manifest: source.manifest.clone(),
                     })
-                    .collect(),
-                batch_size: stage.batch_size,
-                shuffle: stage.shuffle,
-                infinite: stage.infinite,
-                ramp: stage.ramp,
-                packing: stage.packing.clone(),
-                windows: stage.windows.clone(),
+                    .collect();
+                stage.with_sources(sources)
             })
             .collect();
         let mut doc = serde_json::json!({

@@ -18,7 +18,7 @@ pub use resolved::{
 };
 pub use schema::{
     is_window_source, parse_named, FieldSpec, PackingSpec, RampSpec, ShuffleSpec, SourceSpec,
-    StageSpec, StreamConfig, TokenLayout, WindowColumn, WindowsSpec, MAX_BINS, MAX_SEQ_LEN,
+    Stage, StageSpec, StreamConfig, TokenLayout, WindowColumn, WindowsSpec, MAX_BINS, MAX_SEQ_LEN,
     POSITIONS, SEGMENT_IDS, SEGMENT_LENGTHS,
 };
 pub use validate::{MAX_RAMP_STEPS, VALID_COLUMN};

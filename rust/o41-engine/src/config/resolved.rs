@@ -5,9 +5,7 @@ use std::borrow::Cow;
 
 use serde::{Deserialize, Serialize};
 
-use super::schema::{
-    FieldSpec, PackingSpec, RampSpec, ShuffleSpec, SourceSpec, TokenLayout, WindowsSpec,
-};
+use super::schema::{FieldSpec, SourceSpec, Stage};
 use crate::encoding::Encoding;
 use crate::storage::promise::{Promise, PromiseOrigin};
 
@@ -84,33 +82,7 @@ impl ResolvedSource {
 }
 
 /// A stage with its sources resolved.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct ResolvedStage {
-    /// Resolved sources.
-    pub sources: Vec<ResolvedSource>,
-    /// Rows per global batch.
-    pub batch_size: usize,
-    /// Row shuffling.
-    pub shuffle: Option<ShuffleSpec>,
-    /// Endless epochs.
-    pub infinite: bool,
-    /// Batch ramp.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub ramp: Option<RampSpec>,
-    /// Document packing of token sources; each shard's rows are its packed windows.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub packing: Option<PackingSpec>,
-    /// Overlapping token windows; each shard's rows are its windows.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub windows: Option<WindowsSpec>,
-}
-
-impl ResolvedStage {
-    /// How the stage reads token corpora; `None` for a stage of records.
-    pub fn token_layout(&self) -> Option<TokenLayout> {
-        TokenLayout::of(self.packing.as_ref(), self.windows.as_ref())
-    }
-}
+pub type ResolvedStage = Stage<ResolvedSource>;
 
 /// The resolved document: what a stream opens and what a checkpoint stores.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -154,12 +154,14 @@ pub struct RampSpec {
     pub rows: u64,
 }
 
-/// One curriculum stage: a weighted mix of sources cut into batches.
+/// One curriculum stage: a weighted mix of sources cut into batches. One struct serves the
+/// config users write ([`StageSpec`], its sources as written) and the resolved document
+/// (`ResolvedStage`, each source's shard list pinned): only the sources differ.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct StageSpec {
+pub struct Stage<S> {
     /// Sources mixed in this stage.
-    pub sources: Vec<SourceSpec>,
+    pub sources: Vec<S>,
     /// Rows per global batch.
     pub batch_size: usize,
     /// Row shuffling; `None` keeps source order.
@@ -326,10 +328,26 @@ pub struct StreamConfig {
     pub validation_pass: bool,
 }
 
-impl StageSpec {
+/// A stage of the config users write.
+pub type StageSpec = Stage<SourceSpec>;
+
+impl<S> Stage<S> {
     /// How the stage reads token corpora; `None` for a stage of records.
     pub fn token_layout(&self) -> Option<TokenLayout> {
         TokenLayout::of(self.packing.as_ref(), self.windows.as_ref())
+    }
+
+    /// This stage with `sources` in place of its own (a resolved stage from a config's).
+    pub fn with_sources<T>(&self, sources: Vec<T>) -> Stage<T> {
+        Stage {
+            sources,
+            batch_size: self.batch_size,
+            shuffle: self.shuffle,
+            infinite: self.infinite,
+            ramp: self.ramp,
+            packing: self.packing.clone(),
+            windows: self.windows.clone(),
+        }
     }
 }
 

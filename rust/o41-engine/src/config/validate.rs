@@ -3,8 +3,9 @@
 
 use super::resolved::ResolvedConfig;
 use super::schema::{
-    is_window_source, FieldSpec, PackingSpec, RampSpec, ShuffleSpec, SourceSpec, StreamConfig,
-    TokenLayout, WindowsSpec, MAX_BINS, MAX_SEQ_LEN, POSITIONS, SEGMENT_IDS, SEGMENT_LENGTHS,
+    is_window_source, FieldSpec, PackingSpec, RampSpec, ShuffleSpec, SourceSpec, Stage,
+    StreamConfig, TokenLayout, WindowsSpec, MAX_BINS, MAX_SEQ_LEN, POSITIONS, SEGMENT_IDS,
+    SEGMENT_LENGTHS,
 };
 use crate::dtype::DType;
 use crate::encoding::Encoding;
@@ -122,26 +123,14 @@ pub(super) fn validate_tokens(
     Ok(())
 }
 
-/// What a config's stage and a resolved stage share, checked the same way in both.
-pub(super) struct StageRules<'a> {
-    batch_size: usize,
-    shuffle: Option<ShuffleSpec>,
-    infinite: bool,
-    ramp: Option<RampSpec>,
-    packing: Option<&'a PackingSpec>,
-    windows: Option<&'a WindowsSpec>,
-    /// How many sources the stage has.
-    sources: usize,
-}
-
 /// The checks a config and a resolved document share, in the order their errors are reported;
-/// `source(option, s, j)` checks the `j`th source of stage `s`, whose option path is `option`.
-pub(super) fn validate_document(
+/// `source(option, source)` checks a source, whose option path is `option`.
+pub(super) fn validate_document<S>(
     fields: &[FieldSpec],
-    stages: &[StageRules<'_>],
+    stages: &[Stage<S>],
     validation_pass: bool,
     (threads, rank, world_size): (usize, usize, usize),
-    mut source: impl FnMut(&str, usize, usize) -> Result<()>,
+    mut source: impl FnMut(&str, &S) -> Result<()>,
 ) -> Result<()> {
     validate_fields(fields)?;
     if stages.is_empty() {
@@ -151,15 +140,20 @@ pub(super) fn validate_document(
         let option = format!("stages[{s}]");
         validate_stage(&option, stage.batch_size, stage.shuffle)?;
         validate_ramp(&option, stage.batch_size, stage.ramp, world_size)?;
-        validate_tokens(&option, stage.packing, stage.windows, fields)?;
-        if stage.sources == 0 {
+        validate_tokens(
+            &option,
+            stage.packing.as_ref(),
+            stage.windows.as_ref(),
+            fields,
+        )?;
+        if stage.sources.is_empty() {
             return Err(Error::config(
                 format!("{option}.sources"),
                 "at least one source is required",
             ));
         }
-        for j in 0..stage.sources {
-            source(&format!("{option}.sources[{j}]"), s, j)?;
+        for (j, spec) in stage.sources.iter().enumerate() {
+            source(&format!("{option}.sources[{j}]"), spec)?;
         }
     }
     if validation_pass {
@@ -167,38 +161,6 @@ pub(super) fn validate_document(
         validate_validation_pass(fields, stages)?;
     }
     validate_resources(threads, rank, world_size)
-}
-
-/// [`validate_document`] for a config or a resolved document (they name these options alike),
-/// with `$check` run on each source, bound to `$source` and named by `$option`.
-macro_rules! validate_config {
-    ($config:expr, |$option:ident, $source:ident| $check:expr) => {{
-        let config = $config;
-        let stages: Vec<StageRules<'_>> = config
-            .stages
-            .iter()
-            .map(|stage| StageRules {
-                batch_size: stage.batch_size,
-                shuffle: stage.shuffle,
-                infinite: stage.infinite,
-                ramp: stage.ramp,
-                packing: stage.packing.as_ref(),
-                windows: stage.windows.as_ref(),
-                sources: stage.sources.len(),
-            })
-            .collect();
-        let resources = (config.threads, config.rank, config.world_size);
-        validate_document(
-            &config.fields,
-            &stages,
-            config.validation_pass,
-            resources,
-            |$option, s, j| {
-                let $source = &config.stages[s].sources[j];
-                $check
-            },
-        )
-    }};
 }
 
 pub(super) fn validate_fields(fields: &[FieldSpec]) -> Result<()> {
@@ -448,42 +410,50 @@ pub(super) fn validate_resources(threads: usize, rank: usize, world_size: usize)
 impl StreamConfig {
     /// Checks everything that can be checked without touching storage.
     pub fn validate(&self) -> Result<()> {
-        validate_config!(self, |option, source| {
-            match source {
-                SourceSpec::Files {
-                    files, encoding, ..
-                } => {
-                    if let Some(name) = encoding {
-                        Encoding::parse(name, &format!("{option}.encoding"))?;
+        let resources = (self.threads, self.rank, self.world_size);
+        let (fields, stages) = (&self.fields, &self.stages);
+        validate_document(
+            fields,
+            stages,
+            self.validation_pass,
+            resources,
+            |option, source| {
+                match source {
+                    SourceSpec::Files {
+                        files, encoding, ..
+                    } => {
+                        if let Some(name) = encoding {
+                            Encoding::parse(name, &format!("{option}.encoding"))?;
+                        }
+                        if files.is_empty() {
+                            return Err(Error::config(
+                                format!("{option}.files"),
+                                "at least one file is required",
+                            ));
+                        }
                     }
-                    if files.is_empty() {
-                        return Err(Error::config(
-                            format!("{option}.files"),
-                            "at least one file is required",
-                        ));
-                    }
-                }
-                SourceSpec::Manifest {
-                    manifest_uri,
-                    curriculum_stages,
-                    ..
-                } => {
-                    if manifest_uri.is_empty() {
-                        return Err(Error::config(
-                            format!("{option}.manifest_uri"),
-                            "must not be empty",
-                        ));
-                    }
-                    if curriculum_stages.as_ref().is_some_and(Vec::is_empty) {
-                        return Err(Error::config(
+                    SourceSpec::Manifest {
+                        manifest_uri,
+                        curriculum_stages,
+                        ..
+                    } => {
+                        if manifest_uri.is_empty() {
+                            return Err(Error::config(
+                                format!("{option}.manifest_uri"),
+                                "must not be empty",
+                            ));
+                        }
+                        if curriculum_stages.as_ref().is_some_and(Vec::is_empty) {
+                            return Err(Error::config(
                             format!("{option}.curriculum_stages"),
                             "name at least one stage, or omit it to read the split's root order",
                         ));
+                        }
                     }
                 }
-            }
-            validate_weight(option, source.weight())
-        })
+                validate_weight(option, source.weight())
+            },
+        )
     }
 }
 
@@ -491,19 +461,27 @@ impl ResolvedConfig {
     /// Checks the rules a resolved document keeps, as [`StreamConfig::validate`] does for a
     /// config: a checkpoint's document is read from a file and trusted no further than that.
     pub fn validate(&self) -> Result<()> {
-        validate_config!(self, |option, source| {
-            validate_weight(option, source.weight)?;
-            let rows = source
-                .shards
-                .iter()
-                .try_fold(0u64, |acc, shard| acc.checked_add(shard.rows));
-            if rows.is_none_or(|rows| rows == 0) {
-                return Err(Error::config(
-                    format!("{option}.shards"),
-                    "the source must hold between 1 and 2^64 - 1 rows",
-                ));
-            }
-            Ok(())
-        })
+        let resources = (self.threads, self.rank, self.world_size);
+        let (fields, stages) = (&self.fields, &self.stages);
+        validate_document(
+            fields,
+            stages,
+            self.validation_pass,
+            resources,
+            |option, source| {
+                validate_weight(option, source.weight)?;
+                let rows = source
+                    .shards
+                    .iter()
+                    .try_fold(0u64, |acc, shard| acc.checked_add(shard.rows));
+                if rows.is_none_or(|rows| rows == 0) {
+                    return Err(Error::config(
+                        format!("{option}.shards"),
+                        "the source must hold between 1 and 2^64 - 1 rows",
+                    ));
+                }
+                Ok(())
+            },
+        )
     }
 }
