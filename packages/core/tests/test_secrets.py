@@ -49,3 +49,27 @@ def test_a_missing_credential_error_does_not_echo_a_host_name(monkeypatch: pytes
     with pytest.raises(ConfigError, match="needs credentials") as info:
         StorageConfig.resolve(s3_base_url="https://sk-SECRETTOKEN.example")
     assert "SECRETTOKEN" not in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("endpoint", "keys", "option"),
+    [
+        ("http://[x]:9", KEYS, "s3_base_url"),
+        ("http://127.0.0.1:9", {**KEYS, "access_key_id": "SECRETKEY\r\nX-Injected: 1"}, "access_key_id"),
+        ("http://127.0.0.1:9", {**KEYS, "session_token": "SECRETTOKEN\n"}, "session_token"),
+    ],
+)
+def test_settings_the_http_client_would_panic_on_are_config_errors_at_open(
+    endpoint: str, keys: dict[str, str], option: str
+) -> None:
+    from o41_training_data import BatchStreamConfig, FileSource, ProjectedField, Stage
+
+    config = BatchStreamConfig(
+        fields=[ProjectedField("v", "v", "i64")],
+        stages=[Stage(sources=[FileSource(files=["s3://bucket/a.parquet"])], batch_size=1)],
+    )
+    # Before the fix an engine thread panicked at the first signed request ("internal error").
+    with pytest.raises(ConfigError) as info:
+        TrainingData(s3_base_url=endpoint, region="us-east-1", **keys).batch_stream(config).close()
+    assert info.value.option == option
+    assert "SECRET" not in str(info.value) and "Injected" not in str(info.value)

@@ -80,13 +80,40 @@ impl S3 {
                 format!("'{}' is not an http:// or https:// URL", settings.endpoint),
             ));
         }
+        // object_store unwraps its own parse of the endpoint when it signs a request: a URL it
+        // cannot parse (`http://[x]:9`) would panic an engine thread. Not echoed: it may hold a
+        // secret.
+        match url::Url::parse(&settings.endpoint) {
+            Ok(parsed) if parsed.host_str().is_some_and(|h| !h.is_empty()) => {}
+            Ok(_) => return Err(Error::config("s3_base_url", "the URL names no host")),
+            Err(e) => {
+                return Err(Error::config(
+                    "s3_base_url",
+                    format!("not a valid URL ({e})"),
+                ))
+            }
+        }
         for (option, value) in [
-            ("region", &settings.region),
-            ("access_key_id", &settings.access_key_id),
-            ("secret_access_key", &settings.secret_access_key),
+            ("region", Some(&settings.region)),
+            ("access_key_id", Some(&settings.access_key_id)),
+            ("secret_access_key", Some(&settings.secret_access_key)),
+            ("session_token", settings.session_token.as_ref()),
         ] {
-            if value.is_empty() {
+            let Some(value) = value else { continue };
+            if value.is_empty() && option != "session_token" {
                 return Err(Error::config(option, "must not be empty"));
+            }
+            // They travel in HTTP headers, which hold visible ASCII only; object_store panics
+            // on anything else (a CR/LF pasted with a key). Not echoed: most are secrets.
+            if let Some(at) = value.bytes().position(|b| !b.is_ascii_graphic()) {
+                return Err(Error::config(
+                    option,
+                    format!(
+                        "byte {at} is not visible ASCII (a space, newline or control \
+                         character, or non-ASCII text); credentials and regions are printable \
+                         ASCII only"
+                    ),
+                ));
             }
         }
         let secrets: Vec<String> = [
