@@ -1,5 +1,6 @@
 """The stream's rules every adapter uses (docs/rules.md): ranks, the delivered schema, ramp rows,
-moving checkpoints to another world, and per-rank files written all or nothing."""
+curriculum switch points, moving checkpoints to another world, and per-rank files named one way
+and written all or nothing."""
 
 from __future__ import annotations
 
@@ -22,11 +23,17 @@ from o41_training_data import (
     Ramp,
     Stage,
     StreamRules,
+    SwitchPoint,
     check_same_place,
     check_same_stream,
+    find_rank_files,
     move_to_world,
     open_batch_stream,
+    parse_rank_file_name,
     process_ranks,
+    rank_file_name,
+    rank_files_among,
+    switch_point,
     write_rank_file,
 )
 
@@ -138,6 +145,70 @@ def test_process_ranks_follow_the_configured_pair_then_the_environment(
         process_ranks((0, 2**33))
 
 
+# -- Curriculum switch points.
+
+
+def switched_at(
+    config: BatchStreamConfig, rank: int, point: SwitchPoint, batches: int
+) -> list[tuple[int, int]]:
+    """``(batch_index, stage)`` of a rank's first ``batches`` batches with ``point`` applied at open."""
+    with open_batch_stream(replace(config, rank=rank)) as stream:
+        assert point.due(stream.position)
+        stream.advance(point.stage, at=point.at)
+        return [(batch.batch_index, batch.stage) for batch in (next(stream) for _ in range(batches))]
+
+
+@pytest.mark.parametrize("ramped", [False, True], ids=["whole-batches", "ramp"])
+def test_every_rank_gets_the_same_switch_point_after_the_same_local_batch(
+    shard: ShardWriter, ramped: bool
+) -> None:
+    config = two_stages(shard, world_size=3)
+    if ramped:
+        first = replace(config.stages[0], batch_size=12, ramp=Ramp(start=3, increment=3, rows=600))
+        config = replace(config, stages=[first, config.stages[1]])
+    rules = StreamRules.of(config)
+    points = set()
+    for rank in range(3):
+        with open_batch_stream(replace(config, rank=rank)) as stream:
+            for _ in range(4):
+                batch = next(stream)
+            # Asked with the config, a checkpoint or the rules: one answer.
+            for source in (config, stream.checkpoint(), rules):
+                points.add(switch_point(source, batch.position, 1, batches_ahead=2))
+    # 4 local batches are 4 rounds; 2 more in flight are 2 more: 3 global batches a round, or
+    # 1 in a ramp, whose global batches the ranks share.
+    per_round = 1 if ramped else 3
+    assert points == {SwitchPoint(stage=1, at=6 * per_round)}
+    # Applied in every rank's stream, the new stage starts at that global batch on all of them.
+    (point,) = points
+    for rank in range(3):
+        seen = switched_at(config, rank, point, 8)
+        assert [stage for index, stage in seen if index < point.at] == [0] * 6
+        assert {stage for index, stage in seen if index >= point.at} == {1}
+
+
+def test_a_switch_point_refuses_what_is_not_a_stage_or_a_count(shard: ShardWriter) -> None:
+    config = two_stages(shard)
+    with open_batch_stream(config) as stream:
+        position = next(stream).position
+    assert switch_point(config, position, 1) == SwitchPoint(stage=1, at=position.next_batch)
+    for stage in (2, -1, True, "1"):
+        with pytest.raises(ConfigError, match="invalid stage: .* is not a stage of the stream"):
+            switch_point(config, position, stage)  # type: ignore[arg-type]
+    for ahead in (-1, 1.5, False):
+        with pytest.raises(ConfigError, match="invalid batches_ahead: expected a whole number"):
+            switch_point(config, position, 1, batches_ahead=ahead)  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match="invalid position: expected a Position, got int"):
+        switch_point(config, 3, 1)  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match="invalid at: expected a whole number >= 0, got -1"):
+        SwitchPoint(stage=1, at=-1)
+    with pytest.raises(ConfigError, match="invalid stage: expected a whole number >= 0, got '1'"):
+        SwitchPoint(stage="1", at=0)  # type: ignore[arg-type]
+    # A stream past the point already reflects it (or never will): it is not due there.
+    assert not SwitchPoint(stage=1, at=0).due(position)
+    assert SwitchPoint(stage=1, at=position.next_batch).due(position)
+
+
 # -- Moving checkpoints to another world: one rule.
 
 
@@ -198,3 +269,35 @@ def test_a_rank_file_is_written_whole_or_not_at_all(tmp_path: Path) -> None:
     reader.join()
     assert seen <= texts | {"second"}
     assert os.stat(target).st_size == 100_000
+
+
+def test_rank_files_have_one_name_and_the_old_ones_are_read(tmp_path: Path) -> None:
+    assert rank_file_name(3, 8) == "stream-rank3-of-8.json"
+    with pytest.raises(ConfigError, match="invalid rank: must be between 0 and 1, got 2"):
+        rank_file_name(2, 2)
+    assert parse_rank_file_name("stream-rank3-of-8.json") == (3, 8)
+    assert parse_rank_file_name("process_3-of-8.json") == (3, 8)  # an earlier Orbax item's
+    others = ("stream-rank3.json", "datamodule.json", "stream-rank3-of-8.json.tmp", "process_x-of-8.json")
+    for other in others:
+        assert parse_rank_file_name(other) is None
+    for name in (rank_file_name(0, 2), "process_1-of-2.json", rank_file_name(0, 1), "datamodule.json"):
+        (tmp_path / name).write_text(name)
+    found = find_rank_files(tmp_path)
+    assert {key: path.name for key, path in found.items()} == {
+        (0, 1): "stream-rank0-of-1.json",
+        (0, 2): "stream-rank0-of-2.json",
+        (1, 2): "process_1-of-2.json",
+    }
+    assert found[(1, 2)] == tmp_path / "process_1-of-2.json"
+
+
+def test_two_names_for_one_rank_are_refused(tmp_path: Path) -> None:
+    (tmp_path / "stream-rank1-of-2.json").write_text("{}")
+    (tmp_path / "process_1-of-2.json").write_text("{}")
+    with pytest.raises(
+        CheckpointError,
+        match=rf"{tmp_path} holds two files for rank 1 of 2, process_1-of-2.json and stream-rank1-of-2.json",
+    ):
+        find_rank_files(tmp_path)
+    with pytest.raises(CheckpointError, match="holds two files for rank 0 of 1, stream-rank0-of-1.json and"):
+        rank_files_among(["stream-rank0-of-1.json", "stream-rank00-of-1.json"], "here")

@@ -2,9 +2,10 @@
 
 A framework adapter (PyTorch, JAX, Lightning, or your own) needs the same few answers about a
 stream: which rank and world size this process has, which columns (names, dtypes, shapes) a
-batch delivers, how many rows a rank's batch of a stage can have, whether checkpoints that several
-ranks wrote can be moved onto another number of ranks, and how to write a per-rank file so that a
-crash never leaves half of one. They are answered here, from the engine's own types where the
+batch delivers, how many rows a rank's batch of a stage can have, at which global batch a
+curriculum switch takes effect on every rank, whether checkpoints that several ranks wrote can be
+moved onto another number of ranks, and how to name and write a per-rank file so that a crash
+never leaves half of one. They are answered here, from the engine's own types where the
 engine knows them, so that every adapter applies one rule with one set of error messages.
 """
 
@@ -12,12 +13,13 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import sys
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol, TypeVar
 
 from . import _core
 from ._core import Checkpoint, Position, Segment
@@ -29,14 +31,21 @@ if TYPE_CHECKING:
 
 __all__ = [
     "LIMITS",
+    "RANK_FILE",
     "DeliveredField",
     "StageBatches",
     "StreamRules",
+    "SwitchPoint",
     "check_same_place",
     "check_same_stream",
+    "find_rank_files",
     "move_to_world",
     "observed_ranks",
+    "parse_rank_file_name",
     "process_ranks",
+    "rank_file_name",
+    "rank_files_among",
+    "switch_point",
     "write_rank_file",
 ]
 
@@ -133,6 +142,78 @@ class StreamRules:
     def field_names(self, dtype: str | None = None) -> frozenset[str]:
         """The delivered columns' names (of ``dtype`` only, when given)."""
         return frozenset(f.name for f in self.fields if dtype is None or f.dtype == dtype)
+
+
+@dataclass(frozen=True)
+class SwitchPoint:
+    """A curriculum switch every rank agrees on: stage ``stage`` starts at global batch ``at``.
+
+    ``at`` is a global batch number (a position's ``next_batch``): the new stage starts with the
+    first round of the stream that begins at or after it, on every rank and in every
+    ``DataLoader`` worker that applies it. It is a plain value, so an adapter keeps it and applies
+    it to every stream it opens later (a new pass, a worker, a resumed stream) with
+    ``stream.advance(point.stage, at=point.at)`` while :meth:`due`. Build it with
+    :func:`switch_point`; a negative or non-integer ``stage`` or ``at`` raises
+    :class:`ConfigError` naming it.
+    """
+
+    stage: int
+    """The curriculum stage (an index into the config's ``stages``)."""
+    at: int
+    """The global batch the stage starts at (the first round at or after it)."""
+
+    def __post_init__(self) -> None:
+        for name in ("stage", "at"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ConfigError(f"invalid {name}: expected a whole number >= 0, got {value!r}")
+
+    def due(self, position: Position) -> bool:
+        """Whether a stream at ``position`` has not reached the switch yet, so it should apply it.
+
+        A stream past ``at`` (resumed from a checkpoint taken after the switch) already
+        reflects it, or never will: applying it there would be refused by the engine.
+        """
+        return position.next_batch <= self.at
+
+
+def switch_point(
+    source: BatchStreamConfig | Checkpoint | StreamRules,
+    position: Position,
+    stage: int,
+    *,
+    batches_ahead: int = 0,
+) -> SwitchPoint:
+    """Where a switch to ``stage`` requested after ``position`` takes effect, the same on every rank.
+
+    ``source`` is the stream's config or a checkpoint of it (or its :class:`StreamRules`, to
+    skip reading them again); ``position`` is the rank's place after the last batch the trainer
+    consumed, and ``batches_ahead`` the local batches the loader may already have produced past it
+    (``DataLoader`` workers' prefetch). The switch lands on the round after those batches: a
+    position's ``next_batch`` is the same on every rank after the same number of local batches,
+    and each local batch ahead is one round, ``world_size`` global batches (one in a ramped
+    stage, whose global batches the ranks share: :meth:`StageBatches.batches_per_round`).
+
+    A ``stage`` that is not one of the stream's, or a negative ``batches_ahead``, raises
+    :class:`ConfigError` naming the argument.
+
+    Examples:
+        >>> point = switch_point(config, batch.position, 1, batches_ahead=4)  # doctest: +SKIP
+        >>> stream.advance(point.stage, at=point.at)  # doctest: +SKIP
+
+    """
+    rules = source if isinstance(source, StreamRules) else StreamRules.of(source)
+    count = len(rules.stages)
+    if isinstance(stage, bool) or not isinstance(stage, int) or not 0 <= stage < count:
+        raise ConfigError(f"invalid stage: {stage!r} is not a stage of the stream (0 to {count - 1})")
+    if isinstance(batches_ahead, bool) or not isinstance(batches_ahead, int) or batches_ahead < 0:
+        raise ConfigError(f"invalid batches_ahead: expected a whole number >= 0, got {batches_ahead!r}")
+    if not isinstance(position, Position):
+        raise ConfigError(f"invalid position: expected a Position, got {type(position).__name__}")
+    if not 0 <= position.stage < count:
+        raise ConfigError(f"invalid position: it is in stage {position.stage}, the stream has {count} stages")
+    per_round = rules.stages[position.stage].batches_per_round(position.world_size)
+    return SwitchPoint(stage=stage, at=position.next_batch + batches_ahead * per_round)
 
 
 def _whole(name: str, value: object, *, minimum: int, maximum: int) -> int:
@@ -279,6 +360,80 @@ def move_to_world(stops: Mapping[str, Checkpoint], rank: int, world_size: int) -
     rank, world_size = check_world(rank, world_size)
     check_same_place(stops, world_size=world_size)
     return next(iter(stops.values())).for_world(rank, world_size)
+
+
+RANK_FILE = "stream-rank{rank}-of-{world_size}.json"
+"""The name of every per-rank file the packages write (:func:`rank_file_name` fills it in)."""
+
+_RANK_FILE_NAME = re.compile(r"stream-rank(\d+)-of-(\d+)\.json")
+# Names earlier releases wrote, still read: the JAX Orbax handler's (grain's) state files.
+_LEGACY_RANK_FILE_NAMES = (re.compile(r"process_(\d+)-of-(\d+)\.json"),)
+
+
+def rank_file_name(rank: int, world_size: int) -> str:
+    """The name of rank ``rank`` of ``world_size``'s file: ``stream-rank{rank}-of-{world_size}.json``.
+
+    ``o41 checkpoint reshard``, the JAX Orbax handler and the Lightning plugin's sidecars all
+    name their per-rank files so; a bad rank or world size raises :class:`ConfigError`.
+    """
+    rank, world_size = check_world(rank, world_size)
+    return RANK_FILE.format(rank=rank, world_size=world_size)
+
+
+def parse_rank_file_name(name: str) -> tuple[int, int] | None:
+    """``(rank, world_size)`` of a per-rank file's name, or ``None`` for any other name.
+
+    Reads :data:`RANK_FILE`'s names and those earlier releases wrote (``process_{i}-of-{n}.json``,
+    the JAX Orbax handler's).
+    """
+    for pattern in (_RANK_FILE_NAME, *_LEGACY_RANK_FILE_NAMES):
+        match = pattern.fullmatch(name)
+        if match is not None:
+            return int(match[1]), int(match[2])
+    return None
+
+
+def rank_files_among(names: Iterable[str], where: object) -> dict[tuple[int, int], str]:
+    """The per-rank files among ``names`` (a directory's entries), keyed by ``(rank, world_size)``.
+
+    Other names are skipped. Two names for the same rank of the same world (``process_0-of-2.json``
+    beside ``stream-rank0-of-2.json``) leave it unclear which holds the rank's position, so
+    :class:`CheckpointError` names both and ``where`` (the directory).
+    """
+    found: dict[tuple[int, int], str] = {}
+    for name in sorted(names):
+        key = parse_rank_file_name(name)
+        if key is None:
+            continue
+        if key in found:
+            raise CheckpointError(
+                f"checkpoint refused: {where} holds two files for rank {key[0]} of {key[1]}, "
+                f"{found[key]} and {name}; remove the one that is not the rank's position"
+            )
+        found[key] = name
+    return found
+
+
+class _Entry(Protocol):
+    @property
+    def name(self) -> str: ...
+
+
+_Dir = TypeVar("_Dir", bound="_Directory")
+
+
+class _Directory(_Entry, Protocol):
+    def iterdir(self: _Dir) -> Iterator[_Dir]: ...
+
+
+def find_rank_files(directory: _Dir) -> dict[tuple[int, int], _Dir]:
+    """The per-rank files in ``directory``, keyed by ``(rank, world_size)``: see :func:`rank_files_among`.
+
+    ``directory`` is a :class:`pathlib.Path` or any path type with ``iterdir()`` and ``name``
+    (Orbax's ``epath.Path``); the values are its entries.
+    """
+    entries = {entry.name: entry for entry in directory.iterdir()}
+    return {key: entries[name] for key, name in rank_files_among(entries, directory).items()}
 
 
 def write_rank_file(path: Path, text: str, *, overwrite: bool) -> None:
