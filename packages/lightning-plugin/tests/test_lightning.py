@@ -22,6 +22,7 @@ from lightning.pytorch.plugins.io import TorchCheckpointIO
 from lightning.pytorch.strategies import SingleDeviceStrategy
 from o41_testkit import write_shard
 from o41_training_data import (
+    BatchStream,
     BatchStreamConfig,
     Checkpoint,
     CheckpointError,
@@ -283,6 +284,43 @@ def test_a_curriculum_switch_resumes_exactly_from_every_checkpoint_around_it(
     for step in (5, 6, 7, 8):
         resumed = run(10, tmp_path / "ck" / f"epoch=0-step={step}.ckpt")
         assert resumed.trained == straight.trained[step:], step
+
+
+@RESUMING
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_switch_opens_no_extra_stream_and_a_resume_switches_at_the_same_global_batch(
+    data: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, workers: int
+) -> None:
+    opened: list[int] = []
+    real_init = BatchStream.__init__
+
+    def counting_init(self: BatchStream, *args: Any, **kwargs: Any) -> None:
+        opened.append(os.getpid())
+        real_init(self, *args, **kwargs)
+
+    # Streams opened in this process: the datamodule's own and, without workers, the passes'.
+    monkeypatch.setattr(BatchStream, "__init__", counting_init)
+
+    def run(max_steps: int, ckpt_path: Path | None = None) -> Recorder:
+        callbacks = [checkpoints(tmp_path / "ck", every=1), O41Curriculum({5: 1})]
+        datamodule = O41DataModule(make_config(data), num_workers=workers)
+        return fit(datamodule, tmp_path, max_steps, callbacks=callbacks, ckpt_path=ckpt_path)
+
+    straight = run(10)
+    # One stream per pass (none in this process with workers): the first pass, then the one
+    # the switch starts, whose dataset switches its stream through the core's SwitchPoint.
+    assert len(opened) == (2 if workers == 0 else 0)
+    first = next(index for _, index, stage, _ in straight.trained if stage == 1)
+    assert [stage for *_, stage, _ in straight.trained] == [0] * 7 + [1] * 3
+    # Steps 6 and 7's checkpoints hold the request, not yet in effect: a resume switches at the
+    # same global batch, again with one stream per pass (from step 6, a pass for the batch
+    # before the switch, then the switch's; from step 7 the switch is due at once).
+    for step, passes in ((6, 2), (7, 1)):
+        opened.clear()
+        resumed = run(10, tmp_path / "ck" / f"epoch=0-step={step}.ckpt")
+        assert resumed.trained == straight.trained[step:]
+        assert next(index for _, index, stage, _ in resumed.trained if stage == 1) == first
+        assert len(opened) == (passes if workers == 0 else 0)
 
 
 def test_advance_before_fit_starts_the_run_in_that_stage(data: Path, tmp_path: Path) -> None:

@@ -29,7 +29,9 @@ from o41_training_data import (
     Ramp,
     Shuffle,
     Stage,
+    SwitchPoint,
     open_batch_stream,
+    switch_point,
 )
 from o41_training_data_torch import POSITION_KEY, O41IterableDataset
 from o41_training_data_torch._dataset import _tensor
@@ -215,6 +217,94 @@ def test_advance_reaches_the_workers(config: BatchStreamConfig, workers: int, pe
     # Without workers the switch is at the next batch; with them, after what they may hold.
     switch = 5 if workers == 0 else 5 + workers * 2
     assert got == core_sequence(config, advance_at=switch, limit=30)
+
+
+def switch_pass(dataset: O41IterableDataset, workers: int, advance_after: int | None = None) -> list:
+    """One pass over ``dataset`` (30 batches), advancing to stage 1 after ``advance_after`` batches."""
+    got = []
+    for batch in DataLoader(dataset, batch_size=None, num_workers=workers):
+        got.append((batch["batch_index"], batch["v"].tolist()))
+        if len(got) == advance_after:
+            dataset.advance(1, after=batch)
+        if len(got) == 30:
+            break
+    return got
+
+
+@MANY_WORKERS
+@pytest.mark.parametrize(("first", "later"), [(0, 0), (2, 2), (0, 2), (2, 0)])
+def test_a_switch_persists_into_later_passes_and_workers(
+    config: BatchStreamConfig, first: int, later: int
+) -> None:
+    dataset = O41IterableDataset(config)
+    switch = 5 if first == 0 else 5 + first * 2
+    expected = core_sequence(config, advance_at=switch, limit=30)
+    assert switch_pass(dataset, first, advance_after=5) == expected
+    assert dataset.switch == SwitchPoint(stage=1, at=switch)
+    # A new pass starts over from the config, in this process or in new workers, and switches
+    # at the same global batch: the dataset kept its switch point.
+    assert switch_pass(dataset, later) == expected
+
+
+@MANY_WORKERS
+def test_persistent_and_split_workers_keep_the_switch(config: BatchStreamConfig) -> None:
+    dataset = O41IterableDataset(config, split_workers=True)
+    loader = DataLoader(dataset, batch_size=None, num_workers=2, persistent_workers=True)
+    got = []
+    for batch in loader:
+        got.append((batch["batch_index"], batch["v"].tolist()))
+        if len(got) == 5:
+            dataset.advance(1, after=batch)
+        if len(got) == 30:
+            break
+    expected = core_sequence(config, advance_at=9, limit=30)
+    assert got == expected
+    # The persistent workers' second pass switches at the same batch.
+    assert loader_sequence(loader, limit=30) == expected
+
+
+def test_a_switch_point_is_the_cores_and_is_checked(config: BatchStreamConfig) -> None:
+    dataset = O41IterableDataset(config)
+    batches = iter(DataLoader(dataset, batch_size=None))
+    for _ in range(3):
+        batch = next(batches)
+    dataset.advance(1, after=batch)
+    assert dataset.switch == switch_point(config, batch[POSITION_KEY], 1) == SwitchPoint(stage=1, at=3)
+    with pytest.raises(ConfigError, match="invalid stage: there is no stage 2; the stream has 2 stages"):
+        dataset.advance(2, after=batch)
+    del batches
+    placed = O41IterableDataset(config, switch=SwitchPoint(stage=1, at=4))
+    assert loader_sequence(DataLoader(placed, batch_size=None), limit=20) == core_sequence(
+        config, advance_at=4, limit=20
+    )
+    with pytest.raises(ConfigError, match="invalid switch: expected a SwitchPoint, got tuple"):
+        O41IterableDataset(config, switch=(1, 4))  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match="invalid switch: there is no stage 5; the stream has 2 stages"):
+        O41IterableDataset(config, switch=SwitchPoint(stage=5, at=4))
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_resumed_stream_takes_the_switch_it_has_not_reached(
+    config: BatchStreamConfig, workers: int
+) -> None:
+    dataset = O41IterableDataset(config)
+    loader = StatefulDataLoader(dataset, batch_size=None, num_workers=workers)
+    got, state = [], None
+    for batch in loader:
+        got.append((batch["batch_index"], batch["v"].tolist()))
+        if len(got) == 3:
+            dataset.advance(1, after=batch)
+        if len(got) == 4:
+            state = loader.state_dict()  # before the switch takes effect (with workers)
+        if len(got) == 30:
+            break
+    switch = 3 if workers == 0 else 3 + workers * 2
+    assert got == core_sequence(config, advance_at=switch, limit=30)
+    # The same dataset resumed from a state taken between request and effect switches at the
+    # same batch; one taken after it already reflects the switch.
+    resumed = StatefulDataLoader(dataset, batch_size=None, num_workers=workers)
+    resumed.load_state_dict(state)
+    assert loader_sequence(resumed, limit=26) == got[4:]
 
 
 @MANY_WORKERS

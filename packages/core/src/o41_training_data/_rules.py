@@ -205,7 +205,7 @@ def switch_point(
     rules = source if isinstance(source, StreamRules) else StreamRules.of(source)
     count = len(rules.stages)
     if isinstance(stage, bool) or not isinstance(stage, int) or not 0 <= stage < count:
-        raise ConfigError(f"invalid stage: {stage!r} is not a stage of the stream (0 to {count - 1})")
+        raise ConfigError(f"invalid stage: there is no stage {stage!r}; the stream has {count} stages")
     if isinstance(batches_ahead, bool) or not isinstance(batches_ahead, int) or batches_ahead < 0:
         raise ConfigError(f"invalid batches_ahead: expected a whole number >= 0, got {batches_ahead!r}")
     if not isinstance(position, Position):

@@ -25,6 +25,7 @@ from o41_training_data import (
     TrainingData,
     open_batch_stream,
     resume_batch_stream,
+    switch_point,
 )
 
 from ._layout import Layout, check_divisible, process_layout
@@ -189,7 +190,7 @@ class O41JaxIterator(Iterator[dict[str, jax.Array]]):
                 "values beyond int32 silently; project it as i32, or turn 64-bit types on with "
                 "jax.config.update('jax_enable_x64', True)"
             )
-        self._stages = len(rules.stages)
+        self._rules = rules
         self._transfer = _Transfer(
             sharding,
             self._layout.world_size,
@@ -333,25 +334,22 @@ class O41JaxIterator(Iterator[dict[str, jax.Array]]):
         taken right after the call resumes in the new stage. Batches already prefetched from
         the old stage are dropped and the stream re-opens at the last handed-out position (its
         shards are counted again), since the engine has already delivered them. A same-stage
-        advance is a no-op.
+        advance is a no-op. The switch is the core's ``switch_point`` (docs/rules.md).
         """
         self._check_open("advance")
-        if isinstance(stage, bool) or not isinstance(stage, int) or not 0 <= stage < self._stages:
-            raise ConfigError(
-                f"invalid stage: there is no stage {stage!r}; the stream has {self._stages} stages"
-            )
+        # The core's switch point: the round after the last batch handed out, on every process.
+        point = switch_point(self._rules, self._position, stage)
         if stage == self._position.stage:
             return
-        at = self._position.next_batch
         pipeline = self._pipeline
         if pipeline.producer is None:
             # Nothing was taken from the stream beyond what was handed out.
-            pipeline.stream.advance(stage, at=at)
+            pipeline.stream.advance(point.stage, at=point.at)
             self._position = pipeline.stream.position
             return
         stream = resume_batch_stream(self.checkpoint(), storage=self._storage)
         try:
-            stream.advance(stage, at=at)
+            stream.advance(point.stage, at=point.at)
         except BaseException:
             stream.close()
             raise

@@ -11,17 +11,16 @@ from lightning.pytorch import LightningDataModule
 from lightning.pytorch.utilities.model_helpers import is_overridden
 from lightning.pytorch.utilities.signature_utils import is_param_in_hook_signature
 from o41_training_data import (
-    BatchStream,
     BatchStreamConfig,
     Checkpoint,
     CheckpointError,
     ConfigError,
     Position,
     StreamStats,
+    SwitchPoint,
     TrainingData,
-    open_batch_stream,
     resolve_batch_stream_config,
-    resume_batch_stream,
+    switch_point,
 )
 from o41_training_data_torch import POSITION_KEY, O41Batch, O41IterableDataset
 from torch.utils.data import DataLoader
@@ -156,8 +155,8 @@ class O41DataModule(LightningDataModule):
 
         Available while a training pass runs with ``num_workers=0`` (the default); with
         ``DataLoader`` workers the engine's counters stay in the workers (see
-        ``O41IterableDataset.stats``). Each pass, and each curriculum switch, opens a new
-        stream whose counters start at zero.
+        ``O41IterableDataset.stats``). Each pass opens a new stream whose counters start at
+        zero; a curriculum switch starts a new pass.
         """
         dataset = self._train_dataset
         return dataset.stats if dataset is not None else None
@@ -379,23 +378,16 @@ class O41DataModule(LightningDataModule):
         # A switch is reflected in the position once the first batch of its stage is consumed.
         self._switches = [switch for switch in self._switches if switch.at >= position.batches_yielded]
 
-    def _open(self, start: Checkpoint | None) -> BatchStream:
-        data = self._training_data
-        if start is not None:
-            return data.resume_batch_stream(start) if data is not None else resume_batch_stream(start)
-        config = self._ranked(self._config)
-        return data.batch_stream(config) if data is not None else open_batch_stream(config)
+    @staticmethod
+    def _switch_point(start: Checkpoint | None, stage: int) -> SwitchPoint:
+        """The core's switch point for ``stage`` at a pass's first batch, right after ``start``.
 
-    def _switched(self, start: Checkpoint | None, stage: int) -> Checkpoint:
-        """The checkpoint at ``start`` (``None``: the config's beginning) with ``stage`` switched in.
-
-        The adapter cannot take a switch point before its first batch, so the switch is made in
-        a stream of our own and the adapter resumes from that stream's checkpoint, which the
-        core makes equal to switching in the running stream at the same global batch.
+        ``None`` is the config's beginning, global batch 0. The pass's dataset applies it to its
+        stream (and each worker's) before the first batch, so no stream of our own is opened.
         """
-        with self._open(start) as stream:
-            stream.advance(stage)
-            return stream.checkpoint()
+        if start is None:
+            return SwitchPoint(stage=stage, at=0)
+        return switch_point(start, start.position, stage)
 
     def _passes(self, loader: _TrainLoader) -> Iterator[O41Batch]:
         token = object()
@@ -405,15 +397,16 @@ class O41DataModule(LightningDataModule):
             while True:
                 done = start.batches_yielded if start is not None else 0
                 self._frontier = (token, done, start.stage if start is not None else 0)
+                # A switch due at the pass's first batch goes into the pass's dataset as the
+                # core's SwitchPoint: its stream (or each worker's) switches before that batch.
                 due = [switch for switch in self._switches if switch.at == done]
-                if due:
-                    start = self._switched(start, due[-1].stage)
-                    if self._anchor is None:
-                        self._anchor = start
+                placed = self._switch_point(start, due[-1].stage) if due else None
                 source: BatchStreamConfig | Checkpoint = (
                     start if start is not None else self._ranked(self._config)
                 )
-                dataset = O41IterableDataset(source, self._training_data, bool_as=self._bool_as)
+                dataset = O41IterableDataset(
+                    source, self._training_data, bool_as=self._bool_as, switch=placed
+                )
                 self._train_dataset = dataset
                 batches = iter(DataLoader(dataset, batch_size=None, num_workers=self._num_workers))
                 delivered = 0

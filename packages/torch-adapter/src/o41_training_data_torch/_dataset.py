@@ -22,12 +22,14 @@ from o41_training_data import (
     Position,
     StreamRules,
     StreamStats,
+    SwitchPoint,
     TrainingData,
     observed_ranks,
     open_batch_stream,
     process_ranks,
     resolve_batch_stream_config,
     resume_batch_stream,
+    switch_point,
 )
 from torch.utils.data import IterableDataset, get_worker_info
 from torch.utils.data._utils.collate import default_collate_fn_map
@@ -139,6 +141,10 @@ class O41IterableDataset(IterableDataset[O41Batch]):
     - **Ramps and validation passes**: a ramped stage (``Stage(ramp=...)``) yields batches whose
       row count grows step by step (each rank's share of the global batch); a validation pass
       (``validation_pass=True``) adds the ``valid`` mask, a bool field like the declared ones.
+    - **Curriculum**: :meth:`advance` switches stage at a :class:`SwitchPoint` (the core's
+      ``switch_point``), which the dataset keeps: every stream it opens later (a new pass over
+      ``iter()``, each ``DataLoader`` worker, a resumed stream) switches at the same global
+      batch. ``switch=`` starts the dataset with a switch already placed.
     - **State**: ``state_dict()``/``load_state_dict()`` follow the
       ``torchdata.stateful_dataloader`` protocol; the state is the core checkpoint JSON. To
       resume with another ``num_workers``, keep ``dataset.checkpoint(batch)`` of the last batch
@@ -158,6 +164,7 @@ class O41IterableDataset(IterableDataset[O41Batch]):
         *,
         bool_as: Literal["bool", "uint8"] = "bool",
         split_workers: bool = False,
+        switch: SwitchPoint | None = None,
     ) -> None:
         if training_data is not None and not isinstance(training_data, TrainingData):
             raise ConfigError(
@@ -171,6 +178,8 @@ class O41IterableDataset(IterableDataset[O41Batch]):
         if not isinstance(split_workers, bool):
             raise ConfigError(f"invalid split_workers: expected a bool, got {split_workers!r}")
         self._split_workers = split_workers
+        if switch is not None and not isinstance(switch, SwitchPoint):
+            raise ConfigError(f"invalid switch: expected a SwitchPoint, got {type(switch).__name__}")
         self._config: BatchStreamConfig | None = None
         self._start: Checkpoint | None = None  # the checkpoint to resume from
         if isinstance(source, Checkpoint):
@@ -188,10 +197,21 @@ class O41IterableDataset(IterableDataset[O41Batch]):
         # The engine's schema and batch shapes (the `valid` mask of a validation pass included).
         self._rules = StreamRules.of(self._config if self._config is not None else source)
         self._bool_fields = self._rules.field_names("bool")
-        # (stage, switch global batch, request number), shared with worker processes as they
-        # start. Lock-free so it crosses fork, spawn and forkserver alike: one writer (the main
-        # process) bumps the request number last, readers re-check it (see _read_request).
+        if switch is not None and not 0 <= switch.stage < len(self._rules.stages):
+            raise ConfigError(
+                f"invalid switch: there is no stage {switch.stage}; the stream has "
+                f"{len(self._rules.stages)} stages"
+            )
+        # The latest curriculum switch, applied to every stream this dataset opens (see _apply).
+        self._switch = switch
+        # The latest switch as (stage, global batch, request number), shared with worker
+        # processes as they start, so persistent workers see later requests too. Lock-free so it
+        # crosses fork, spawn and forkserver alike: one writer (the main process) bumps the
+        # request number last, readers re-check it (see _read_request).
         self._requests: Any = multiprocessing.sharedctypes.RawArray("q", 3)
+        self._seen_request = 0  # the request number this process's stream has applied
+        if switch is not None:
+            self._publish(switch)
         self._stream: BatchStream | None = None
         self._stream_pid = 0  # a forked worker inherits the parent's stream object, not its threads
         self._last_position: Position | None = None
@@ -280,7 +300,14 @@ class O41IterableDataset(IterableDataset[O41Batch]):
         if stream is None:
             return  # the first worker streams the rank's batches; this one has none
         self._stream, self._stream_pid = stream, os.getpid()
-        seen_request = self._requests[2] if self._requests is not None else 0
+        try:
+            # The latest switch persists: a new pass, a worker, a resumed stream all take it.
+            latest, self._seen_request = self._latest_switch()
+            if latest is not None and latest.due(stream.position):
+                stream.advance(latest.stage, at=latest.at)
+        except BaseException:
+            stream.close()
+            raise
         # In a DataLoader worker, batches go through the shared-memory ring so that only small
         # handles cross the DataLoader's queue (see _ring); in-process, tensors view the engine's
         # buffers directly.
@@ -288,8 +315,8 @@ class O41IterableDataset(IterableDataset[O41Batch]):
         bool_fields = self._bool_fields if self._bool_as == "bool" else frozenset()
         try:
             while True:
-                if self._requests is not None and self._requests[2] != seen_request:
-                    stage, switch, seen_request = self._read_request()
+                if self._requests is not None and self._requests[2] != self._seen_request:
+                    stage, switch, self._seen_request = self._read_request()
                     stream.advance(stage, at=switch)
                 batch = next(stream, None)
                 if batch is None:
@@ -365,9 +392,19 @@ class O41IterableDataset(IterableDataset[O41Batch]):
         ``prefetch_factor`` batches (the ``DataLoader``'s, default 2), so the switch happens
         right after those, at the same global batch on every rank that calls this after the same
         batch. Persistent workers receive the request too.
+
+        The switch is the core's :class:`SwitchPoint` (``switch_point``), and the dataset keeps
+        the latest one: every stream it opens later (a new pass, a worker started later, a
+        resumed stream that has not reached it) switches at the same global batch. A stage the
+        stream does not have raises :class:`ConfigError`.
         """
-        if self._stream is not None and self._stream_pid == os.getpid() and get_worker_info() is None:
-            self._stream.advance(stage)
+        running = self._stream
+        if running is not None and self._stream_pid == os.getpid() and get_worker_info() is None:
+            point = switch_point(self._rules, running.position, stage)
+            running.advance(point.stage, at=point.at)
+            self._switch = point
+            if self._requests is not None:
+                self._seen_request = self._publish(point)  # applied already
             return
         if after is None:
             raise ConfigError(
@@ -377,12 +414,33 @@ class O41IterableDataset(IterableDataset[O41Batch]):
         if self._requests is None:
             raise ConfigError("advance: this dataset copy was pickled without its worker channel")
         workers = int(after[WORKERS_KEY])
-        position = after[POSITION_KEY]
         ahead = workers * (prefetch_factor or _DEFAULT_PREFETCH_FACTOR)
-        per_batch = self._rules.stages[position.stage].batches_per_round(self.world_size)
-        self._requests[0] = stage
-        self._requests[1] = position.next_batch + ahead * per_batch
+        point = switch_point(self._rules, after[POSITION_KEY], stage, batches_ahead=ahead)
+        self._switch = point
+        self._publish(point)
+
+    @property
+    def switch(self) -> SwitchPoint | None:
+        """The latest curriculum switch, which every stream the dataset opens applies; or None."""
+        return self._latest_switch()[0]
+
+    def _publish(self, point: SwitchPoint) -> int:
+        """Puts ``point`` in the worker channel; its request number."""
+        self._requests[0] = point.stage
+        self._requests[1] = point.at
         self._requests[2] += 1
+        return int(self._requests[2])
+
+    def _latest_switch(self) -> tuple[SwitchPoint | None, int]:
+        """The latest switch and its request number.
+
+        The worker channel's when it has one, which a persistent worker sees change, else the one
+        this copy was pickled with.
+        """
+        if self._requests is not None and self._requests[2] != 0:
+            stage, at, number = self._read_request()
+            return SwitchPoint(stage=stage, at=at), number
+        return self._switch, 0
 
     def _read_request(self) -> tuple[int, int, int]:
         while True:
