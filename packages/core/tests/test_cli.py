@@ -310,23 +310,23 @@ def test_checkpoint_reshard_continues_the_global_sequence_on_another_world_size(
     assert (
         main(["checkpoint", "reshard", *map(str, files), "--world-size", "3", "--output-dir", str(out)]) == 0
     )
-    assert capsys.readouterr().out.splitlines() == [f"wrote {out / f'stream-rank{r}.json'}" for r in range(3)]
-    assert sorted(p.name for p in out.iterdir()) == [
-        f"stream-rank{r}.json" for r in range(3)
-    ]  # no temporaries
-    new = [Checkpoint.from_json((out / f"stream-rank{r}.json").read_text()) for r in range(3)]
+    # The one per-rank name (docs/rules.md), read from files of the old default name.
+    names = [f"stream-rank{r}-of-3.json" for r in range(3)]
+    assert capsys.readouterr().out.splitlines() == [f"wrote {out / name}" for name in names]
+    assert sorted(p.name for p in out.iterdir()) == names  # no temporaries
+    new = [Checkpoint.from_json((out / name).read_text()) for name in names]
     assert [(c.rank, c.world_size) for c in new] == [(0, 3), (1, 3), (2, 3)]
     assert {c.fingerprint for c in new} == {old[0].fingerprint}
     assert global_batches(new, rounds=4) == global_batches(old, rounds=6)
 
     # One rank's file is enough, and a custom name; existing files are kept unless --overwrite.
-    before = (out / "stream-rank0.json").read_text()
+    before = (out / names[0]).read_text()
     argv = ["checkpoint", "reshard", str(files[1]), "--world-size", "3", "--output-dir", str(out)]
     assert main(argv) == 3
-    assert f"{out / 'stream-rank0.json'} exists; pass --overwrite" in capsys.readouterr().err
-    assert (out / "stream-rank0.json").read_text() == before
+    assert f"{out / names[0]} exists; pass --overwrite" in capsys.readouterr().err
+    assert (out / names[0]).read_text() == before
     assert main([*argv, "--overwrite"]) == 0
-    assert [Checkpoint.from_json((out / f"stream-rank{r}.json").read_text()) for r in range(3)] == new
+    assert [Checkpoint.from_json((out / name).read_text()) for name in names] == new
     assert (
         main(
             [*argv[:-2], "--output-dir", str(tmp_path / "one"), "--world-size", "1", "--name", "s{rank}.ckpt"]
@@ -334,9 +334,34 @@ def test_checkpoint_reshard_continues_the_global_sequence_on_another_world_size(
         == 0
     )
     assert (tmp_path / "one" / "s0.ckpt").exists()
-    for name in ("same.json", "{rank}-{step}.json"):
+    for name in ("same.json", "{rank}-{step}.json", "{world_size}.json"):
         assert main([*argv, "--name", name]) == 2
         assert "must contain {rank} and no other {field}" in capsys.readouterr().err
+    # The earlier default name is still a name one may choose.
+    assert main([*argv[:-2], "--output-dir", str(tmp_path / "old"), "--name", "stream-rank{rank}.json"]) == 0
+    assert sorted(p.name for p in (tmp_path / "old").iterdir()) == [f"stream-rank{r}.json" for r in range(3)]
+
+
+def test_checkpoint_reshard_refuses_two_names_for_one_rank(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    [first, _] = rank_checkpoints(two_stage_config(tmp_path, world_size=2), steps=2)
+    source = tmp_path / "stream-rank0.json"
+    source.write_text(first.to_json())
+    out = tmp_path / "out"
+    out.mkdir()
+    # A file of an earlier release for rank 1 of 2, under its other per-rank name.
+    (out / "process_1-of-2.json").write_text(first.for_world(1, 2).to_json())
+    argv = ["checkpoint", "reshard", str(source), "--world-size", "2", "--output-dir", str(out)]
+    assert main(argv) == 3
+    assert (
+        f"{out} holds process_1-of-2.json for rank 1 of 2; writing stream-rank1-of-2.json beside it "
+        "would leave two files for one rank"
+    ) in capsys.readouterr().err
+    assert sorted(p.name for p in out.iterdir()) == ["process_1-of-2.json"]  # nothing written
+    assert main([*argv, "--overwrite"]) == 3  # replacing a file of the same name only
+    # Another world's files are other ranks: no conflict.
+    assert main([*argv[:3], "--world-size", "3", "--output-dir", str(out)]) == 0
 
 
 def test_checkpoint_reshard_refuses_checkpoints_of_different_positions_or_streams(

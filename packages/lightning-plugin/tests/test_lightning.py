@@ -34,6 +34,7 @@ from o41_training_data import (
     Shuffle,
     Stage,
     open_batch_stream,
+    rank_file_name,
     resume_batch_stream,
 )
 from o41_training_data_lightning import (
@@ -505,6 +506,33 @@ def test_a_renamed_datamodule_resumes_from_the_stream_checkpoints_through_a_link
         CheckpointError, match=r"step=3\.ckpt holds no O41DataModule state and .*datamodule\.json"
     ):
         run(Renamed(make_config(data)), 6, at_step_3)
+
+
+@RESUMING
+def test_sidecars_have_the_one_rank_file_name_and_two_names_for_a_rank_are_refused(
+    data: Path, tmp_path: Path
+) -> None:
+    class Renamed(O41DataModule):
+        """Lightning keys datamodule state by class name: this one resumes from the sidecars."""
+
+    fit(O41DataModule(make_config(data)), tmp_path, 3, callbacks=[checkpoints(tmp_path / "ck", every=3)])
+    saved = tmp_path / "ck" / "epoch=0-step=3.ckpt"
+    sidecars = Path(sidecar_directory(saved))
+    assert rank_file(0, 1) == rank_file_name(0, 1) == "stream-rank0-of-1.json"
+    assert sorted(p.name for p in sidecars.iterdir()) == [INDEX_FILE, "stream-rank0-of-1.json"]
+    # Another name for rank 0 of 1 (the JAX handler's of an earlier release) beside it.
+    (sidecars / "process_0-of-1.json").write_text((sidecars / "stream-rank0-of-1.json").read_text())
+    with pytest.raises(
+        CheckpointError,
+        match=r"\.o41 holds two files for rank 0 of 1, process_0-of-1\.json and stream-rank0-of-1\.json",
+    ):
+        fit(
+            Renamed(make_config(data)),
+            tmp_path,
+            6,
+            callbacks=[checkpoints(tmp_path / "ck", every=3)],
+            ckpt_path=saved,
+        )
 
 
 # -- What a resume refuses, and how it moves positions to another world size.

@@ -15,7 +15,14 @@ from pathlib import Path
 
 from ._errors import CheckpointError, ConfigError
 from ._files import check_depth, read_text
-from ._rules import check_same_place, check_world, write_rank_file
+from ._rules import (
+    RANK_FILE,
+    check_same_place,
+    check_world,
+    parse_rank_file_name,
+    rank_files_among,
+    write_rank_file,
+)
 from ._stream import Checkpoint
 
 __all__ = ["MAX_RESHARD_FILES", "read_checkpoint", "reshard"]
@@ -45,19 +52,22 @@ def reshard(
     files: Sequence[Path],
     world_size: int,
     output_dir: Path,
-    name: str,
+    name: str = RANK_FILE,
     *,
     overwrite: bool = False,
     rank: int | None = None,
 ) -> list[Path]:
-    """Writes ``output_dir/name.format(rank=r)`` for every rank ``r`` of ``world_size`` (or ``rank`` only).
+    """Writes ``output_dir/name.format(rank=r, world_size=world_size)`` for each rank ``r`` (or ``rank``).
 
-    ``files`` are checkpoints of one run taken after the same local batch (one rank's is
-    enough): they must agree on the stream (fingerprint) and the position (segment and next
-    batch), or :class:`CheckpointError` names the files that differ (the one rule of
-    :func:`check_same_place`). Nothing is written when a target exists and ``overwrite`` is
-    false (:class:`FileExistsError` naming it). A world of more than :data:`MAX_RESHARD_FILES`
-    ranks is written one rank at a time, with ``rank``.
+    ``name`` defaults to the one per-rank file name, ``stream-rank{rank}-of-{world_size}.json``
+    (docs/rules.md). ``files`` are checkpoints of one run taken after the same local batch (one
+    rank's is enough, whatever its name): they must agree on the stream (fingerprint) and the
+    position (segment and next batch), or :class:`CheckpointError` names the files that differ
+    (the one rule of :func:`check_same_place`). Nothing is written when a target exists and
+    ``overwrite`` is false (:class:`FileExistsError` naming it), nor when ``output_dir`` holds
+    another file for a target's rank under another per-rank name (``process_0-of-2.json`` beside
+    ``stream-rank0-of-2.json``: :class:`CheckpointError` naming both). A world of more than
+    :data:`MAX_RESHARD_FILES` ranks is written one rank at a time, with ``rank``.
     """
     if rank is None:
         _, world_size = check_world(0, world_size)
@@ -73,7 +83,8 @@ def reshard(
     stops = {str(path): read_checkpoint(path) for path in files}
     check_same_place(stops, world_size=world_size)
     first = next(iter(stops.values()))
-    targets = {r: output_dir / name.format(rank=r) for r in ranks}
+    targets = {r: output_dir / name.format(rank=r, world_size=world_size) for r in ranks}
+    _check_one_name_per_rank(output_dir, targets, world_size)
     if not overwrite:
         taken = [target for target in targets.values() if target.exists()]
         if taken:
@@ -82,3 +93,17 @@ def reshard(
     for r, target in targets.items():
         write_rank_file(target, first.for_world(r, world_size).to_json(), overwrite=overwrite)
     return list(targets.values())
+
+
+def _check_one_name_per_rank(output_dir: Path, targets: dict[int, Path], world_size: int) -> None:
+    """Refuses targets that would sit beside another file of their rank under another name."""
+    if not output_dir.is_dir() or not any(parse_rank_file_name(t.name) for t in targets.values()):
+        return
+    existing = rank_files_among((entry.name for entry in output_dir.iterdir()), output_dir)
+    for r, target in targets.items():
+        other = existing.get((r, world_size))
+        if other is not None and other != target.name and parse_rank_file_name(target.name) is not None:
+            raise CheckpointError(
+                f"checkpoint refused: {output_dir} holds {other} for rank {r} of {world_size}; "
+                f"writing {target.name} beside it would leave two files for one rank"
+            )

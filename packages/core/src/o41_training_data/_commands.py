@@ -31,6 +31,7 @@ from ._errors import O41Error
 from ._exit import EXIT_ERROR, EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK
 from ._manifest import load_manifest
 from ._manifest_check import diff_manifests, manifest_summary, verify_manifest
+from ._rules import RANK_FILE
 from ._storage import StorageConfig
 from ._stream import resolve_batch_stream_config
 
@@ -398,9 +399,9 @@ def show(file: Path) -> int:
 )
 @click.option(
     "--name",
-    default="stream-rank{rank}.json",
+    default=RANK_FILE,
     show_default=True,
-    help="File name of rank {rank}'s checkpoint.",
+    help="File name of rank {rank}'s checkpoint; {world_size} is the new world size.",
 )
 @click.option("--overwrite", is_flag=True, help="Replace checkpoint files already in --output-dir.")
 @click.option(
@@ -420,11 +421,13 @@ def reshard_command(
     checkpoints' position, partitioned over --world-size. Each file is written atomically.
     """
     try:
-        distinct = len({name.format(rank=rank) for rank in range(2)}) == 2
+        distinct = len({name.format(rank=rank, world_size=world_size) for rank in range(2)}) == 2
     except (KeyError, IndexError, ValueError):
         distinct = False
     if not distinct:
-        raise click.BadParameter("must contain {rank} and no other {field}", param_hint="'--name'")
+        raise click.BadParameter(
+            "must contain {rank} and no other {field} but {world_size}", param_hint="'--name'"
+        )
     written = reshard(files, world_size, output_dir, name, overwrite=overwrite, rank=rank)
     for path in written:
         click.echo(f"wrote {path}")

@@ -6,7 +6,8 @@ Lightning tells no state hook where a checkpoint goes, but every save and every 
 model checkpoint ``<name>.ckpt`` is written it writes, from the datamodule state inside it,
 
 ```text
-<name>.ckpt.o41/stream-rank{r}-of-{n}.json   rank r's core checkpoint (Checkpoint.from_json)
+<name>.ckpt.o41/stream-rank{r}-of-{n}.json   rank r's core checkpoint (Checkpoint.from_json), named
+                                             as every per-rank file (the core's rank_file_name)
 <name>.ckpt.o41/datamodule.json              format, version, world size, global step, and
                                              each rank's file and pending curriculum switches
 ```
@@ -21,7 +22,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -30,7 +30,15 @@ from lightning.fabric.utilities.cloud_io import get_filesystem
 from lightning.fabric.utilities.types import _PATH
 from lightning.pytorch.plugins.io import CheckpointIO
 from lightning.pytorch.strategies import Strategy
-from o41_training_data import Checkpoint, CheckpointError, write_rank_file
+from o41_training_data import (
+    RANK_FILE,
+    Checkpoint,
+    CheckpointError,
+    parse_rank_file_name,
+    rank_file_name,
+    rank_files_among,
+    write_rank_file,
+)
 
 from ._state import FORMAT, STATE_VERSION, RankState, StreamState, read_header, read_switches
 
@@ -38,7 +46,6 @@ SIDECAR_SUFFIX = ".o41"
 """Appended to a model checkpoint's path to name the directory of its stream checkpoints."""
 INDEX_FILE = "datamodule.json"
 """The sidecar directory's index: format, version, world size, global step, files and switches."""
-_RANK_FILE = re.compile(r"stream-rank(\d+)-of-(\d+)\.json")
 
 
 def sidecar_directory(checkpoint_path: _PATH) -> str:
@@ -56,14 +63,28 @@ def _is_local(path: str) -> bool:
 
 
 def rank_file(rank: int, world_size: int) -> str:
-    """The name of rank ``rank``'s stream checkpoint in a sidecar directory."""
-    return f"stream-rank{rank}-of-{world_size}.json"
+    """The name of rank ``rank``'s stream checkpoint in a sidecar directory.
+
+    It is the core's :func:`~o41_training_data.rank_file_name`, ``stream-rank{rank}-of-{world_size}.json``.
+    """
+    return rank_file_name(rank, world_size)
+
+
+def _is_rank_file(name: str) -> bool:
+    """Whether ``name`` is a per-rank file name this plugin writes (of any world)."""
+    key = parse_rank_file_name(name)
+    return key is not None and name == RANK_FILE.format(rank=key[0], world_size=key[1])
 
 
 def _join(directory: str, name: str) -> str:
     if _is_local(directory):
         return os.path.join(directory, name)
     return f"{directory.rstrip('/')}/{name}"
+
+
+def _entries(fs: Any, directory: str) -> dict[str, Any]:
+    """The entries of ``directory`` by name."""
+    return {os.path.basename(str(entry).rstrip("/")): entry for entry in fs.ls(directory, detail=False)}
 
 
 def _write(directory: str, name: str, text: str) -> None:
@@ -101,9 +122,8 @@ def write_sidecars(checkpoint_path: _PATH, state: StreamState, global_step: Any 
     }
     _write(directory, INDEX_FILE, json.dumps(index) + "\n")
     # A checkpoint name saved again by another world (last.ckpt) must not keep the old ranks' files.
-    for entry in fs.ls(directory, detail=False):
-        name = os.path.basename(str(entry).rstrip("/"))
-        if _RANK_FILE.fullmatch(name) and name not in files:
+    for name, entry in _entries(fs, directory).items():
+        if _is_rank_file(name) and name not in files:
             fs.rm(entry)
 
 
@@ -143,6 +163,8 @@ def read_sidecars(checkpoint_path: _PATH, rank: int, world_size: int) -> StreamS
     except ValueError as e:
         raise CheckpointError(f"checkpoint refused: {index_path} is not JSON: {e}") from None
     old_world, listed = read_header(index, index_path)
+    # One file per rank: a rank file beside another name for the same rank is refused.
+    rank_files_among(_entries(fs, directory), directory)
     needed = {rank} if old_world == world_size else set(range(old_world))
     resolved: str | None = None
     entries: list[RankState] = []
