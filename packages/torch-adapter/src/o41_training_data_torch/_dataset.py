@@ -202,7 +202,7 @@ class O41IterableDataset(IterableDataset[O41Batch]):
                 f"invalid switch: there is no stage {switch.stage}; the stream has "
                 f"{len(self._rules.stages)} stages"
             )
-        # The latest curriculum switch, applied to every stream this dataset opens (see _apply).
+        # The latest curriculum switch, applied to every stream this dataset opens (see __iter__).
         self._switch = switch
         # The latest switch as (stage, global batch, request number), shared with worker
         # processes as they start, so persistent workers see later requests too. Lock-free so it
