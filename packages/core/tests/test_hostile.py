@@ -495,9 +495,11 @@ def test_credentials_in_the_endpoint_url_are_refused_without_repeating_them() ->
     assert info.value.option == "s3_base_url"
 
 
-# A pyarrow-written shard (nullable int, string and list columns, version 1 pages, uncompressed)
-# with two bytes of its pages overwritten so that the Parquet decoder asserts on them
-# (`Option::unwrap()` on a `None` in parquet-rs's page reader) instead of returning an error.
+# A pyarrow-written shard (`ids`: 64 lists of four int32, dictionary-encoded version 2 pages,
+# uncompressed) with byte 345, inside a data page's RLE-encoded indices, set to 0xff, so that
+# parquet-rs's bit reader asserts ("Num of bytes exceed MAX_VLQ_BYTE_LEN") instead of returning
+# an error. Every declared size still holds, so the engine's own page-header checks pass it on.
+# (The fixture before it forged a page header, which those checks now refuse first.)
 DECODER_PANICS = Path(__file__).parent / "data" / "parquet-decoder-panics.parquet"
 
 

@@ -12,9 +12,10 @@ use parquet::file::metadata::{PageIndexPolicy, ParquetMetaData, ParquetMetaDataR
 use parquet::file::reader::{ChunkReader, Length};
 
 use super::footer::{check_layout, check_schema, selection, ParquetIndex};
+use super::guard;
 use super::metered::metered;
 use super::page_cache::{held, Lookup, PageCache};
-use super::{decode_error, REMOTE_TAIL_BYTES};
+use super::{decode_error, format_error, ENCODING, REMOTE_TAIL_BYTES};
 use crate::cancel::Cancel;
 use crate::error::{Error, Result};
 use crate::fields::Projection;
@@ -342,13 +343,45 @@ impl ParquetIndex {
 pub(super) fn load_metadata(object: &Arc<Object>) -> Result<ArrowReaderMetadata> {
     let metadata = read_metadata(object)?;
     check_layout(metadata.metadata(), object.size(), object.uri())?;
+    for (g, group) in metadata.metadata().row_groups().iter().enumerate() {
+        for column in group.columns() {
+            guard::check_chunk_sizes(column, g).map_err(|m| format_error(object.uri(), None, m))?;
+        }
+    }
     Ok(metadata)
+}
+
+/// Refuses a footer arrow-rs would crash on or misread ([`guard::check_footer`]), on its raw
+/// bytes, before it parses it. A footer that cannot be read here is left to arrow-rs to report.
+fn check_raw_footer(reader: &impl ChunkReader, size: u64, path: &str) -> Result<()> {
+    let Some(tail) = size
+        .checked_sub(8)
+        .and_then(|at| reader.get_bytes(at, 8).ok())
+    else {
+        return Ok(());
+    };
+    let len = u64::from(u32::from_le_bytes(tail[..4].try_into().expect("8 bytes")));
+    if &tail[4..] != b"PAR1" || len > size - 8 {
+        return Ok(());
+    }
+    let Ok(footer) = reader.get_bytes(size - 8 - len, len as usize) else {
+        return Ok(());
+    };
+    guard::check_footer(&footer).map_err(|refusal| match refusal {
+        guard::Refusal::Unsupported(message) => Error::Unsupported {
+            path: path.to_owned(),
+            encoding: ENCODING,
+            message,
+        },
+        guard::Refusal::Malformed(message) => format_error(path, None, message),
+    })
 }
 
 pub(super) fn read_metadata(object: &Arc<Object>) -> Result<ArrowReaderMetadata> {
     let path = object.uri();
     let options = ArrowReaderOptions::new().with_offset_index_policy(PageIndexPolicy::Optional);
     let metadata = if let Some(file) = object.local_file() {
+        check_raw_footer(file.as_ref(), object.size(), path)?;
         let result = match object.meter() {
             Some(meter) => parse_footer(&metered(file, meter)?, &options),
             None => parse_footer(file.as_ref(), &options),
@@ -358,12 +391,14 @@ pub(super) fn read_metadata(object: &Arc<Object>) -> Result<ArrowReaderMetadata>
         let size = object.size();
         let tail_range = size.saturating_sub(REMOTE_TAIL_BYTES)..size;
         let tail = Fetched::new(object.clone(), std::slice::from_ref(&tail_range))?;
+        check_raw_footer(&tail, size, path)?;
         parse_footer(&tail, &options).map_err(|e| {
             tail.take_failure()
                 .unwrap_or_else(|| decode_error(path, None, &e))
         })?
     };
-    // Before arrow-rs builds Arrow types from the schema (by recursion, see MAX_SCHEMA_DEPTH).
+    // Before arrow-rs builds Arrow types from the schema (by recursion, see MAX_SCHEMA_DEPTH); the
+    // raw footer check above has seen the schema already unless it could not read the footer.
     check_schema(&metadata, path)?;
     ArrowReaderMetadata::try_new(Arc::new(metadata), options)
         .map_err(|e| decode_error(path, None, &e))

@@ -9,6 +9,7 @@
 mod fetch;
 mod footer;
 mod format;
+mod guard;
 mod inspect;
 mod lists;
 mod metered;

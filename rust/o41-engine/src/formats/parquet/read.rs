@@ -15,6 +15,7 @@ use parquet::file::reader::ChunkReader;
 
 use super::fetch::{load_metadata, ArcReader, Fetched, Prefetched};
 use super::footer::{check_codecs, guarded, selection, ParquetIndex};
+use super::guard;
 use super::metered::metered;
 use super::page_cache::PageCache;
 use super::{decode_error, format_error};
@@ -87,6 +88,7 @@ impl Reader {
         chunk: &mut Chunk,
     ) -> std::result::Result<(), ReadFailure> {
         let direct = Arc::new(open()?);
+        self.check_pages(direct.as_ref(), ranges, projection)?;
         if let Some(done) = read_direct(
             &direct,
             &self.index,
@@ -97,6 +99,19 @@ impl Reader {
             return done;
         }
         read_ranges(open()?, &self.index, ranges, projection, chunk, &self.path)
+    }
+
+    /// Checks the page headers decoding `ranges` reads ([`guard::check_pages`]): arrow-rs
+    /// allocates what they declare before it looks at the bytes.
+    fn check_pages(
+        &self,
+        reader: &impl ChunkReader,
+        ranges: &[Range<u64>],
+        projection: &Projection,
+    ) -> Result<()> {
+        let pages = self.index.pages(ranges, projection).0;
+        guard::check_pages(reader, self.index.metadata.metadata(), &pages)
+            .map_err(|m| format_error(&self.path, ranges.first().map(|r| r.start), m))
     }
 
     pub(in crate::formats) fn read_ranges_unguarded(
@@ -136,6 +151,9 @@ impl Reader {
         };
         pieces.extend(plan.into_cached_pieces(self.pages.as_ref(), self.object.cancel()));
         let fetched = Arc::new(Fetched::from_pieces(self.object.clone(), pieces));
+        if let Err(e) = self.check_pages(fetched.as_ref(), ranges, projection) {
+            return Err(fetched.take_failure().unwrap_or(e).into());
+        }
         if let Some(done) = read_direct(
             &fetched,
             &self.index,
@@ -324,6 +342,14 @@ impl Batches {
         check_codecs(metadata.metadata(), None, &path)?;
         let (built, fetched) = if let Some(file) = object.local_file() {
             let file = file.try_clone().map_err(|e| Error::io(&path, e))?;
+            // Remote shards' pages are not checked here: that would be a request per page.
+            let chunks: Vec<Range<u64>> = (metadata.metadata().row_groups().iter())
+                .flat_map(parquet::file::metadata::RowGroupMetaData::columns)
+                .map(parquet::file::metadata::ColumnChunkMetaData::byte_range)
+                .map(|(start, len)| start..start + len)
+                .collect();
+            guard::check_pages(&file, metadata.metadata(), &chunks)
+                .map_err(|m| format_error(&path, None, m))?;
             let builder = ParquetRecordBatchReaderBuilder::new_with_metadata(file, metadata);
             (builder.with_batch_size(batch_rows).build(), None)
         } else {
