@@ -62,3 +62,45 @@ def test_an_eos_id_beyond_the_token_dtype_is_refused_naming_it(tmp_path: Path) -
     config = replace(config, stages=[stage])
     with pytest.raises(ConfigError, match=r"meta\.json eos_id.*70000"):
         open_batch_stream(config)
+
+
+def test_a_uint64_token_id_beyond_i64_is_a_projection_error_naming_the_field(tmp_path: Path) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    from o41_training_data import ProjectionError
+
+    path = tmp_path / "tokens.parquet"
+    ids = pa.array([[1, 2, 3], [4, 2**63 + 1, 5]], type=pa.list_(pa.uint64()))
+    pq.write_table(pa.table({"tokens": ids}), path)
+    config = BatchStreamConfig(
+        fields=[ProjectedField("tokens", "tokens", "i64", length=8)],
+        stages=[
+            Stage(sources=[FileSource([str(path)])], batch_size=1, packing=Packing(field="tokens", seq_len=8))
+        ],
+    )
+    # It was a MalformedShardError naming no field: the file is fine, the id does not fit.
+    with pytest.raises(ProjectionError, match=r"tokens\.parquet, row 1, field .tokens.") as info:
+        with open_batch_stream(config) as stream:
+            next(stream)
+    assert "9223372036854775809 does not fit i64" in str(info.value)
+    assert "field 'tokens'" in str(info.value)
+
+
+def test_a_messagepack_extension_value_is_named_not_reported_in_serdes_words(tmp_path: Path) -> None:
+    import struct
+
+    from o41_training_data import MalformedShardError, ProjectionError, iter_shard
+
+    frame = bytes([0x81, 0xA1, ord("v"), 0xD4, 0x01, 0x02])  # {"v": ext(type 1, b"\x02")}
+    path = tmp_path / "ext.msgpack"
+    path.write_bytes(struct.pack("<I", len(frame)) + frame)
+    config = BatchStreamConfig(
+        fields=[ProjectedField("v", "v", "i64")], stages=[Stage(sources=[FileSource([str(path)])], batch_size=1)]
+    )
+    with pytest.raises(ProjectionError, match="found a MessagePack extension value") as info:
+        with open_batch_stream(config) as stream:
+            next(stream)
+    assert "newtype struct" not in str(info.value)
+    with pytest.raises(MalformedShardError, match="row 0.*a MessagePack extension value") as shard_info:
+        list(iter_shard("msgpack", str(path)))
+    assert "newtype struct" not in str(shard_info.value)

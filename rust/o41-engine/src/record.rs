@@ -164,6 +164,11 @@ impl Visitor<'_> for KeySeed<'_> {
     }
 }
 
+/// What a record holding a `MessagePack` extension value is refused with.
+pub const EXT_REFUSED: &str =
+    "a MessagePack extension value (ext type), whose bytes only the application that wrote them \
+     can interpret; store the value as binary, a string or a number";
+
 #[derive(Clone, Copy)]
 struct SlotCtx<'a> {
     dtype: DType,
@@ -232,6 +237,11 @@ impl<'de, T: Element> Visitor<'de> for Slot<'_, '_, T> {
 
     fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
         write!(f, "a value of {}", self.ctx.dtype.name())
+    }
+
+    fn visit_newtype_struct<D: Deserializer<'de>>(self, _d: D) -> Result<(), D::Error> {
+        // rmp-serde hands a MessagePack extension value over as a newtype struct.
+        Err(self.ctx.fail(EXT_REFUSED.replacen("a ", "found a ", 1)))
     }
 
     fn visit_bool<E: serde::de::Error>(self, v: bool) -> Result<(), E> {

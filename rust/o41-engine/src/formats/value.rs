@@ -101,6 +101,10 @@ impl<'de> Visitor<'de> for ValueVisitor {
     fn visit_some<D: Deserializer<'de>>(self, d: D) -> Result<Value, D::Error> {
         Value::deserialize(d)
     }
+    fn visit_newtype_struct<D: Deserializer<'de>>(self, _d: D) -> Result<Value, D::Error> {
+        // rmp-serde hands a MessagePack extension value over as a newtype struct.
+        Err(serde::de::Error::custom(crate::record::EXT_REFUSED))
+    }
     fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Value, A::Error> {
         // The size hint comes from the input: it is not trusted for an allocation.
         let mut items = Vec::new();

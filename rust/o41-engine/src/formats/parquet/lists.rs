@@ -87,7 +87,7 @@ pub(in crate::formats) fn for_each_list(
 ) -> Result<()> {
     let path = object.uri().to_owned();
     let first = ranges.first().map(|r| r.start);
-    guarded(&path, first, || {
+    let read = guarded(&path, first, || {
         if ranges.iter().all(Range::is_empty) {
             return Ok(());
         }
@@ -118,7 +118,8 @@ pub(in crate::formats) fn for_each_list(
             each,
         )
         .map_err(|e| fetched.take_failure().unwrap_or(e))
-    })?
+    })?;
+    read.map_err(|e| naming_field(e, projection))
 }
 
 /// [`for_each_list`] over a local shard, each reader on its own handle from `open`.
@@ -272,9 +273,55 @@ pub(super) fn hand_over(
     each: &mut EachList<'_>,
 ) -> Result<()> {
     scratch.clear();
-    let (len, ids) = list_ids(array, i, want, scratch)
-        .map_err(|message| format_error(path, Some(record), message))?;
+    let (len, ids) = list_ids(array, i, want, scratch).map_err(|e| match e {
+        ListError::Malformed(message) => format_error(path, Some(record), message),
+        // The field is named by `for_each_list`, which knows the projection.
+        ListError::DoesNotFit(message) => Error::Projection {
+            path: path.to_owned(),
+            row: record,
+            field: String::new(),
+            source_field: String::new(),
+            message,
+        },
+    })?;
     each(record, len, ids.unwrap_or(Ids::I64(scratch)))
+}
+
+/// Why a record's token list cannot be handed over.
+pub(in crate::formats) enum ListError {
+    /// The list is not one of token ids (null, not a list, not integers).
+    Malformed(String),
+    /// An id is too large for any token dtype.
+    DoesNotFit(String),
+}
+
+impl From<String> for ListError {
+    fn from(message: String) -> Self {
+        ListError::Malformed(message)
+    }
+}
+
+/// `error` with the token field named where [`hand_over`] could not name it.
+fn naming_field(error: Error, projection: &Projection) -> Error {
+    match (error, projection.columns.first()) {
+        (
+            Error::Projection {
+                path,
+                row,
+                field,
+                message,
+                ..
+            },
+            Some(column),
+        ) if field.is_empty() => Error::Projection {
+            path,
+            row,
+            field: column.name.clone(),
+            source_field: column.source.clone(),
+            message,
+        },
+        (error, _) => error,
+    }
 }
 
 /// The length of list `i` of `array` and, when `want` is set, its ids: lent when the file
@@ -284,9 +331,9 @@ pub(in crate::formats) fn list_ids<'a>(
     i: usize,
     want: bool,
     out: &mut Vec<i64>,
-) -> std::result::Result<(u64, Option<Ids<'a>>), String> {
+) -> std::result::Result<(u64, Option<Ids<'a>>), ListError> {
     if array.is_null(i) {
-        return Err("the token list is null".to_owned());
+        return Err("the token list is null".to_owned().into());
     }
     let (child, range): (&dyn Array, Range<usize>) = match array.data_type() {
         DataType::List(_) => {
@@ -306,7 +353,7 @@ pub(in crate::formats) fn list_ids<'a>(
                 i * size..(i + 1) * size,
             )
         }
-        other => return Err(format!("expected a list of token ids, found {other}")),
+        other => return Err(format!("expected a list of token ids, found {other}").into()),
     };
     let len = range.len() as u64;
     if !want || range.is_empty() {
@@ -314,7 +361,7 @@ pub(in crate::formats) fn list_ids<'a>(
     }
     if let Some(nulls) = child.logical_nulls() {
         if nulls.slice(range.start, range.len()).null_count() > 0 {
-            return Err("a token id is null".to_owned());
+            return Err("a token id is null".to_owned().into());
         }
     }
     macro_rules! widen {
@@ -343,12 +390,16 @@ pub(in crate::formats) fn list_ids<'a>(
         DataType::UInt32 => widen!(UInt32Type),
         DataType::UInt64 => {
             for &v in &child.as_primitive::<UInt64Type>().values()[range] {
-                out.push(i64::try_from(v).map_err(|_| format!("token id {v} does not fit i64"))?);
+                out.push(i64::try_from(v).map_err(|_| {
+                    ListError::DoesNotFit(format!(
+                        "token id {v} does not fit i64, the widest token dtype"
+                    ))
+                })?);
             }
         }
         // Writers infer `list<null>` for a column whose lists are all empty.
         DataType::Null => {}
-        other => return Err(format!("expected integer token ids, found {other}")),
+        other => return Err(format!("expected integer token ids, found {other}").into()),
     }
     Ok((len, None))
 }
