@@ -9,7 +9,7 @@ export CARGO_TARGET_DIR ?= $(HOME)/.cache/o41/target
 export UV_CACHE_DIR ?= $(HOME)/.cache/uv
 UV = $(shell command -v uv 2>/dev/null || echo "$(PYTHON) -m uv")
 
-.PHONY: help bootstrap sync demo test test-rust test-python lint fmt bench docs wheel wheel-test
+.PHONY: help bootstrap sync demo test test-rust test-fuzz-capped test-python lint fmt bench docs wheel wheel-test
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -28,10 +28,22 @@ demo: bootstrap ## build the core with its CLI, write a synthetic corpus and str
 	$(UV) sync --package o41-training-data --extra cli --no-default-groups --inexact
 	$(UV) run --no-sync o41 demo
 
-test: sync lint docs test-rust test-python wheel-test ## run every lint, the docs build, the Rust tests, the Python tests and the wheel test
+test: sync lint docs test-rust test-fuzz-capped test-python wheel-test ## run every lint, the docs build, the Rust tests, the capped fuzz run, the Python tests and the wheel test
 
 test-rust: ## Rust unit and property tests
 	cd rust && cargo test --release -p o41-engine
+
+# The fuzz binary under an address-space cap, so an allocation past the bound fails the run
+# instead of reaching the machine's OOM killer: 4 x its 64 MiB allocation bound, plus 256 MiB
+# for the binary itself (VmPeak about 150 MiB with two malloc arenas). The binary is built
+# first, without the cap, and run alone under it.
+FUZZ_CAP_KIB = 524288
+
+test-fuzz-capped: ## the Rust fuzz suite under an address-space cap of 4x its allocation bound
+	cd rust && fuzz="$$(cargo test --release -p o41-engine --test fuzz --no-run --message-format=json \
+	  | sed -n 's/.*"executable":"\([^"]*\)".*/\1/p' | tail -1)" \
+	  && test -n "$$fuzz" \
+	  && bash -c "ulimit -v $(FUZZ_CAP_KIB); MALLOC_ARENA_MAX=2 exec $$fuzz"
 
 test-python: sync ## Python tests
 	$(UV) run pytest

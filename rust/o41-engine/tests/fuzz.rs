@@ -12,6 +12,8 @@
 // the system allocator.
 #![allow(unsafe_code)]
 
+mod forge;
+
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::io::Write;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -605,5 +607,186 @@ fn manifest_documents() {
             check_allocations();
             Ok(())
         })
+        .unwrap();
+}
+
+/// Byte mutations of shards written byte by byte with a dictionary and Snappy pages, and with a
+/// column nested eight groups deep: mutations land in page headers and schema elements.
+#[test]
+fn forged_parquet_shards() {
+    use forge::{forge, Forge};
+    fuzz_shards(
+        Encoding::Parquet,
+        forge(&Forge {
+            dictionary: true,
+            snappy: true,
+            ..Forge::default()
+        }),
+    );
+    fuzz_shards(
+        Encoding::Parquet,
+        forge(&Forge {
+            deep: 8,
+            ..Forge::default()
+        }),
+    );
+}
+
+/// Page header and footer fields forged to any value: dictionary sizes, page sizes, chunk sizes,
+/// physical types and nesting depths. Each is read, or refused, within the allocation bound.
+#[test]
+fn forged_parquet_sizes_and_schemas() {
+    use forge::{forge, Forge};
+    let mut runner = proptest::test_runner::TestRunner::new(ProptestConfig {
+        cases: cases(),
+        failure_persistence: None,
+        ..ProptestConfig::default()
+    });
+    let fields = (
+        proptest::option::of(any::<i32>()),
+        proptest::option::of(any::<i32>()),
+        proptest::option::of(any::<i64>()),
+        (1..3i32, 0..8i32),
+        (0..200usize, any::<bool>(), any::<bool>()),
+    );
+    let case = AtomicUsize::new(0);
+    runner
+        .run(
+            &fields,
+            |(dictionary_values, page_uncompressed, chunk_uncompressed, types, shape)| {
+                let (schema_type, chunk_type) = types;
+                let (deep, dictionary, snappy) = shape;
+                let bytes = forge(&Forge {
+                    dictionary,
+                    snappy,
+                    schema_type,
+                    chunk_type,
+                    dictionary_values,
+                    page_uncompressed,
+                    chunk_uncompressed,
+                    deep,
+                    ..Forge::default()
+                });
+                read_every_way(
+                    &bytes,
+                    Encoding::Parquet,
+                    case.fetch_add(1, Ordering::Relaxed) as u64,
+                );
+                check_allocations();
+                Ok(())
+            },
+        )
+        .unwrap();
+}
+
+/// Inspection-cache entries of list lengths forged to any lengths: a token plan is built from
+/// them only where they agree with the shard, within the allocation bound.
+#[test]
+fn forged_cached_list_lengths() {
+    use o41_engine::config::{PackingSpec, TokenLayout};
+    use o41_engine::inspect_cache::InspectCache;
+    let seed = saved_parquet_seed();
+    let path =
+        std::env::temp_dir().join(format!("o41-fuzz-lengths-{}.parquet", std::process::id()));
+    std::fs::write(&path, &seed).unwrap();
+    let uri = path.to_string_lossy().into_owned();
+    let dir = std::env::temp_dir().join(format!("o41-fuzz-lengths-{}", std::process::id()));
+    let cache = InspectCache::new(&dir);
+    let pin = Storage::local().open(&uri).unwrap().pin();
+    let layout = TokenLayout::Packed(PackingSpec {
+        field: "t".into(),
+        seq_len: 2,
+        bins: 2,
+        eos_id: None,
+    });
+    let projection = projection();
+    let mut runner = proptest::test_runner::TestRunner::new(ProptestConfig {
+        cases: cases(),
+        failure_persistence: None,
+        ..ProptestConfig::default()
+    });
+    let lengths = prop::collection::vec(
+        prop_oneof![
+            0..8u64,
+            Just(u64::from(u32::MAX)),
+            any::<u32>().prop_map(u64::from)
+        ],
+        0..48,
+    );
+    runner
+        .run(&lengths, |lengths| {
+            cache.store_lengths(&uri, Encoding::Parquet, &pin, "t", &lengths);
+            let _ = formats::inspect_shard(
+                &Storage::local(),
+                &uri,
+                Encoding::Parquet,
+                Some(formats::TokenInspection {
+                    layout: &layout,
+                    cache: Some(&cache),
+                }),
+                &projection,
+                (1 << 20, 16 << 20),
+                formats::Checks::default(),
+            );
+            check_allocations();
+            Ok(())
+        })
+        .unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::remove_file(&path).unwrap();
+}
+
+/// Checkpoint fields set to any combination of values: stage, cursor, counters, epochs, rank
+/// and world size. A document is refused or resumes consistently; nothing panics.
+#[test]
+fn checkpoint_field_combinations() {
+    let seed: serde_json::Value = serde_json::from_slice(&checkpoint_seed()).unwrap();
+    let mut runner = proptest::test_runner::TestRunner::new(ProptestConfig {
+        cases: cases(),
+        failure_persistence: None,
+        ..ProptestConfig::default()
+    });
+    let small_or_huge = || prop_oneof![0..12u64, Just(u64::MAX), Just(u64::MAX - 1), Just(1 << 32)];
+    let fields = (
+        (small_or_huge(), small_or_huge(), small_or_huge()),
+        (small_or_huge(), small_or_huge()),
+        prop::collection::vec(small_or_huge(), 0..3),
+        (small_or_huge(), small_or_huge(), 0..3u32),
+    );
+    runner
+        .run(
+            &fields,
+            |((stage, segment_stage, next), (batches, rows), epochs, world)| {
+                let mut doc = seed.clone();
+                doc["stage"] = stage.into();
+                doc["cursor"]["segment"]["stage"] = segment_stage.into();
+                doc["cursor"]["next_batch"] = next.into();
+                doc["batches_yielded"] = batches.into();
+                doc["rows_yielded"] = rows.into();
+                doc["epochs"] = epochs.into();
+                doc["resolved"]["rank"] = world.0.into();
+                doc["resolved"]["world_size"] = world.1.into();
+                doc["resolved"]["version"] = world.2.into();
+                if let Ok(checkpoint) = Checkpoint::from_json(&doc.to_string()) {
+                    let position = &checkpoint.position;
+                    assert_eq!(position.stage, position.cursor.segment.stage);
+                    assert!(checkpoint.resolved.world_size <= 1 << 32);
+                    assert_eq!(position.world_size, checkpoint.resolved.world_size);
+                    if let Ok(order) = Order::new(&checkpoint.resolved) {
+                        let _ = order.check_cursor(
+                            &position.cursor.segment,
+                            position.cursor.next_batch,
+                            checkpoint.resolved.world_size as u64,
+                        );
+                    }
+                    let _ = checkpoint.for_world(
+                        usize::try_from(world.0).unwrap_or(usize::MAX),
+                        usize::try_from(world.1).unwrap_or(usize::MAX),
+                    );
+                }
+                check_allocations();
+                Ok(())
+            },
+        )
         .unwrap();
 }
