@@ -1,6 +1,8 @@
 """A forged list-length record (an inspection-cache entry claiming records of 2^32 - 1 tokens)
-is refused against the memory bound before the packing plan allocates for it, instead of
-aborting the process in the allocator."""
+is not taken for the shard's: lengths that disagree with the footer's counts are a cache miss,
+and the shard is read honestly, instead of the packing plan aborting the process in the
+allocator (the plan bound itself is checked before each document is placed: Rust's
+`hostile_round3` tests)."""
 
 from __future__ import annotations
 
@@ -34,7 +36,7 @@ def forge(entry: Path, length: int) -> None:
     entry.write_bytes(data[: at + 8] + struct.pack(f"<{count}I", *([length] * count)))
 
 
-def test_a_forged_cache_length_is_refused_against_the_memory_bound(
+def test_a_forged_cache_length_is_a_miss_not_an_allocation(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("O41_INSPECT_CACHE", str(tmp_path / "cache"))
@@ -66,13 +68,11 @@ def test_a_forged_cache_length_is_refused_against_the_memory_bound(
         "    stages=[Stage(sources=[FileSource([sys.argv[1]])], batch_size=1,\n"
         "                  packing=Packing(field='tokens', seq_len=8, bins=2))],\n"
         "    memory_limit_bytes=256 << 20)\n"
-        "try:\n"
-        "    open_batch_stream(config)\n"
-        "except ConfigError as error:\n"
-        "    print(error)\n"
+        "with open_batch_stream(config) as stream:\n"
+        "    print(next(stream).arrays()['tokens'][0].tolist())\n"
     )
     result = subprocess.run(
         [sys.executable, "-c", child, str(shard)], capture_output=True, text=True, timeout=120, check=False
     )
     assert result.returncode == 0, result.stderr[-2000:]
-    assert "tokens.parquet: its window plan needs more than" in result.stdout
+    assert result.stdout.split() == ["[1,", "2,", "3,", "1,", "2,", "3,", "0,", "0]"], result.stdout

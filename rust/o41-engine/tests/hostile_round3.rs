@@ -308,3 +308,107 @@ fn a_column_whose_types_disagree_is_refused() {
     assert_malformed(shard.read(), &shard, "is INT32 in the schema but INT64");
     assert_malformed(shard.records(), &shard, "is INT32 in the schema but INT64");
 }
+
+/// A token shard as the saver writes it: records of `lengths` tokens in column `t`, their
+/// lengths in the footer.
+fn token_shard(name: &str, lengths: &[usize]) -> Shard {
+    use arrow_array::types::Int32Type;
+    use arrow_array::{ArrayRef, ListArray, RecordBatch};
+    let t: ArrayRef = Arc::new(ListArray::from_iter_primitive::<Int32Type, _, _>(
+        lengths
+            .iter()
+            .map(|&n| Some((0..n as i32).map(|k| Some(k % 50)))),
+    ));
+    let batch = RecordBatch::try_from_iter([("t", t)]).unwrap();
+    let shard = Shard::new(name, b"");
+    formats::write_shard(
+        &shard.uri(),
+        "saved",
+        Encoding::Parquet,
+        formats::ShardData::Arrow {
+            schema: batch.schema(),
+            batches: std::slice::from_ref(&batch),
+        },
+    )
+    .unwrap();
+    shard
+}
+
+fn inspect_tokens(
+    shard: &Shard,
+    layout: &o41_engine::config::TokenLayout,
+    cache: Option<&o41_engine::inspect_cache::InspectCache>,
+    max_plan: u64,
+) -> o41_engine::Result<formats::ShardMeta> {
+    formats::inspect_shard(
+        &Storage::local(),
+        &shard.uri(),
+        Encoding::Parquet,
+        Some(formats::TokenInspection { layout, cache }),
+        &token_projection(),
+        (1 << 20, max_plan),
+        formats::Checks::default(),
+    )
+}
+
+fn token_projection() -> Projection {
+    Projection::new(&[FieldSpec {
+        name: "t".into(),
+        source: "t".into(),
+        dtype: DType::I32,
+        shape: vec![8],
+        pad: serde_json::Value::from(0),
+    }])
+    .unwrap()
+}
+
+/// Items 5 and 6: an inspection-cache entry whose lengths claim a record of 2^32-1 tokens made
+/// open place hundreds of millions of pieces (a 12 GiB plan for packing, a hang for windows).
+/// An entry that disagrees with the footer's level counts is not the shard's: a miss.
+#[test]
+fn forged_cached_list_lengths_are_a_miss() {
+    use o41_engine::config::{PackingSpec, TokenLayout, WindowsSpec};
+    let lengths = [3usize, 5, 2, 9];
+    let shard = token_shard("tokens-cache", &lengths);
+    let dir = std::env::temp_dir().join(format!("o41-hostile3-cache-{}", std::process::id()));
+    let cache = o41_engine::inspect_cache::InspectCache::new(&dir);
+    let pin = Storage::local().open(&shard.uri()).unwrap().pin();
+    let forged = [u64::from(u32::MAX), 5, 2, 9];
+    for layout in [
+        TokenLayout::Packed(PackingSpec {
+            field: "t".into(),
+            seq_len: 8,
+            bins: 2,
+            eos_id: None,
+        }),
+        TokenLayout::Windows(WindowsSpec {
+            field: "t".into(),
+            seq_len: 8,
+            eos_id: None,
+        }),
+    ] {
+        cache.store_lengths(&shard.uri(), Encoding::Parquet, &pin, "t", &forged);
+        let honest = inspect_tokens(&shard, &layout, None, 256 << 20).unwrap();
+        let meta = inspect_tokens(&shard, &layout, Some(&cache), 256 << 20).unwrap();
+        assert_eq!(meta.rows, honest.rows);
+        assert!(LARGEST.load(Ordering::Relaxed) <= ALLOCATION_BOUND);
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Item 5, the bound: a document is checked against the plan's bound before it is placed, not
+/// after (a long record of 4M tokens in windows of one token was placed as 4M pieces first).
+#[test]
+fn a_document_past_the_plan_bound_is_refused_before_it_is_placed() {
+    use o41_engine::config::{PackingSpec, TokenLayout};
+    let shard = token_shard("tokens-long", &[4 << 20]);
+    let layout = TokenLayout::Packed(PackingSpec {
+        field: "t".into(),
+        seq_len: 1,
+        bins: 1,
+        eos_id: None,
+    });
+    let error = inspect_tokens(&shard, &layout, None, 1 << 20).expect_err("too large");
+    assert!(error.to_string().contains(&shard.uri()), "{error}");
+    assert!(LARGEST.load(Ordering::Relaxed) <= ALLOCATION_BOUND);
+}

@@ -111,8 +111,12 @@ pub(super) fn footer_lengths(
     rows: u64,
 ) -> Option<Vec<u64>> {
     let file = metadata.file_metadata();
-    let schema = file.schema_descr();
-    let name = schema.root_schema().get_fields().get(root)?.name();
+    let name = file
+        .schema_descr()
+        .root_schema()
+        .get_fields()
+        .get(root)?
+        .name();
     let key = format!("{FOOTER_KEY_PREFIX}{name}");
     let value = file
         .key_value_metadata()?
@@ -143,23 +147,38 @@ pub(super) fn footer_lengths(
         .chunks_exact(4)
         .map(|b| u64::from(u32::from_le_bytes([b[0], b[1], b[2], b[3]])))
         .collect();
-    // Each record of a list column adds one level per value, and one for an empty list.
-    let leaf = single_leaf(schema, root)?;
+    agree_with_levels(metadata, root, &lengths).then_some(lengths)
+}
+
+/// Whether `lengths` (one per record) agree with the footer's counts for root column `root`:
+/// each row group's records, and its leaf column's level count (each record of a list column
+/// adds one level per value, and one for an empty list). Lengths from an index or a cache entry
+/// that disagree are not this shard's.
+pub(super) fn agree_with_levels(metadata: &ParquetMetaData, root: usize, lengths: &[u64]) -> bool {
+    let Some(leaf) = single_leaf(metadata.file_metadata().schema_descr(), root) else {
+        return false;
+    };
     let mut at = 0usize;
     for g in 0..metadata.num_row_groups() {
         let group = metadata.row_group(g);
-        let records = usize::try_from(group.num_rows()).ok()?;
-        let levels: u64 = lengths
-            .get(at..at.checked_add(records)?)?
+        let Some(end) = usize::try_from(group.num_rows())
+            .ok()
+            .and_then(|records| at.checked_add(records))
+        else {
+            return false;
+        };
+        let Some(records) = lengths.get(at..end) else {
+            return false;
+        };
+        let levels = records
             .iter()
-            .map(|&l| l.max(1))
-            .sum();
-        if i64::try_from(levels).ok()? != group.column(leaf).num_values() {
-            return None;
+            .try_fold(0u64, |sum, &l| sum.checked_add(l.max(1)));
+        if levels.and_then(|l| i64::try_from(l).ok()) != Some(group.column(leaf).num_values()) {
+            return false;
         }
-        at += records;
+        at = end;
     }
-    (at == lengths.len()).then_some(lengths)
+    at == lengths.len()
 }
 
 /// What the levels of one list column mean.

@@ -34,6 +34,20 @@ pub(in crate::formats) fn index_of(meta: &ShardMeta) -> Option<Arc<ParquetIndex>
     meta.index.clone().into_any().downcast().ok()
 }
 
+/// Whether record `lengths` agree with the footer's record and level counts of the one list
+/// column `index` projects.
+pub(in crate::formats) fn lengths_agree(index: &ParquetIndex, lengths: &[u64]) -> bool {
+    let metadata = index.metadata.metadata();
+    let rows: u64 = index.group_starts.last().copied().unwrap_or(0);
+    match index.roots[..] {
+        [root] => {
+            lengths.len() as u64 == rows
+                && crate::formats::list_lengths::agree_with_levels(metadata, root, lengths)
+        }
+        _ => false,
+    }
+}
+
 /// A record's token ids as the file stores them: `i32` and `i64` lists are lent as they were
 /// decoded, other integer types widened to `i64`.
 #[derive(Clone, Copy)]

@@ -31,6 +31,7 @@ pub use inspect::inspect;
 pub use inspect::inspect_footer;
 pub(super) use lists::for_each_list;
 pub(super) use lists::index_of;
+pub(super) use lists::lengths_agree;
 pub(super) use lists::list_lengths;
 pub(super) use lists::projected_type;
 pub(super) use lists::EachList;

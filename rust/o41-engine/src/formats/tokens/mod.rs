@@ -380,7 +380,8 @@ pub fn inspect(
             let cache = cache.filter(|_| !values);
             let cached = cache
                 .and_then(|c| c.lookup_lengths(&path, encoding, &pin, layout.field(), max_plan))
-                .filter(|lengths| lengths.len() as u64 == meta.rows);
+                // An entry that disagrees with the footer's counts is not this shard's: a miss.
+                .filter(|lengths| parquet::lengths_agree(&index, lengths));
             let from_cache = cached.is_some();
             // Without the ids to look at, the lengths come from the column's levels alone.
             let known = match cached {
