@@ -76,3 +76,33 @@ def test_a_forged_cache_length_is_a_miss_not_an_allocation(
     )
     assert result.returncode == 0, result.stderr[-2000:]
     assert result.stdout.split() == ["[1,", "2,", "3,", "1,", "2,", "3,", "0,", "0]"], result.stdout
+
+
+@pytest.mark.parametrize("layout", ["packing", "windows"])
+def test_a_forged_footer_index_of_lengths_is_not_taken_for_the_shards(tmp_path: Path, layout: str) -> None:
+    import base64
+    import zlib
+
+    from o41_training_data import TokenWindows
+
+    # The saver's footer index (`o41.list_lengths.<column>`: u32 lengths, raw deflate, base64)
+    # claiming records of 2^32 - 1 tokens; the file's level counts say 3.
+    deflate = zlib.compressobj(wbits=-15)
+    packed = deflate.compress(struct.pack("<4I", *[2**32 - 1] * 4)) + deflate.flush()
+    table = pa.table({"tokens": pa.array([[1, 2, 3]] * 4, pa.list_(pa.int32()))})
+    table = table.replace_schema_metadata({"o41.list_lengths.tokens": "1:" + base64.b64encode(packed).decode()})
+    shard = tmp_path / "forged.parquet"
+    pq.write_table(table, shard)
+    stage = (
+        {"packing": Packing(field="tokens", seq_len=8, bins=2)}
+        if layout == "packing"
+        else {"windows": TokenWindows(field="tokens", seq_len=8)}
+    )
+    config = BatchStreamConfig(
+        fields=[ProjectedField("tokens", "tokens", "i32", length=8 if layout == "packing" else 9)],
+        stages=[Stage(sources=[FileSource([str(shard)])], batch_size=1, **stage)],
+        memory_limit_bytes=256 << 20,
+    )
+    with open_batch_stream(config) as stream:
+        first = next(stream).arrays()["tokens"][0].tolist()
+    assert first == ([1, 2, 3, 1, 2, 3, 0, 0] if layout == "packing" else [1, 2, 3, 1, 2, 3, 1, 2, 3])
