@@ -12,9 +12,10 @@
 // the system allocator.
 #![allow(unsafe_code)]
 
+mod counting;
 mod forge;
 
-use std::alloc::{GlobalAlloc, Layout, System};
+use counting::{Counting, ALLOCATION_BOUND, LARGEST};
 use std::io::Write;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -36,36 +37,12 @@ use parquet::file::properties::WriterProperties;
 use proptest::prelude::*;
 use proptest::sample::Index;
 
-/// The largest single allocation any mutated input (a few KiB) may cause.
-const ALLOCATION_BOUND: usize = 64 << 20;
-
 /// Inspections that decode the first record too, as open's do: more of a mutated shard is read.
 const FIRST: formats::Checks<'static> = formats::Checks {
     promise: None,
     first_record: true,
     seen: None,
 };
-
-/// The system allocator, remembering the largest single request.
-struct Counting;
-
-static LARGEST: AtomicUsize = AtomicUsize::new(0);
-
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        LARGEST.fetch_max(layout.size(), Ordering::Relaxed);
-        unsafe { System.alloc(layout) }
-    }
-
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        unsafe { System.dealloc(ptr, layout) }
-    }
-
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        LARGEST.fetch_max(new_size, Ordering::Relaxed);
-        unsafe { System.realloc(ptr, layout, new_size) }
-    }
-}
 
 #[global_allocator]
 static ALLOCATOR: Counting = Counting;

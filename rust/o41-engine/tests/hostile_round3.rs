@@ -9,10 +9,11 @@
 // the system allocator.
 #![allow(unsafe_code)]
 
+mod counting;
 mod forge;
 
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use counting::{Counting, ALLOCATION_BOUND, LARGEST};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use arrow_array::cast::AsArray;
@@ -25,28 +26,6 @@ use o41_engine::fields::Projection;
 use o41_engine::formats::{self, RecordChunk, ShardRecords};
 use o41_engine::storage::Storage;
 use o41_engine::Error;
-
-const ALLOCATION_BOUND: usize = 64 << 20;
-
-struct Counting;
-
-static LARGEST: AtomicUsize = AtomicUsize::new(0);
-
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        LARGEST.fetch_max(layout.size(), Ordering::Relaxed);
-        unsafe { System.alloc(layout) }
-    }
-
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        unsafe { System.dealloc(ptr, layout) }
-    }
-
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        LARGEST.fetch_max(new_size, Ordering::Relaxed);
-        unsafe { System.realloc(ptr, layout, new_size) }
-    }
-}
 
 #[global_allocator]
 static ALLOCATOR: Counting = Counting;
