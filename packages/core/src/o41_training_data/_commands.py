@@ -25,14 +25,14 @@ from rich.table import Table
 from rich.text import Text
 
 from ._checkpoint_files import read_checkpoint, reshard
-from ._config import BatchStreamConfig
+from ._config import ENCODINGS, BatchStreamConfig
 from ._core import __version__
-from ._errors import O41Error
+from ._errors import O41Error, ObjectNotFoundError
 from ._exit import EXIT_ERROR, EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK
 from ._manifest import load_manifest
 from ._manifest_check import diff_manifests, manifest_summary, verify_manifest
 from ._rules import RANK_FILE
-from ._storage import StorageConfig
+from ._storage import StorageConfig, normalize
 from ._stream import resolve_batch_stream_config
 
 __all__ = ["run"]
@@ -105,7 +105,25 @@ def run(argv: Sequence[str] | None) -> int:
     except (O41Error, OSError) as error:
         click.echo(f"o41: error: {error}", err=True)
         return EXIT_ERROR
+    except Exception as error:
+        # Status 3 as documented, not Python's 1 with a traceback, whatever the work raised.
+        click.echo(f"o41: error: {type(error).__name__}: {error}", err=True)
+        return EXIT_ERROR
     return result if isinstance(result, int) else EXIT_OK
+
+
+@contextlib.contextmanager
+def _named_file(hint: str, *locations: str) -> Iterator[None]:
+    """A file named on the command line that does not exist is a usage error (status 2).
+
+    As for click's own file arguments; a missing file found later (a shard) stays status 3.
+    """
+    try:
+        yield
+    except ObjectNotFoundError as error:
+        if error.path is not None and error.path in {normalize(location) for location in locations}:
+            raise click.BadParameter(f"{error.path} does not exist", param_hint=hint) from None
+        raise
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
@@ -161,7 +179,8 @@ def manifest() -> None:
 @click.argument("uri")
 def inspect(uri: str) -> int:
     """List a manifest's splits, stages and curricula with shard, row and byte counts."""
-    loaded = load_manifest(uri, storage=StorageConfig.resolve())
+    with _named_file("'URI'", uri):
+        loaded = load_manifest(uri, storage=StorageConfig.resolve())
     table = _table("split / stage", "shards", "rows", "bytes")
     for name, shards, rows, size in manifest_summary(loaded):
         table.add_row(name, f"{shards:,}", f"{rows:,}", f"{size:,}")
@@ -176,7 +195,8 @@ def inspect(uri: str) -> int:
 def verify(uri: str) -> int:
     """Check every shard's size and SHA-256 against the manifest (exit 1 on a mismatch)."""
     storage = StorageConfig.resolve()
-    loaded = load_manifest(uri, storage=storage)
+    with _named_file("'URI'", uri):
+        loaded = load_manifest(uri, storage=storage)
     total = sum(len(split.shards) for split in loaded.splits.values())
     with _progress("verifying", total, "shards") as advance:
         problems = verify_manifest(loaded, storage, advance)
@@ -196,7 +216,8 @@ def diff(old: str, new: str) -> int:
     relative locations compares equal to its original.
     """
     storage = StorageConfig.resolve()
-    changes = diff_manifests(load_manifest(old, storage=storage), load_manifest(new, storage=storage))
+    with _named_file("'OLD' / 'NEW'", old, new):
+        changes = diff_manifests(load_manifest(old, storage=storage), load_manifest(new, storage=storage))
     if not changes:
         click.echo("the manifests list the same shards, in the same order")
         return EXIT_OK
@@ -213,7 +234,12 @@ def diff(old: str, new: str) -> int:
 @click.argument("files", nargs=-1, required=True)
 @click.option("--output", required=True, help="Where to write the manifest.")
 @click.option("--split", default="train", show_default=True, help="The split the shards form.")
-@click.option("--data-format", default=None, help="The shards' encoding (default: from their suffix).")
+@click.option(
+    "--data-format",
+    type=click.Choice(ENCODINGS),
+    default=None,
+    help="The shards' encoding (default: from their suffix).",
+)
 @click.option(
     "--ray",
     "ray_address",
@@ -264,9 +290,10 @@ def build(
 @click.option("--input-format", default=None, help="The inputs' encoding (default: from their suffix).")
 @click.option(
     "--data-format",
+    type=click.Choice(("parquet", "msgpack", "jsonl.gz")),
     default="parquet",
     show_default=True,
-    help="Output encoding: parquet, msgpack or jsonl.gz.",
+    help="Output encoding.",
 )
 @click.option(
     "--tokens-per-shard",
@@ -303,7 +330,8 @@ def tokenize(
     """Tokenise the text field of records into a token dataset (docs/tokenize.md); resumable."""
     from ._tokenize import DEFAULT_BATCH, DEFAULT_TOKENS_PER_SHARD, tokenize_dataset
 
-    with _progress("tokenizing", len(inputs), "inputs") as advance:
+    named = () if tokenizer == "byte" else (tokenizer,)
+    with _progress("tokenizing", len(inputs), "inputs") as advance, _named_file("'--tokenizer'", *named):
         result = tokenize_dataset(
             list(inputs),
             output,
