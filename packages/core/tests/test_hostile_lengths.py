@@ -90,7 +90,9 @@ def test_a_forged_footer_index_of_lengths_is_not_taken_for_the_shards(tmp_path: 
     deflate = zlib.compressobj(wbits=-15)
     packed = deflate.compress(struct.pack("<4I", *[2**32 - 1] * 4)) + deflate.flush()
     table = pa.table({"tokens": pa.array([[1, 2, 3]] * 4, pa.list_(pa.int32()))})
-    table = table.replace_schema_metadata({"o41.list_lengths.tokens": "1:" + base64.b64encode(packed).decode()})
+    table = table.replace_schema_metadata(
+        {"o41.list_lengths.tokens": "1:" + base64.b64encode(packed).decode()}
+    )
     shard = tmp_path / "forged.parquet"
     pq.write_table(table, shard)
     stage = (

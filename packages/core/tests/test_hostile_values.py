@@ -79,9 +79,11 @@ def test_a_uint64_token_id_beyond_i64_is_a_projection_error_naming_the_field(tmp
         ],
     )
     # It was a MalformedShardError naming no field: the file is fine, the id does not fit.
-    with pytest.raises(ProjectionError, match=r"tokens\.parquet, row 1, field .tokens.") as info:
-        with open_batch_stream(config) as stream:
-            next(stream)
+    with (
+        pytest.raises(ProjectionError, match=r"tokens\.parquet, row 1, field .tokens.") as info,
+        open_batch_stream(config) as stream,
+    ):
+        next(stream)
     assert "9223372036854775809 does not fit i64" in str(info.value)
     assert "field 'tokens'" in str(info.value)
 
@@ -95,11 +97,14 @@ def test_a_messagepack_extension_value_is_named_not_reported_in_serdes_words(tmp
     path = tmp_path / "ext.msgpack"
     path.write_bytes(struct.pack("<I", len(frame)) + frame)
     config = BatchStreamConfig(
-        fields=[ProjectedField("v", "v", "i64")], stages=[Stage(sources=[FileSource([str(path)])], batch_size=1)]
+        fields=[ProjectedField("v", "v", "i64")],
+        stages=[Stage(sources=[FileSource([str(path)])], batch_size=1)],
     )
-    with pytest.raises(ProjectionError, match="found a MessagePack extension value") as info:
-        with open_batch_stream(config) as stream:
-            next(stream)
+    with (
+        pytest.raises(ProjectionError, match="found a MessagePack extension value") as info,
+        open_batch_stream(config) as stream,
+    ):
+        next(stream)
     assert "newtype struct" not in str(info.value)
     with pytest.raises(MalformedShardError, match="row 0.*a MessagePack extension value") as shard_info:
         list(iter_shard("msgpack", str(path)))

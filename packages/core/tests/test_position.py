@@ -274,5 +274,6 @@ def test_a_checkpoint_is_its_position_with_the_resolved_config(shard: ShardWrite
     assert (moved.position.rank, moved.position.world_size) == (0, 4)
     assert moved.resolved_config()["world_size"] == 4
     again = Checkpoint.from_json(moved.to_json())
-    assert again == moved and (again.rank, again.world_size, again.next_batch) == (0, 4, checkpoint.next_batch)
+    assert again == moved
+    assert (again.rank, again.world_size, again.next_batch) == (0, 4, checkpoint.next_batch)
     assert pickle.loads(pickle.dumps(again)) == again

@@ -72,4 +72,5 @@ def test_settings_the_http_client_would_panic_on_are_config_errors_at_open(
     with pytest.raises(ConfigError) as info:
         TrainingData(s3_base_url=endpoint, region="us-east-1", **keys).batch_stream(config).close()
     assert info.value.option == option
-    assert "SECRET" not in str(info.value) and "Injected" not in str(info.value)
+    assert "SECRET" not in str(info.value)
+    assert "Injected" not in str(info.value)

@@ -253,6 +253,12 @@ impl Error {
             Error::NotFound {
                 path: path.to_owned(),
             }
+        } else if source.raw_os_error() == Some(libc::ELOOP) {
+            // The OS's "too many levels of symbolic links", said as what it is.
+            Error::Io {
+                path: path.to_owned(),
+                source: std::io::Error::new(source.kind(), "a loop of symbolic links, not a file"),
+            }
         } else {
             Error::Io {
                 path: path.to_owned(),

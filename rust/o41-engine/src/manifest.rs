@@ -19,6 +19,10 @@ pub const MANIFEST_FORMAT: &str = "o41-data-manifest";
 /// The version this release reads and writes.
 pub const MANIFEST_VERSION: u32 = 1;
 
+/// The largest manifest read, in bytes: ten times a million-shard one (about 100 MB). A larger
+/// file is refused before it is read into memory.
+pub const MAX_MANIFEST_BYTES: u64 = 1 << 30;
+
 /// One physical shard of a split. Its strings borrow from the document where they can: open
 /// parses a million-shard manifest without an allocation per shard.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -113,7 +117,19 @@ impl<'a> Manifest<'a> {
     /// Reads the document at `uri`, a local path or an `s3://` location, for
     /// [`Manifest::from_json`] (which borrows from it).
     pub fn read(uri: &str, storage: &Storage) -> Result<String> {
-        let bytes = storage.read(uri)?;
+        let object = storage.open(uri)?;
+        if object.size() > MAX_MANIFEST_BYTES {
+            return Err(invalid(
+                uri,
+                format!(
+                    "{} bytes is over the {MAX_MANIFEST_BYTES}-byte limit of a data manifest \
+                     (ten times a million-shard one); it is not read",
+                    object.size()
+                ),
+            ));
+        }
+        // The size just seen, not whatever the file has grown to since.
+        let bytes = object.read_range(0..object.size())?;
         String::from_utf8(Vec::from(bytes)).map_err(|e| invalid(uri, e))
     }
 

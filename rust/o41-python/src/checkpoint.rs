@@ -39,7 +39,12 @@ impl Checkpoint {
 
 /// A config object's JSON document (`BatchStreamConfig.to_json()`), parsed by the engine.
 pub fn config_of(py: Python<'_>, config: &Bound<'_, PyAny>) -> PyResult<StreamConfig> {
-    let text: String = config.call_method0("to_json")?.extract()?;
+    let Ok(to_json) = config.getattr("to_json") else {
+        let kind = config.get_type().name()?;
+        let message = format!("expected a BatchStreamConfig, got {kind}");
+        return Err(to_py(py, &Error::config("config", message)));
+    };
+    let text: String = to_json.call0()?.extract()?;
     StreamConfig::from_json(&text).map_err(|e| to_py(py, &e))
 }
 
@@ -63,9 +68,15 @@ impl Checkpoint {
     #[staticmethod]
     fn from_position(
         py: Python<'_>,
-        position: &Position,
+        position: &Bound<'_, PyAny>,
         resolved: &Bound<'_, PyAny>,
     ) -> PyResult<Py<Self>> {
+        let Ok(position) = position.cast::<Position>() else {
+            let kind = position.get_type().name()?;
+            let message = format!("expected a Position, got {kind}");
+            return Err(to_py(py, &Error::config("position", message)));
+        };
+        let position = position.get();
         let config: Arc<ResolvedConfig> = if let Ok(checkpoint) = resolved.cast::<Checkpoint>() {
             checkpoint.get().inner.resolved.clone()
         } else {

@@ -11,13 +11,14 @@ import json
 import math
 import operator
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, Literal
 
 from ._errors import ConfigError
-from ._files import check_depth, read_text
+from ._errors import invalid as _invalid
+from ._files import as_path, check_depth, read_text
 from ._limits import LIMITS
 from ._storage import normalize
 
@@ -51,18 +52,21 @@ _SOURCE_ENCODINGS: tuple[str, ...] = (*ENCODINGS, "bin")
 _U64 = 2**64
 
 
-def _invalid(option: str, message: str) -> ConfigError:
-    error = ConfigError(f"invalid {option}: {message}")
-    error.option = option
-    return error
-
-
 def _integer(option: str, value: object, *, minimum: int, maximum: int = _U64 - 1) -> None:
     """Refuses anything but an int in ``[minimum, maximum]`` (bools are not integers here)."""
     if isinstance(value, bool) or not isinstance(value, int):
         raise _invalid(option, f"expected an integer, got {value!r}")
     if not minimum <= value <= maximum:
         raise _invalid(option, f"must be between {minimum} and {maximum}, got {value}")
+
+
+def _sequence(option: str, value: object) -> Sequence[Any]:
+    """``value`` when it is a list or tuple-like sequence (not a string), else a ConfigError."""
+    if isinstance(value, (str, bytes)) or not isinstance(value, (Sequence, tuple, list)):
+        if isinstance(value, Iterable) and not isinstance(value, (str, bytes, Mapping)):
+            return list(value)
+        raise _invalid(option, f"expected a list, got {type(value).__name__}")
+    return value
 
 
 def _as_int(value: object) -> object:
@@ -201,7 +205,8 @@ class ProjectedField:
         # Sizes are checked with the field's path by BatchStreamConfig; integer-like values
         # (NumPy integers) become ints here.
         if self.shape is not None:
-            object.__setattr__(self, "shape", tuple(_as_int(d) for d in self.shape))
+            shape = _sequence(f"field '{self.name}'.shape", self.shape)
+            object.__setattr__(self, "shape", tuple(_as_int(d) for d in shape))
         elif self.length is not None:
             object.__setattr__(self, "shape", (_as_int(self.length),))
         else:
@@ -238,7 +243,11 @@ class FileSource:
     def __post_init__(self) -> None:
         if isinstance(self.files, (str, os.PathLike)):
             raise ConfigError("invalid FileSource.files: expected a list of paths, got one path")
-        object.__setattr__(self, "files", tuple(os.fspath(f) for f in self.files))
+        files = _sequence("FileSource.files", self.files)
+        for i, item in enumerate(files):
+            if not isinstance(item, (str, os.PathLike)) or not isinstance(os.fspath(item), str):
+                raise _invalid(f"FileSource.files[{i}]", f"expected a path, got {type(item).__name__}")
+        object.__setattr__(self, "files", tuple(os.fspath(f) for f in files))
 
     def to_dict(self) -> dict[str, Any]:
         """The source as the engine's JSON document expects it."""
@@ -275,8 +284,19 @@ class ManifestSource:
             raise ConfigError(
                 "invalid ManifestSource.curriculum_stages: expected a list of names, got one string"
             )
+        if not isinstance(self.manifest_uri, (str, os.PathLike)):
+            raise _invalid(
+                "ManifestSource.manifest_uri", f"expected a path, got {type(self.manifest_uri).__name__}"
+            )
+        if not isinstance(self.split, str):
+            raise _invalid("ManifestSource.split", f"expected a string, got {type(self.split).__name__}")
         if self.curriculum_stages is not None:
-            object.__setattr__(self, "curriculum_stages", tuple(self.curriculum_stages))
+            stages = _sequence("ManifestSource.curriculum_stages", self.curriculum_stages)
+            for i, name in enumerate(stages):
+                if not isinstance(name, str):
+                    kind = type(name).__name__
+                    raise _invalid(f"ManifestSource.curriculum_stages[{i}]", f"expected a string, got {kind}")
+            object.__setattr__(self, "curriculum_stages", tuple(stages))
 
     def to_dict(self) -> dict[str, Any]:
         """The source as the engine's JSON document expects it."""
@@ -510,8 +530,8 @@ class BatchStreamConfig:
     validation_pass: bool = False
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "fields", tuple(self.fields))
-        object.__setattr__(self, "stages", tuple(self.stages))
+        object.__setattr__(self, "fields", tuple(_sequence("fields", self.fields)))
+        object.__setattr__(self, "stages", tuple(_sequence("stages", self.stages)))
         # Types and ranges are checked here, with each option's path, so that a wrong value is
         # named before it reaches the engine (whose checks repeat the rules for JSON configs).
         _integer("seed", self.seed, minimum=0)
@@ -598,7 +618,7 @@ class BatchStreamConfig:
             >>> config = BatchStreamConfig.from_file("stream.yaml")  # doctest: +SKIP
 
         """
-        file = Path(path)
+        file = as_path(path)
         # Bounded: a FIFO, a device, a directory or a huge file is refused before it is read.
         text = read_text(file, ConfigError, "config file")
         document = _parse_document(file, text)
@@ -749,3 +769,10 @@ def _in_file(file: Path, error: ConfigError) -> ConfigError:
     located.option = error.option
     located.path = str(file)
     return located
+
+
+def config_json(config: object) -> str:
+    """The JSON document of a ``config`` argument; a :class:`ConfigError` unless it is a config."""
+    if not isinstance(config, BatchStreamConfig):
+        raise _invalid("config", f"expected a BatchStreamConfig, got {type(config).__name__}")
+    return config.to_json()

@@ -49,6 +49,13 @@ class ConfigError(O41Error, ValueError):
     """A configuration value is invalid; ``option`` names it (``fields[1].dtype``)."""
 
 
+def invalid(option: str, message: str) -> ConfigError:
+    """A :class:`ConfigError` about ``option``: its message starts ``invalid <option>:``."""
+    error = ConfigError(f"invalid {option}: {message}")
+    error.option = option
+    return error
+
+
 class DataError(O41Error, ValueError):
     """A shard's content cannot be delivered as configured; ``path`` and ``row`` locate it."""
 

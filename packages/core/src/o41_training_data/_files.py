@@ -10,11 +10,12 @@ the package's hierarchy naming the file.
 
 from __future__ import annotations
 
+import errno
 import os
 import stat
 from pathlib import Path
 
-from ._errors import O41Error, ObjectNotFoundError
+from ._errors import O41Error, ObjectNotFoundError, StorageError, invalid
 
 __all__ = ["MAX_DOCUMENT_BYTES", "MAX_DOCUMENT_DEPTH", "check_depth", "json_depth", "read_text"]
 
@@ -33,6 +34,19 @@ def _located(error_class: type[O41Error], path: Path, message: str) -> O41Error:
     return error
 
 
+def as_path(path: object) -> Path:
+    """``path`` (a string or path-like) as a :class:`Path`.
+
+    Anything else, bytes or a NUL character is a :class:`ConfigError` naming ``path``.
+    """
+    if not isinstance(path, (str, os.PathLike)):
+        raise invalid("path", f"expected a path, got {type(path).__name__}")
+    name = os.fspath(path)
+    if not isinstance(name, str) or "\0" in name:
+        raise invalid("path", f"{name!r} is not a path (bytes, or a NUL character)")
+    return Path(name)
+
+
 def read_text(path: Path, error_class: type[O41Error], what: str, limit: int = MAX_DOCUMENT_BYTES) -> str:
     """The UTF-8 text of the regular file ``path``, refused with ``error_class`` otherwise.
 
@@ -46,6 +60,8 @@ def read_text(path: Path, error_class: type[O41Error], what: str, limit: int = M
     except IsADirectoryError:
         raise _located(error_class, path, f"is a directory, not a {what}") from None
     except OSError as error:
+        if error.errno == errno.ELOOP:
+            raise _located(StorageError, path, "a loop of symbolic links, not a file") from None
         raise _located(error_class, path, f"cannot open the {what}: {error.strerror}") from None
     try:
         status = os.fstat(descriptor)

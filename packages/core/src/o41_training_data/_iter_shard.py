@@ -9,8 +9,9 @@ from typing import Any
 import pyarrow as pa
 
 from . import _core
-from ._config import ENCODINGS, _invalid
+from ._config import ENCODINGS
 from ._errors import UnsupportedFormatError
+from ._errors import invalid as _invalid
 from ._manifest import ManifestShard
 from ._storage import StorageConfig, normalize
 
@@ -51,7 +52,7 @@ def iter_shard(
     """
     if data_format not in ENCODINGS:
         raise _invalid("data_format", f"{data_format!r}; expected one of {', '.join(ENCODINGS)}")
-    uri = normalize(shard.path or shard.location) if isinstance(shard, ManifestShard) else normalize(shard)
+    uri = normalize(shard.path or shard.location if isinstance(shard, ManifestShard) else shard, "shard")
     records = _core.ShardRecords(uri, data_format, (storage_config or StorageConfig()).core(), _CHUNK)
     while (chunk := _next_chunk(records, uri)) is not None:
         # Parquet arrives as Arrow; its rows become dicts in pyarrow's C++, not here.

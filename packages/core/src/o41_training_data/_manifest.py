@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from . import _core
-from ._errors import ObjectConflictError
+from ._errors import MalformedShardError, ObjectConflictError
 from ._storage import StorageConfig, normalize, parent, relative_location
 
 __all__ = ["Curriculum", "DataManifest", "ManifestShard", "ManifestSplit", "load_manifest", "save_manifest"]
@@ -140,7 +140,7 @@ def load_manifest(uri: str | os.PathLike[str], *, storage: StorageConfig | None 
     Raises ``MalformedShardError`` naming the manifest when it breaks the format's rules and
     ``ObjectNotFoundError`` when it does not exist.
     """
-    target = normalize(uri)
+    target = normalize(uri, "uri")
     text = _core.load_manifest(target, (storage or StorageConfig()).core())
     return _parse(text, target)
 
@@ -159,15 +159,25 @@ def save_manifest(
     no-op; a different manifest already at ``uri`` raises :class:`ObjectConflictError` unless
     ``overwrite``.
     """
-    target = normalize(uri)
+    target = normalize(uri, "uri")
     text = manifest.to_json(relative_to=target)  # written and checked by the engine
     store = (storage or StorageConfig()).core()
     try:
         store.write(target, text.encode(), create_only=not overwrite)
     except ObjectConflictError:
-        # Equal documents with other formatting are the same publication.
-        existing = _parse(store.read(target).decode(), target)
-        if existing.to_json(relative_to=target) != text:
-            raise ObjectConflictError(
-                f"{target} already holds a different manifest; pass overwrite=True to replace it"
-            ) from None
+        # Equal documents with other formatting are the same publication. The file there is
+        # read as a manifest is (bounded, UTF-8, checked); one that is not a manifest at all is
+        # certainly not this one.
+        try:
+            existing = _parse(_core.load_manifest(target, store), target)
+        except MalformedShardError:
+            same = False
+        else:
+            same = existing.to_json(relative_to=target) == text
+        if not same:
+            conflict = ObjectConflictError(
+                f"{target} already holds a different manifest or another file; pass overwrite=True "
+                "to replace it"
+            )
+            conflict.path = target
+            raise conflict from None

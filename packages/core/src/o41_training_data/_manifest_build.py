@@ -11,7 +11,8 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Sequence
 
-from ._config import ENCODINGS, _invalid
+from ._config import ENCODINGS
+from ._errors import invalid as _invalid
 from ._manifest import DataManifest, ManifestShard, ManifestSplit, load_manifest, save_manifest
 from ._ray import connect
 from ._storage import StorageConfig, normalize

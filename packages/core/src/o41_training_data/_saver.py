@@ -19,8 +19,8 @@ from typing import Any
 import pyarrow as pa
 
 from . import _core
-from ._config import _invalid
 from ._errors import ConfigError, DataError, MalformedShardError, ObjectConflictError, ObjectNotFoundError
+from ._errors import invalid as _invalid
 from ._files import MAX_DOCUMENT_BYTES, MAX_DOCUMENT_DEPTH, json_depth
 from ._manifest import Curriculum, DataManifest, ManifestShard, ManifestSplit, load_manifest, save_manifest
 from ._storage import StorageConfig, is_remote, normalize, parent
@@ -231,7 +231,7 @@ class DatasetSaver:
             raise ConfigError(
                 f"invalid data_format: {data_format!r}; expected one of {', '.join(SHARD_EXTENSIONS)}"
             )
-        self.manifest_uri = normalize(manifest_uri)
+        self.manifest_uri = normalize(manifest_uri, "manifest_uri")
         self.data_format = data_format
         self._storage = storage or StorageConfig()
         if is_remote(self.manifest_uri) and not self._storage.has_s3:
@@ -329,7 +329,22 @@ class DatasetSaver:
         if done is not None:
             self._known[(split, location)] = done
             return done
-        rows = list(records)
+        try:
+            rows = list(records)
+        except TypeError:
+            raise _invalid(
+                "records", f"expected an iterable of mappings, got {type(records).__name__}"
+            ) from None
+        if curriculum_metadata is not None and not isinstance(curriculum_metadata, Mapping):
+            raise _invalid(
+                "curriculum_metadata", f"expected a mapping, got {type(curriculum_metadata).__name__}"
+            )
+        metadata = dict(curriculum_metadata or {})
+        try:
+            # Checked before any byte is written: the descriptor holds it as JSON.
+            json.dumps(metadata, allow_nan=False)
+        except (TypeError, ValueError, RecursionError) as err:
+            raise _invalid("curriculum_metadata", f"not JSON: {err}") from None
         data = self._uri(location)
         table = _to_table(rows, data)
         _check_names(table.schema, data)
@@ -365,7 +380,7 @@ class DatasetSaver:
             bytes=size,
             checksum=checksum,
             schema=schema,
-            metadata=dict(curriculum_metadata or {}),
+            metadata=metadata,
         )
         descriptor = json.dumps({"version": DESCRIPTOR_VERSION, **asdict(shard)}).encode()
         _publish_descriptor(store, self._uri(location + ".done.json"), descriptor)

@@ -20,13 +20,29 @@ from pathlib import Path
 from typing import Any
 
 from . import _core
-from ._errors import ConfigError
+from ._errors import ConfigError, invalid
 
 __all__ = ["RetryPolicy", "StorageConfig", "is_remote"]
 
 # Credentials registered by this process (and inherited by forked children), by token.
 _REGISTRY: dict[str, StorageConfig] = {}
 _REGISTRY_LOCK = threading.Lock()
+
+
+_MAX_SECONDS = 1e9
+"""The longest timeout or backoff a retry policy takes, in seconds (about 31 years)."""
+
+
+def _check_setting(name: str, value: object) -> None:
+    """Refuses a region or credential that is not a string of visible characters.
+
+    It travels in HTTP headers: a CR or LF there is refused by the engine too. The message does
+    not repeat the value.
+    """
+    if not isinstance(value, str):
+        raise invalid(name, f"expected a string, got {type(value).__name__}")
+    if any(c.isspace() or not c.isprintable() for c in value):
+        raise invalid(name, "it holds whitespace or control characters")
 
 
 @dataclass(frozen=True)
@@ -53,8 +69,11 @@ class RetryPolicy:
     max_backoff_s: float = 15.0
 
     def __post_init__(self) -> None:
-        if self.max_consecutive_failures < 1:
-            raise ConfigError("invalid retry.max_consecutive_failures: must be at least 1")
+        failures = self.max_consecutive_failures
+        if isinstance(failures, bool) or not isinstance(failures, int) or not 1 <= failures <= 2**32:
+            raise invalid(
+                "retry.max_consecutive_failures", f"must be an integer from 1 to 2**32, got {failures!r}"
+            )
         for name in (
             "no_progress_timeout_s",
             "read_timeout_s",
@@ -62,8 +81,14 @@ class RetryPolicy:
             "initial_backoff_s",
             "max_backoff_s",
         ):
-            if not getattr(self, name) >= 0:
-                raise ConfigError(f"invalid retry.{name}: must be a number of seconds >= 0")
+            value = getattr(self, name)
+            # The engine holds each as a Duration: finite, and far below its limit.
+            if (
+                isinstance(value, bool)
+                or not isinstance(value, (int, float))
+                or not 0 <= value <= _MAX_SECONDS
+            ):
+                raise invalid(f"retry.{name}", f"must be a number of seconds from 0 to 1e9, got {value!r}")
 
 
 class Secret(str):
@@ -218,7 +243,17 @@ class StorageConfig:
     ) -> StorageConfig:
         """Settings from the arguments, falling back to the standard AWS environment variables."""
         endpoint = s3_base_url or _env("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL")
-        retry = retry or RetryPolicy()
+        retry = RetryPolicy() if retry is None else retry
+        if not isinstance(retry, RetryPolicy):
+            raise invalid("retry", f"expected a RetryPolicy, got {type(retry).__name__}")
+        for name, value in (
+            ("region", region),
+            ("access_key_id", access_key_id),
+            ("secret_access_key", secret_access_key),
+            ("session_token", session_token),
+        ):
+            if value is not None:
+                _check_setting(name, value)
         if endpoint is not None:
             _check_endpoint(endpoint)
         if endpoint is None:
@@ -327,14 +362,22 @@ def is_remote(uri: str | os.PathLike[str]) -> bool:
     return str(uri).startswith("s3://")
 
 
-def normalize(uri: str | os.PathLike[str]) -> str:
+def normalize(uri: str | os.PathLike[str], option: str = "location") -> str:
     """The engine's one spelling of a location (docs/storage.md, "Locations").
+
+    Anything but a string or path, or one holding a NUL character, is a :class:`ConfigError`
+    naming ``option``.
 
     An ``s3://`` location as given; a local path made absolute with ``.`` and ``..`` resolved
     lexically. Symbolic links are not followed, so a path names what the user wrote, as the
     engine's resolved documents and manifests do.
     """
-    return _core.normalize_location(os.fspath(uri))
+    if not isinstance(uri, (str, os.PathLike)):
+        raise invalid(option, f"expected a path or s3:// location, got {type(uri).__name__}")
+    text = os.fspath(uri)
+    if not isinstance(text, str) or "\0" in text:
+        raise invalid(option, f"{text!r} is not a path (bytes, or a NUL character)")
+    return _core.normalize_location(text)
 
 
 def parent(uri: str) -> str:

@@ -13,7 +13,7 @@ import numpy as np
 import pyarrow as pa
 
 from . import _core
-from ._config import BatchStreamConfig
+from ._config import BatchStreamConfig, config_json
 from ._core import Checkpoint, Drain, Position, Segment
 from ._errors import ConfigError, StreamClosedError
 from ._stats import DecodeStats, ReadStats, SourceStats, _minus_read
@@ -516,7 +516,7 @@ def open_batch_stream(
 
     """
     offset, stride = _share(share)
-    return BatchStream(_core.Stream(config.to_json(), offset, stride, _core_storage(storage)))
+    return BatchStream(_core.Stream(config_json(config), offset, stride, _core_storage(storage)))
 
 
 def _refused(name: str, message: str) -> ConfigError:
@@ -604,7 +604,7 @@ def resolve_batch_stream_config(
         [1000, 1000]
 
     """
-    result: dict[str, Any] = json.loads(_core.resolve_config(config.to_json(), _core_storage(storage)))
+    result: dict[str, Any] = json.loads(_core.resolve_config(config_json(config), _core_storage(storage)))
     return result
 
 

@@ -26,7 +26,8 @@ import pyarrow as pa
 
 from . import _core
 from ._config import ENCODINGS
-from ._errors import ConfigError, DataError, ObjectNotFoundError
+from ._errors import DataError, ObjectNotFoundError
+from ._errors import invalid as _invalid
 from ._manifest import DataManifest
 from ._manifest_build import encoding_of
 from ._ray import connect
@@ -47,12 +48,6 @@ _PART_DIGITS = 6
 # Options a completed shard records, in the order a refused restart names them.
 _OPTIONS = ("tokenizer", "text_field", "tokens_per_shard")
 _EXTRA_HINT = "pip install 'o41-training-data[tokenize]'"
-
-
-def _invalid(option: str, message: str) -> ConfigError:
-    error = ConfigError(f"invalid {option}: {message}")
-    error.option = option
-    return error
 
 
 def _data_error(message: str, path: str, row: int | None = None, field: str | None = None) -> DataError:
