@@ -84,6 +84,27 @@ def test_symlink_loops_are_storage_errors_naming_the_path(tmp_path: Path) -> Non
         assert isinstance(caught.value, O41Error)
 
 
+@pytest.mark.parametrize("where", ["a loop of two links", "a loop in a parent directory"])
+def test_symlink_loops_anywhere_on_the_path_are_storage_errors(tmp_path: Path, where: str) -> None:
+    # Not only a link to itself: a -> b -> a, and a directory on the way that loops.
+    if where == "a loop of two links":
+        os.symlink(tmp_path / "b.json", tmp_path / "a.json")
+        os.symlink(tmp_path / "a.json", tmp_path / "b.json")
+        path = tmp_path / "a.json"
+    else:
+        os.symlink(tmp_path / "d", tmp_path / "d")
+        path = tmp_path / "d" / "x.json"
+    calls = {
+        "from_file": lambda: BatchStreamConfig.from_file(path),
+        "iter_shard": lambda: list(iter_shard("jsonl", path)),
+        "load_manifest": lambda: load_manifest(path),
+    }
+    for name, call in calls.items():
+        with pytest.raises(StorageError, match="loop of symbolic links") as caught:
+            call()
+        assert caught.value.path == str(path), name
+
+
 # --- CLI exit status, one case per documented path (docs/cli.md) -------------------------------------
 
 
