@@ -305,6 +305,31 @@ def test_a_resumed_stream_takes_the_switch_it_has_not_reached(
     resumed = StatefulDataLoader(dataset, batch_size=None, num_workers=workers)
     resumed.load_state_dict(state)
     assert loader_sequence(resumed, limit=26) == got[4:]
+    # A new dataset (a restarted job) takes the switch from the state itself.
+    fresh = StatefulDataLoader(O41IterableDataset(config), batch_size=None, num_workers=workers)
+    fresh.load_state_dict(state)
+    assert loader_sequence(fresh, limit=26) == got[4:]
+
+
+def test_the_state_carries_a_switch_it_has_not_reached(config: BatchStreamConfig) -> None:
+    dataset = O41IterableDataset(config, switch=SwitchPoint(stage=1, at=6))
+    it = iter(dataset)
+    first = [next(it) for _ in range(2)]
+    state = dataset.state_dict()
+    assert state["switch"] == [1, 6]
+    rest = [next(it) for _ in range(10)]
+    # Loaded into a dataset that was never told of the switch, it switches at the same batch.
+    fresh = O41IterableDataset(config)
+    fresh.load_state_dict(state)
+    assert fresh.switch == SwitchPoint(stage=1, at=6)
+    again = iter(fresh)
+    assert [b["v"].tolist() for b in (next(again) for _ in range(10))] == [b["v"].tolist() for b in rest]
+    assert first[0]["batch_index"] == 0
+    # Once reached, the state no longer carries it.
+    assert "switch" not in dataset.state_dict()
+    for bad, what in (([1], "pair"), (["1", 6], "stage"), ([9, 6], "stage 9"), ([1, -2], "at")):
+        with pytest.raises(CheckpointError, match=what):
+            O41IterableDataset(config).load_state_dict({**state, "switch": bad})
 
 
 @MANY_WORKERS

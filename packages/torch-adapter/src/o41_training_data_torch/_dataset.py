@@ -501,13 +501,40 @@ class O41IterableDataset(IterableDataset[O41Batch]):
                 "offset": stride - 1,
                 "stride": stride,
                 "workers": workers,
+                **self._switch_state(self._last_position),
             }
         start, offset, stride = self._start_checkpoint()
-        share = {"offset": offset, "stride": stride, "workers": workers}
+        share = {"offset": offset, "stride": stride, "workers": workers, **self._switch_state(start)}
         if start is None:
             assert self._config is not None
             return {"version": STATE_VERSION, "config": self._config.to_json(), **share}
         return {"version": STATE_VERSION, "checkpoint": start.to_json(), **share}
+
+    def _switch_state(self, position: Position | None) -> dict[str, Any]:
+        """The state's ``switch`` entry, so that a dataset loading the state switches there too.
+
+        It is the latest switch while a stream at ``position`` (None: the stream's start) has not
+        reached it; empty otherwise.
+        """
+        latest = self._latest_switch()[0]
+        if latest is None or (position is not None and not latest.due(position)):
+            return {}
+        return {"switch": [latest.stage, latest.at]}
+
+    def _loaded_switch(self, switch: object) -> SwitchPoint:
+        """The ``switch`` entry of a loaded state, refused with :class:`CheckpointError`."""
+        if not isinstance(switch, (list, tuple)) or len(switch) != 2:
+            raise CheckpointError(f"state refused: its switch {switch!r} is not a [stage, at] pair")
+        try:
+            point = SwitchPoint(stage=switch[0], at=switch[1])
+        except ConfigError as error:
+            raise CheckpointError(f"state refused: its switch: {error}") from None
+        if point.stage >= len(self._rules.stages):
+            raise CheckpointError(
+                f"state refused: its switch names stage {point.stage}; the stream has "
+                f"{len(self._rules.stages)} stages"
+            )
+        return point
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Continues from ``state`` (from :meth:`state_dict`) at the next iteration.
@@ -539,4 +566,10 @@ class O41IterableDataset(IterableDataset[O41Batch]):
                     "(its config differs)"
                 )
             self._loaded = None
+        if state.get("switch") is not None:
+            # The switch the saving dataset had placed and the state had not reached yet.
+            point = self._loaded_switch(state["switch"])
+            self._switch = point
+            if self._requests is not None:
+                self._publish(point)
         self._last_position = None
