@@ -24,16 +24,32 @@ pub enum Encoding {
     /// `meta.json` (`docs/formats.md`); read only by stages that pack or window tokens.
     #[serde(rename = "bin")]
     Bin,
+    /// A Megatron-LM / `NeMo` indexed dataset: token sequences in a `.bin`, their lengths,
+    /// offsets and documents in the `.idx` beside it (`docs/corpora.md`). The shard's location
+    /// is the `.bin`; a configured `.idx` or common prefix is resolved to it.
+    #[serde(rename = "megatron")]
+    Megatron,
+    /// A `NumPy` array of token ids: a `.npy` file with its header, or a headerless array
+    /// (the layout of `OLMo`) described by a sibling `meta.json` as a `.bin` is.
+    #[serde(rename = "npy")]
+    Npy,
+    /// An Arrow IPC file, in the streaming or the file format: what Hugging Face `datasets`
+    /// writes. A `save_to_disk` directory is resolved to the files its `state.json` lists.
+    #[serde(rename = "arrow")]
+    Arrow,
 }
 
 impl Encoding {
     /// Every encoding, for messages.
-    pub const ALL: [Encoding; 5] = [
+    pub const ALL: [Encoding; 8] = [
         Encoding::Parquet,
         Encoding::Jsonl,
         Encoding::JsonlGz,
         Encoding::Msgpack,
         Encoding::Bin,
+        Encoding::Megatron,
+        Encoding::Npy,
+        Encoding::Arrow,
     ];
 
     /// The name used in configs and manifests.
@@ -44,6 +60,9 @@ impl Encoding {
             Encoding::JsonlGz => "jsonl.gz",
             Encoding::Msgpack => "msgpack",
             Encoding::Bin => "bin",
+            Encoding::Megatron => "megatron",
+            Encoding::Npy => "npy",
+            Encoding::Arrow => "arrow",
         }
     }
 
@@ -72,6 +91,10 @@ impl Encoding {
             (".parquet", Encoding::Parquet),
             (".msgpack", Encoding::Msgpack),
             (".bin", Encoding::Bin),
+            // A `.idx` is only ever Megatron's index; its `.bin` is named by `encoding`.
+            (".idx", Encoding::Megatron),
+            (".npy", Encoding::Npy),
+            (".arrow", Encoding::Arrow),
         ];
         by_suffix
             .iter()
@@ -86,6 +109,18 @@ impl Encoding {
                     ),
                 )
             })
+    }
+
+    /// The location a shard of this encoding is known by, given the one configured: a
+    /// Megatron dataset configured by its `.idx` or its common prefix is its `.bin` (the file
+    /// its reads, size and version belong to); every other encoding is its file.
+    pub fn shard_location(self, configured: &str) -> String {
+        // Megatron's own names are lower case (`get_bin_path`, `get_idx_path`).
+        if self != Encoding::Megatron || configured.strip_suffix(".bin").is_some() {
+            return configured.to_owned();
+        }
+        let prefix = configured.strip_suffix(".idx").unwrap_or(configured);
+        format!("{prefix}.bin")
     }
 
     fn names() -> String {

@@ -425,24 +425,32 @@ fn is_plain(location: &str) -> bool {
         .all(|part| !matches!(part, b"" | b"." | b".."))
 }
 
-/// What a manifest lists for a shard another tool wrote: its record count, its size and the
-/// SHA-256 of its bytes (`o41 manifest build`). The shard is read whole, once; one that changes
-/// while it is being described fails closed rather than being listed with mixed facts.
+/// What a manifest lists for a shard another tool wrote: its location (a Megatron dataset
+/// named by its `.idx` or prefix is listed by its `.bin`), its record count (a `NumPy` token
+/// array's: its ids), its size and the SHA-256 of its bytes (`o41 manifest build`). The shard
+/// is read whole, once; one that changes while it is being described fails closed rather than
+/// being listed with mixed facts.
 pub fn describe_shard(
     storage: &Storage,
     path: &str,
     encoding: Encoding,
-) -> Result<(u64, u64, String)> {
-    let counted = crate::formats::inspect(
-        storage,
-        path,
-        encoding,
-        &crate::fields::Projection {
-            columns: Vec::new(),
-        },
-        crate::formats::MAX_RECORD_BYTES,
-        crate::formats::Checks::default(),
-    )?;
+) -> Result<(String, u64, u64, String)> {
+    let location = encoding.shard_location(path);
+    let path = location.as_str();
+    let counted = if crate::formats::format_of(encoding).reads_records() {
+        crate::formats::inspect(
+            storage,
+            path,
+            encoding,
+            &crate::fields::Projection {
+                columns: Vec::new(),
+            },
+            crate::formats::MAX_RECORD_BYTES,
+            crate::formats::Checks::default(),
+        )?
+    } else {
+        crate::formats::count_ids(storage, path, encoding)?
+    };
     let sha256 = storage.content_sha256(path)?;
     let after = storage.open(path)?.pin();
     if after != counted.pin {
@@ -453,7 +461,7 @@ pub fn describe_shard(
                 .to_owned(),
         });
     }
-    Ok((counted.rows, counted.pin.size, sha256))
+    Ok((location, counted.rows, counted.pin.size, sha256))
 }
 
 #[cfg(test)]

@@ -201,15 +201,25 @@ fn source_jobs(
                 storage
                     .check(file)
                     .map_err(|e| renamed(e, &format!("{option}.files[{f}]")))?;
-                jobs.push(Job {
-                    layout: layout.cloned(),
-                    stage: s,
-                    source: j,
-                    path: Cow::Owned(absolute(file)),
-                    encoding,
-                    promise: None,
-                    listed: true,
-                });
+                // A `datasets` save_to_disk directory is the Arrow files its state.json lists.
+                let paths = if encoding == Encoding::Arrow && file.strip_suffix(".arrow").is_none()
+                {
+                    let dir = absolute(file);
+                    formats::dataset_files(storage, &dir, &format!("{option}.files[{f}]"))?
+                } else {
+                    vec![absolute(&encoding.shard_location(file))]
+                };
+                for path in paths {
+                    jobs.push(Job {
+                        layout: layout.cloned(),
+                        stage: s,
+                        source: j,
+                        path: Cow::Owned(path),
+                        encoding,
+                        promise: None,
+                        listed: true,
+                    });
+                }
             }
         }
         SourceSpec::Manifest {
@@ -228,7 +238,11 @@ fn source_jobs(
                     layout: layout.cloned(),
                     stage: s,
                     source: j,
-                    path: Cow::Owned(locations.path(&shard.location)),
+                    path: Cow::Owned(
+                        manifest
+                            .data_format
+                            .shard_location(&locations.path(&shard.location)),
+                    ),
                     encoding: manifest.data_format,
                     promise: Some(Promise {
                         origin: PromiseOrigin::Manifest,

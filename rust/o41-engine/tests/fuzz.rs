@@ -767,3 +767,282 @@ fn checkpoint_field_combinations() {
         )
         .unwrap();
 }
+
+/// A Megatron dataset as megatron-core's builder lays it out: three documents of one, two and
+/// zero sequences of `int32` ids, no modes. Returns the `.idx` and the `.bin`.
+fn megatron_seed() -> (Vec<u8>, Vec<u8>) {
+    let sequences: [&[i32]; 3] = [&[5, 6, 7], &[8, 9], &[10, 11, 12, 13]];
+    let documents: [u64; 4] = [0, 1, 3, 3];
+    let mut bin = Vec::new();
+    let mut idx = b"MMIDIDX\x00\x00".to_vec();
+    idx.extend_from_slice(&1u64.to_le_bytes());
+    idx.push(4);
+    idx.extend_from_slice(&(sequences.len() as u64).to_le_bytes());
+    idx.extend_from_slice(&(documents.len() as u64).to_le_bytes());
+    for s in sequences {
+        idx.extend_from_slice(&(s.len() as i32).to_le_bytes());
+    }
+    for s in sequences {
+        idx.extend_from_slice(&(bin.len() as u64).to_le_bytes());
+        bin.extend(s.iter().flat_map(|v| v.to_le_bytes()));
+    }
+    for d in documents {
+        idx.extend_from_slice(&d.to_le_bytes());
+    }
+    (idx, bin)
+}
+
+/// Writes a Megatron dataset and reads it every way: inspected and read as records, read whole,
+/// and planned and read as a packed token stage.
+fn read_megatron(idx: &[u8], bin: &[u8], case: u64) {
+    use o41_engine::config::{PackingSpec, TokenLayout};
+    static FILES: AtomicUsize = AtomicUsize::new(0);
+    let prefix = std::env::temp_dir().join(format!(
+        "o41-fuzz-megatron-{}-{case}-{}",
+        std::process::id(),
+        FILES.fetch_add(1, Ordering::Relaxed)
+    ));
+    let uri = format!("{}.bin", prefix.to_string_lossy());
+    let idx_path = format!("{}.idx", prefix.to_string_lossy());
+    std::fs::write(&uri, bin).unwrap();
+    std::fs::write(&idx_path, idx).unwrap();
+    let storage = Storage::local();
+    let projection = Projection::new(&[FieldSpec {
+        name: "t".into(),
+        source: "tokens".into(),
+        dtype: DType::I64,
+        shape: vec![4],
+        pad: serde_json::Value::from(0),
+    }])
+    .unwrap();
+    read_all(&storage, &uri, Encoding::Megatron, &projection, None);
+    let layout = TokenLayout::Packed(PackingSpec {
+        field: "tokens".into(),
+        seq_len: 4,
+        bins: 2,
+        eos_id: None,
+    });
+    let tokens = Projection::new(&[FieldSpec {
+        name: "tokens".into(),
+        source: "tokens".into(),
+        dtype: DType::I64,
+        shape: vec![4],
+        pad: serde_json::Value::from(0),
+    }])
+    .unwrap();
+    read_all(&storage, &uri, Encoding::Megatron, &tokens, Some(&layout));
+    std::fs::remove_file(&uri).unwrap();
+    std::fs::remove_file(&idx_path).unwrap();
+}
+
+/// Inspects `uri` (as a token stage when `layout` is given) and reads every row of it, then
+/// reads its whole records; errors are fine.
+fn read_all(
+    storage: &Storage,
+    uri: &str,
+    encoding: Encoding,
+    projection: &Projection,
+    layout: Option<&o41_engine::config::TokenLayout>,
+) {
+    let tokens = layout.map(|layout| formats::TokenInspection {
+        layout,
+        cache: None,
+    });
+    let inspected = formats::inspect_shard(
+        storage,
+        uri,
+        encoding,
+        tokens,
+        projection,
+        (1 << 20, 16 << 20),
+        FIRST,
+    );
+    if let Ok(meta) = inspected {
+        if let Ok(mut reader) = formats::open(storage, uri, &meta, None) {
+            let rows = meta.rows.min(1 << 16);
+            let mut chunk = Chunk::padded(projection, rows as usize);
+            let _ = reader.read_ranges(
+                std::slice::from_ref(&(0..rows)),
+                projection,
+                &mut chunk,
+                None,
+            );
+        }
+    }
+    if layout.is_none() {
+        if let Ok(mut records) = ShardRecords::open(storage, uri, encoding, 64) {
+            while let Ok(Some(_)) = records.next_chunk(64) {}
+        }
+    }
+}
+
+/// Megatron indexes with forged counts, lengths, pointers and document indices, and truncated.
+#[test]
+fn megatron_indexes() {
+    let (idx, bin) = megatron_seed();
+    each_mutation(idx, |mutated, n| read_megatron(mutated, &bin, n));
+}
+
+/// Megatron `.bin` files cut, grown or rewritten under a valid index.
+#[test]
+fn megatron_bins() {
+    let (idx, bin) = megatron_seed();
+    each_mutation(bin, |mutated, n| read_megatron(&idx, mutated, n));
+}
+
+/// A Megatron index whose header claims counts of any size: refused before anything is sized
+/// from them.
+#[test]
+fn megatron_forged_counts() {
+    let (idx, bin) = megatron_seed();
+    for (at, value) in [
+        (18, u64::MAX),
+        (18, 1 << 40),
+        (26, u64::MAX),
+        (26, 1 << 40),
+        (18, 0),
+        (26, 0),
+    ] {
+        let mut forged = idx.clone();
+        forged[at..at + 8].copy_from_slice(&value.to_le_bytes());
+        read_megatron(&forged, &bin, value);
+        check_allocations();
+    }
+}
+
+/// A `.npy` file of nine `uint16` ids, two of them eos (0), with a header of `version`.
+fn npy_seed(version: u8) -> Vec<u8> {
+    let header = "{'descr': '<u2', 'fortran_order': False, 'shape': (9,), }";
+    let mut seed = b"\x93NUMPY".to_vec();
+    seed.extend_from_slice(&[version, 0]);
+    let padded = format!("{header:<117}\n");
+    if version == 1 {
+        seed.extend_from_slice(&(padded.len() as u16).to_le_bytes());
+    } else {
+        seed.extend_from_slice(&(padded.len() as u32).to_le_bytes());
+    }
+    seed.extend_from_slice(padded.as_bytes());
+    for id in [3u16, 4, 0, 5, 6, 7, 0, 8, 9] {
+        seed.extend_from_slice(&id.to_le_bytes());
+    }
+    seed
+}
+
+/// The in-place seeds are valid: the fuzz mutates datasets that read, not refused ones.
+#[test]
+fn in_place_seeds_read_whole() {
+    let (idx, bin) = megatron_seed();
+    let dir = std::env::temp_dir().join(format!("o41-fuzz-seeds-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join("m.idx"), idx).unwrap();
+    std::fs::write(dir.join("m.bin"), bin).unwrap();
+    std::fs::write(dir.join("a.npy"), npy_seed(2)).unwrap();
+    let storage = Storage::local();
+    let uri = dir.join("m.bin").to_string_lossy().into_owned();
+    let mut records = ShardRecords::open(&storage, &uri, Encoding::Megatron, 64).unwrap();
+    let Some(formats::RecordChunk::Records(docs)) = records.next_chunk(64).unwrap() else {
+        panic!("no records");
+    };
+    let lens: Vec<usize> = docs
+        .iter()
+        .map(|d| match &d[0].1 {
+            formats::Value::List(ids) => ids.len(),
+            _ => usize::MAX,
+        })
+        .collect();
+    assert_eq!(lens, [3, 6, 0]);
+    let npy = dir.join("a.npy").to_string_lossy().into_owned();
+    let meta = formats::count_ids(&storage, &npy, Encoding::Npy).unwrap();
+    assert_eq!(meta.rows, 9);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// `.npy` token arrays (versions 1 and 2 headers), mutated, planned for packing at an eos id
+/// and read.
+#[test]
+fn npy_arrays() {
+    use o41_engine::config::{PackingSpec, TokenLayout};
+    let layout = TokenLayout::Packed(PackingSpec {
+        field: "tokens".into(),
+        seq_len: 4,
+        bins: 2,
+        eos_id: Some(0),
+    });
+    let tokens = Projection::new(&[FieldSpec {
+        name: "tokens".into(),
+        source: "tokens".into(),
+        dtype: DType::I32,
+        shape: vec![4],
+        pad: serde_json::Value::from(0),
+    }])
+    .unwrap();
+    for version in [1u8, 2] {
+        let seed = npy_seed(version);
+        each_mutation(seed, |mutated, n| {
+            let path = std::env::temp_dir().join(format!(
+                "o41-fuzz-npy-{}-{version}-{n}.npy",
+                std::process::id()
+            ));
+            std::fs::write(&path, mutated).unwrap();
+            let uri = path.to_string_lossy().into_owned();
+            read_all(
+                &Storage::local(),
+                &uri,
+                Encoding::Npy,
+                &tokens,
+                Some(&layout),
+            );
+            std::fs::remove_file(&path).unwrap();
+        });
+    }
+}
+
+/// The seed batch as an Arrow IPC stream (what `datasets` writes) or file (with its footer).
+fn arrow_seed(file: bool) -> Vec<u8> {
+    let batch = seed_batch();
+    let mut out = Vec::new();
+    if file {
+        let mut writer = arrow_ipc::writer::FileWriter::try_new(&mut out, &batch.schema()).unwrap();
+        writer.write(&batch.slice(0, 2)).unwrap();
+        writer.write(&batch.slice(2, batch.num_rows() - 2)).unwrap();
+        writer.finish().unwrap();
+    } else {
+        let mut writer =
+            arrow_ipc::writer::StreamWriter::try_new(&mut out, &batch.schema()).unwrap();
+        writer.write(&batch.slice(0, 2)).unwrap();
+        writer.write(&batch.slice(2, batch.num_rows() - 2)).unwrap();
+        writer.finish().unwrap();
+    }
+    out
+}
+
+/// Arrow IPC streams and files, mutated: message lengths, headers, bodies, truncation.
+#[test]
+fn arrow_ipc_files() {
+    fuzz_shards(Encoding::Arrow, arrow_seed(false));
+    fuzz_shards(Encoding::Arrow, arrow_seed(true));
+}
+
+/// The Arrow seeds read whole, so the fuzz mutates tables that read.
+#[test]
+fn arrow_seeds_read_whole() {
+    for file in [false, true] {
+        let path = std::env::temp_dir().join(format!(
+            "o41-fuzz-arrow-seed-{}-{file}.arrow",
+            std::process::id()
+        ));
+        std::fs::write(&path, arrow_seed(file)).unwrap();
+        let uri = path.to_string_lossy().into_owned();
+        let meta = formats::inspect(
+            &Storage::local(),
+            &uri,
+            Encoding::Arrow,
+            &projection(),
+            1 << 20,
+            FIRST,
+        )
+        .unwrap();
+        assert_eq!(meta.rows, seed_batch().num_rows() as u64);
+        std::fs::remove_file(&path).unwrap();
+    }
+}

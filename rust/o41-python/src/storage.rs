@@ -149,14 +149,14 @@ impl Storage {
         })
     }
 
-    /// The record count, size and content SHA-256 of the shard at `uri`, read as `encoding`
-    /// (`parquet`, `jsonl`, `jsonl.gz`, `msgpack`): what a data manifest lists for it.
+    /// The location, record count, size and content SHA-256 of the shard at `uri`, read as
+    /// `encoding`: what a data manifest lists for it.
     fn describe_shard(
         &self,
         py: Python<'_>,
         uri: &str,
         encoding: &str,
-    ) -> PyResult<(u64, u64, String)> {
+    ) -> PyResult<(String, u64, u64, String)> {
         blocking(py, |cancel| {
             let encoding = Encoding::parse(encoding, "data_format")?;
             describe_shard(&self.inner.with_cancel(cancel.clone()), uri, encoding)

@@ -41,13 +41,18 @@ __all__ = [
 DType = Literal["i32", "i64", "f32", "f64", "bool"]
 """Element type of a projected column; ``bool`` is delivered as ``uint8`` 0/1."""
 
-Encoding = Literal["parquet", "jsonl", "jsonl.gz", "msgpack", "bin"]
+Encoding = Literal["parquet", "jsonl", "jsonl.gz", "msgpack", "bin", "megatron", "npy", "arrow"]
 """Shard encoding; framed MessagePack and ``.bin`` token streams are specified in
-``docs/formats.md``. ``bin`` shards are read only by stages with ``packing`` or ``windows``."""
+``docs/formats.md``, corpora read in place (``megatron``, ``npy``, ``arrow``) in
+``docs/corpora.md``.
+``bin`` and ``npy`` shards are read only by stages with ``packing`` or ``windows``."""
 
 DTYPES: tuple[str, ...] = ("i32", "i64", "f32", "f64", "bool")
 ENCODINGS: tuple[str, ...] = ("parquet", "jsonl", "jsonl.gz", "msgpack")
-_SOURCE_ENCODINGS: tuple[str, ...] = (*ENCODINGS, "bin")
+"""The encodings the dataset saver writes and ``o41 tokenize`` reads."""
+IN_PLACE_ENCODINGS: tuple[str, ...] = ("megatron", "npy", "arrow")
+"""Corpora other tools wrote, read in place (``docs/corpora.md``) and listed in manifests."""
+_SOURCE_ENCODINGS: tuple[str, ...] = (*ENCODINGS, "bin", *IN_PLACE_ENCODINGS)
 
 _U64 = 2**64
 

@@ -226,8 +226,9 @@ class Storage:
         """Hex SHA-256 of ``uri``."""
     def content_sha256(self, uri: str) -> str:
         """Hex SHA-256 computed from the content of ``uri`` (never from stored metadata)."""
-    def describe_shard(self, uri: str, encoding: str) -> tuple[int, int, str]:
-        """Record count, size in bytes and content SHA-256 of the shard at ``uri``."""
+    def describe_shard(self, uri: str, encoding: str) -> tuple[str, int, int, str]:
+        """Location (a Megatron dataset's ``.bin``), record count, size in bytes and content
+        SHA-256 of the shard at ``uri``."""
     def list(self, prefix: str) -> list[str]:
         """Every object under the directory ``prefix``, sorted."""
 

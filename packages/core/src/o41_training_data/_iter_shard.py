@@ -9,7 +9,7 @@ from typing import Any
 import pyarrow as pa
 
 from . import _core
-from ._config import ENCODINGS
+from ._config import ENCODINGS, IN_PLACE_ENCODINGS
 from ._errors import UnsupportedFormatError
 from ._errors import invalid as _invalid
 from ._manifest import ManifestShard
@@ -41,7 +41,9 @@ def iter_shard(
     The engine reads the shard, in chunks, exactly as a stream does: the ``k``-th record yielded
     is the stream's row ``k`` of that shard (a blank JSON line is not a record), and a record that
     cannot be decoded raises :class:`MalformedShardError` naming the shard and row. Parquet rows
-    carry every column; JSON Lines and MessagePack records must be maps. ``storage_config``
+    carry every column; JSON Lines and MessagePack records must be maps; a Megatron dataset's
+    record is one document, its ids under ``tokens`` (the dataset named by its ``.bin``, its
+    ``.idx`` or their common prefix). ``storage_config``
     (``training_data.storage_config``) serves ``s3://`` shards; local paths need none.
 
     Examples:
@@ -50,8 +52,9 @@ def iter_shard(
         ...         ...
 
     """
-    if data_format not in ENCODINGS:
-        raise _invalid("data_format", f"{data_format!r}; expected one of {', '.join(ENCODINGS)}")
+    readable = (*ENCODINGS, *IN_PLACE_ENCODINGS)
+    if data_format not in readable:
+        raise _invalid("data_format", f"{data_format!r}; expected one of {', '.join(readable)}")
     uri = normalize(shard.path or shard.location if isinstance(shard, ManifestShard) else shard, "shard")
     records = _core.ShardRecords(uri, data_format, (storage_config or StorageConfig()).core(), _CHUNK)
     while (chunk := _next_chunk(records, uri)) is not None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Sequence
 
-from ._config import ENCODINGS
+from ._config import ENCODINGS, IN_PLACE_ENCODINGS
 from ._errors import invalid as _invalid
 from ._manifest import DataManifest, ManifestShard, ManifestSplit, load_manifest, save_manifest
 from ._ray import connect
@@ -19,7 +19,12 @@ from ._storage import StorageConfig, normalize
 
 __all__ = ["manifest_from_files"]
 
-_SUFFIXES = sorted(((f".{e}", e) for e in ENCODINGS), key=lambda pair: -len(pair[0]))
+# The encodings a manifest may declare; a Megatron dataset is named by its `.idx`.
+_MANIFEST_ENCODINGS = (*ENCODINGS, *IN_PLACE_ENCODINGS)
+_SUFFIXES = sorted(
+    [*((f".{e}", e) for e in ENCODINGS), (".idx", "megatron"), (".npy", "npy"), (".arrow", "arrow")],
+    key=lambda pair: -len(pair[0]),
+)
 # Shards per Ray task: enough to amortise a task's start, few enough to spread a file list.
 _TASK_SHARDS = 64
 
@@ -29,8 +34,10 @@ def encoding_of(path: str) -> str | None:
     return next((encoding for suffix, encoding in _SUFFIXES if path.endswith(suffix)), None)
 
 
-def _describe(paths: Sequence[str], data_format: str, storage: StorageConfig) -> list[tuple[int, int, str]]:
-    """Rows, bytes and SHA-256 of each of ``paths``, in order (also the body of a Ray task)."""
+def _describe(
+    paths: Sequence[str], data_format: str, storage: StorageConfig
+) -> list[tuple[str, int, int, str]]:
+    """Location, rows, bytes and SHA-256 of each of ``paths``, in order (also the body of a Ray task)."""
     store = storage.core()
     return [store.describe_shard(path, data_format) for path in paths]
 
@@ -41,14 +48,14 @@ def _describe_on_ray(
     storage: StorageConfig,
     ray_address: str,
     progress: Callable[[int], None],
-) -> list[tuple[int, int, str]]:
+) -> list[tuple[str, int, int, str]]:
     import ray
 
     connect(ray_address)
     remote = ray.remote(_describe)
     chunks = [paths[i : i + _TASK_SHARDS] for i in range(0, len(paths), _TASK_SHARDS)]
     pending = {remote.remote(chunk, data_format, storage): k for k, chunk in enumerate(chunks)}
-    results: list[list[tuple[int, int, str]] | None] = [None] * len(chunks)
+    results: list[list[tuple[str, int, int, str]] | None] = [None] * len(chunks)
     waiting = list(pending)
     while waiting:
         done, waiting = ray.wait(waiting, num_returns=1)
@@ -94,14 +101,15 @@ def manifest_from_files(
         unknown = [path for path, encoding in found.items() if encoding is None]
         if unknown:
             raise _invalid(
-                "data_format", f"{unknown[0]} has no known suffix ({', '.join(ENCODINGS)}); name the encoding"
+                "data_format",
+                f"{unknown[0]} has no known suffix ({', '.join(s for s, _ in _SUFFIXES)}); name the encoding",
             )
         kinds = sorted({str(e) for e in found.values()})
         if len(kinds) > 1:
             raise _invalid("files", f"a manifest holds one encoding, these files have {', '.join(kinds)}")
         data_format = kinds[0]
-    elif data_format not in ENCODINGS:
-        raise _invalid("data_format", f"'{data_format}' is not one of {', '.join(ENCODINGS)}")
+    elif data_format not in _MANIFEST_ENCODINGS:
+        raise _invalid("data_format", f"'{data_format}' is not one of {', '.join(_MANIFEST_ENCODINGS)}")
     if len(set(paths)) != len(paths):
         twice = next(p for p in paths if paths.count(p) > 1)
         raise _invalid("files", f"{twice} is listed twice")
@@ -120,9 +128,13 @@ def manifest_from_files(
     else:
         described = _describe_on_ray(paths, data_format, config, ray_address, advance)
     shards = tuple(
-        ManifestShard(location=path, rows=rows, bytes=size, checksum=f"sha256:{sha}", path=path)
-        for path, (rows, size, sha) in zip(paths, described, strict=True)
+        ManifestShard(location=location, rows=rows, bytes=size, checksum=f"sha256:{sha}", path=location)
+        for location, rows, size, sha in described
     )
+    locations = [shard.location for shard in shards]
+    if len(set(locations)) != len(locations):
+        twice = next(p for p in locations if locations.count(p) > 1)
+        raise _invalid("files", f"{twice} is listed twice (a Megatron dataset by its .idx and its .bin)")
     manifest = DataManifest(data_format=data_format, splits={split: ManifestSplit(shards=shards)})
     target = normalize(output)
     save_manifest(target, manifest, overwrite=overwrite, storage=config)

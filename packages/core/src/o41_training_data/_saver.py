@@ -280,7 +280,7 @@ class DatasetSaver:
         shard = _parse_descriptor(bytes(handle.read_range(0, handle.size)), descriptor, location)
         try:
             # Rows too: a descriptor's count would otherwise reach the manifest unchecked.
-            rows, size, digest = store.describe_shard(data, self.data_format)
+            _, rows, size, digest = store.describe_shard(data, self.data_format)
             found = {"rows": rows, "bytes": size, "checksum": "sha256:" + digest}
         except (ObjectNotFoundError, DataError) as unreadable:
             found = {"data object": str(unreadable)}

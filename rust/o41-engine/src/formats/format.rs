@@ -21,6 +21,8 @@ use crate::storage::{Object, Pin, Storage};
 /// How a stage of records inspects a shard.
 #[derive(Clone, Copy)]
 pub struct RecordInspection<'a> {
+    /// Where the shard's companion files are (a Megatron dataset's `.idx`).
+    pub storage: &'a Storage,
     /// The fields the stage projects.
     pub projection: &'a Projection,
     /// The longest line or frame a reader may hold, in bytes.
@@ -50,7 +52,12 @@ pub trait ShardFormat: Sync {
 
     /// A forward reader of the shard's whole records (`iter_shard`); Parquet reads
     /// `chunk_rows` rows at a time.
-    fn records(&self, object: Arc<Object>, chunk_rows: usize) -> Result<Box<dyn RecordSource>>;
+    fn records(
+        &self,
+        storage: &Storage,
+        object: Arc<Object>,
+        chunk_rows: usize,
+    ) -> Result<Box<dyn RecordSource>>;
 
     /// Writes a shard from `data` into `out`; errors call it `name`.
     fn write(&self, out: &mut (dyn Write + Send), data: ShardData<'_>, name: &str) -> Result<()>;

@@ -22,8 +22,8 @@ use crate::columns::Chunk;
 use crate::error::{Error, Result};
 use crate::fields::Projection;
 use crate::record::project_record;
-use crate::storage::Pin;
 use crate::storage::{self, Object};
+use crate::storage::{Pin, Storage};
 
 const BUF_BYTES: usize = 1 << 20;
 
@@ -51,7 +51,12 @@ impl ShardFormat for JsonLines {
         )
     }
 
-    fn records(&self, object: Arc<Object>, _chunk_rows: usize) -> Result<Box<dyn RecordSource>> {
+    fn records(
+        &self,
+        _storage: &Storage,
+        object: Arc<Object>,
+        _chunk_rows: usize,
+    ) -> Result<Box<dyn RecordSource>> {
         let reader = Reader::open(object, self.0, None, super::MAX_RECORD_BYTES)?;
         Ok(Box::new(EachRecord::new(reader, Reader::next_record)))
     }

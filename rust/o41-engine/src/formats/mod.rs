@@ -8,18 +8,22 @@
 //! [`ShardRecords`] reads whole records instead (`iter_shard`), and [`write_shard`] writes a
 //! shard (the dataset saver), each through the same encoding modules.
 
+mod arrow_ipc;
 mod cursor;
 mod format;
 mod gz_members;
 mod json_fast;
 mod jsonl;
 mod list_lengths;
+mod megatron;
 mod msgpack;
+mod npy;
 mod parquet;
 mod parquet_direct;
 mod records;
 mod registry;
 mod rle;
+mod token_ids;
 mod tokens;
 mod value;
 
@@ -39,6 +43,7 @@ use crate::fields::Projection;
 use crate::storage::{Object, Pin, Storage};
 
 pub use crate::storage::promise::{Promise, PromiseOrigin};
+pub use arrow_ipc::dataset_files;
 pub use format::{RecordInspection, RecordSource, ShardFormat, ShardIndex};
 pub use msgpack::FRAME_HEADER_BYTES;
 pub use parquet::PageCache;
@@ -184,6 +189,7 @@ pub fn inspect(
         promise.check_stored_sha256(path, encoding, object.stored_sha256())?;
     }
     let how = RecordInspection {
+        storage,
         projection,
         max_record,
         first_record: checks.first_record,
@@ -194,6 +200,37 @@ pub fn inspect(
     }
     meta.pin = pin;
     Ok(meta)
+}
+
+/// Counts the ids of a token file that holds no records (a `NumPy` array, a `.bin`): what a
+/// data manifest lists as its rows. Reads its header or `meta.json` only.
+pub fn count_ids(storage: &Storage, path: &str, encoding: Encoding) -> Result<ShardMeta> {
+    let object = storage.open(path)?;
+    let rows = tokens::count_ids(storage, &object, encoding)?;
+    Ok(ShardMeta {
+        rows,
+        scratch_bytes: 0,
+        pin: object.pin(),
+        longest_record: 0,
+        index: Arc::new(NoIndex),
+    })
+}
+
+/// The index of a shard described but never read.
+#[derive(Debug)]
+struct NoIndex;
+
+impl ShardIndex for NoIndex {
+    fn open(
+        self: Arc<Self>,
+        object: Arc<Object>,
+        _meta: &ShardMeta,
+        _pages: Option<&Arc<PageCache>>,
+    ) -> Result<Box<dyn ShardReader>> {
+        Err(Error::Internal {
+            message: format!("{} was counted, not inspected for reading", object.uri()),
+        })
+    }
 }
 
 /// Opens a shard to inspect it. A remote object this stream has already seen (just now at open,

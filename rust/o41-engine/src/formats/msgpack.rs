@@ -16,8 +16,8 @@ use crate::columns::Chunk;
 use crate::error::{Error, Result};
 use crate::fields::Projection;
 use crate::record::project_record;
-use crate::storage::Pin;
 use crate::storage::{self, Object};
+use crate::storage::{Pin, Storage};
 
 /// Bytes of the length prefix before every frame.
 pub const FRAME_HEADER_BYTES: usize = 4;
@@ -46,7 +46,12 @@ impl ShardFormat for Msgpack {
         inspect(object, how.projection, how.max_record)
     }
 
-    fn records(&self, object: Arc<Object>, _chunk_rows: usize) -> Result<Box<dyn RecordSource>> {
+    fn records(
+        &self,
+        _storage: &Storage,
+        object: Arc<Object>,
+        _chunk_rows: usize,
+    ) -> Result<Box<dyn RecordSource>> {
         let reader = Reader::open(object, Arc::new(vec![0]), MAX_RECORD_BYTES)?;
         Ok(Box::new(EachRecord::new(reader, Reader::next_record)))
     }

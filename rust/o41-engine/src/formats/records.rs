@@ -34,8 +34,8 @@ impl ShardRecords {
         encoding: Encoding,
         chunk_rows: usize,
     ) -> Result<Self> {
-        let object = Arc::new(storage.open(path)?);
-        let source = format_of(encoding).records(object, chunk_rows)?;
+        let object = Arc::new(storage.open(&encoding.shard_location(path))?);
+        let source = format_of(encoding).records(storage, object, chunk_rows)?;
         Ok(ShardRecords { source })
     }
 

@@ -1,7 +1,7 @@
 //! The one place each encoding is bound to the module that reads and writes it.
 
 use super::format::ShardFormat;
-use super::{jsonl, msgpack, parquet, tokens};
+use super::{arrow_ipc, jsonl, megatron, msgpack, npy, parquet, tokens};
 use crate::encoding::Encoding;
 
 /// The format that reads and writes `encoding`.
@@ -12,17 +12,24 @@ pub fn format_of(encoding: Encoding) -> &'static dyn ShardFormat {
         Encoding::JsonlGz => &jsonl::JSONL_GZ,
         Encoding::Msgpack => &msgpack::Msgpack,
         Encoding::Bin => &tokens::Bin,
+        Encoding::Megatron => &megatron::Megatron,
+        Encoding::Npy => &npy::Npy,
+        Encoding::Arrow => &arrow_ipc::ArrowIpc,
     }
 }
 
-/// The encodings token stages read, for messages (`.bin and Parquet`).
+/// The encodings token stages read, for messages (`parquet, bin, megatron and npy`).
 pub fn token_encodings() -> String {
     let names: Vec<&str> = Encoding::ALL
         .into_iter()
         .filter(|&e| format_of(e).reads_tokens())
         .map(Encoding::name)
         .collect();
-    names.join(" and ")
+    match names.split_last() {
+        Some((last, [])) => (*last).to_owned(),
+        Some((last, rest)) => format!("{} and {last}", rest.join(", ")),
+        None => String::new(),
+    }
 }
 
 #[cfg(test)]
@@ -43,8 +50,8 @@ mod tests {
     }
 
     #[test]
-    fn token_stages_read_parquet_and_bin_only() {
-        assert_eq!(token_encodings(), "parquet and bin");
+    fn token_stages_read_parquet_and_flat_token_files() {
+        assert_eq!(token_encodings(), "parquet, bin, megatron and npy");
         assert!(!format_of(Encoding::Bin).reads_records());
     }
 }

@@ -30,7 +30,12 @@ impl ShardFormat for Parquet {
         inspect::inspect(object, how.projection, how.first_record)
     }
 
-    fn records(&self, object: Arc<Object>, chunk_rows: usize) -> Result<Box<dyn RecordSource>> {
+    fn records(
+        &self,
+        _storage: &Storage,
+        object: Arc<Object>,
+        chunk_rows: usize,
+    ) -> Result<Box<dyn RecordSource>> {
         Ok(Box::new(Batches::open(&object, chunk_rows.max(1))?))
     }
 

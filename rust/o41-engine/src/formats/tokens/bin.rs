@@ -10,6 +10,7 @@ use super::{malformed, Documents};
 use crate::encoding::Encoding;
 use crate::error::{Error, Result};
 use crate::formats::format::{RecordInspection, RecordSource, ShardFormat};
+use crate::formats::token_ids::IdType;
 use crate::formats::{ShardData, ShardMeta};
 use crate::storage::{sibling, Object, Storage};
 
@@ -41,7 +42,12 @@ impl ShardFormat for Bin {
         ))
     }
 
-    fn records(&self, object: Arc<Object>, _chunk_rows: usize) -> Result<Box<dyn RecordSource>> {
+    fn records(
+        &self,
+        _storage: &Storage,
+        object: Arc<Object>,
+        _chunk_rows: usize,
+    ) -> Result<Box<dyn RecordSource>> {
         Err(Error::Unsupported {
             path: object.uri().to_owned(),
             encoding: Encoding::Bin.name(),
@@ -85,22 +91,28 @@ pub(super) struct BinMeta {
     pub(super) eos_id: Option<u64>,
 }
 
-/// Reads `path`'s `meta.json`: the width of its ids and its eos id.
-pub(super) fn bin_meta(storage: &Storage, path: &str) -> Result<(u64, Option<u64>)> {
+/// Reads `path`'s `meta.json`: the type of its ids and its eos id. A headerless `NumPy` token
+/// array (`encoding`) is described the same way.
+pub(in crate::formats) fn bin_meta(
+    storage: &Storage,
+    path: &str,
+    encoding: Encoding,
+) -> Result<(IdType, Option<u64>)> {
     let meta_path = sibling(path, META_FILE);
     let object = storage.open(&meta_path).map_err(|e| match e {
         e @ Error::Cancelled { .. } => e,
         other => malformed(
             path,
-            Encoding::Bin,
+            encoding,
             None,
             format!(
-                "a .bin shard is described by {meta_path} (its dtype and eos id), which cannot \
-                 be read: {other}"
+                "a {} shard without a header is described by {meta_path} (its dtype and eos \
+                 id), which cannot be read: {other}",
+                encoding.name()
             ),
         ),
     })?;
-    let bad = |message: String| malformed(&meta_path, Encoding::Bin, None, message);
+    let bad = |message: String| malformed(&meta_path, encoding, None, message);
     if object.size() > MAX_META_BYTES {
         return Err(bad(format!(
             "{} bytes is not a meta.json (at most {MAX_META_BYTES})",
@@ -110,30 +122,37 @@ pub(super) fn bin_meta(storage: &Storage, path: &str) -> Result<(u64, Option<u64
     let text = object.read_range(0..object.size())?;
     let meta: BinMeta = serde_json::from_slice(&text)
         .map_err(|e| bad(format!("not a token corpus description: {e}")))?;
-    let width = match meta.dtype.as_str() {
-        "uint16" | "u16" => 2,
-        "uint32" | "u32" => 4,
-        other => {
-            return Err(bad(format!(
-                "dtype '{other}' is not a token id type; expected uint16 or uint32"
-            )))
-        }
+    // Our own `.bin` files hold 2- or 4-byte ids; OLMo's arrays any integer type.
+    let ids = IdType::parse(&meta.dtype)
+        .filter(|ids| encoding != Encoding::Bin || matches!(*ids, IdType::U16 | IdType::U32));
+    let Some(ids) = ids else {
+        let expected = if encoding == Encoding::Bin {
+            "uint16 or uint32"
+        } else {
+            "an integer type (uint16, int32, ...)"
+        };
+        return Err(bad(format!(
+            "dtype '{}' is not a token id type; expected {expected}",
+            meta.dtype
+        )));
     };
-    Ok((width, meta.eos_id))
+    Ok((ids, meta.eos_id))
 }
 
-/// Scans a `.bin` stream for `eos`, handing each document it closes (and the tail after the
-/// last) to `documents`.
-pub(super) fn scan_bin(
+/// Scans a flat stream of ids (from byte `offset`) for `eos`, handing each document it closes
+/// (and the tail after the last) to `documents`.
+pub(super) fn scan_ids(
     object: &Object,
-    width: u64,
+    (ids, offset, encoding): (IdType, u64, Encoding),
     eos: u64,
     documents: &mut Documents,
     max_plan: u64,
     too_large: &dyn Fn(u64) -> Error,
 ) -> Result<()> {
     let path = object.uri();
-    let mut reader = object.reader(0)?;
+    let width = ids.width;
+    let eos = i128::from(eos);
+    let mut reader = object.reader(offset)?;
     let mut buf = vec![0u8; SCAN_BYTES];
     let mut filled = 0usize;
     let mut token = 0u64;
@@ -145,7 +164,7 @@ pub(super) fn scan_bin(
         filled += n;
         let whole = filled - filled % width as usize;
         for id in buf[..whole].chunks_exact(width as usize) {
-            if read_id(id) == eos {
+            if ids.get(id) == eos {
                 documents.push(doc_start, token + 1 - doc_start);
                 doc_start = token + 1;
             }
@@ -160,14 +179,14 @@ pub(super) fn scan_bin(
             break;
         }
     }
-    if token * width != object.size() {
+    if offset + token * width != object.size() {
         return Err(malformed(
             path,
-            Encoding::Bin,
+            encoding,
             None,
             format!(
                 "read {} bytes of a {}-byte shard",
-                token * width + filled as u64,
+                offset + token * width + filled as u64,
                 object.size()
             ),
         ));
@@ -176,13 +195,4 @@ pub(super) fn scan_bin(
         documents.push(doc_start, token - doc_start);
     }
     Ok(())
-}
-
-/// A little-endian id of 2 or 4 bytes.
-pub(super) fn read_id(bytes: &[u8]) -> u64 {
-    match *bytes {
-        [a, b] => u64::from(u16::from_le_bytes([a, b])),
-        [a, b, c, d] => u64::from(u32::from_le_bytes([a, b, c, d])),
-        _ => 0,
-    }
 }

@@ -27,13 +27,17 @@ use crate::dtype::DType;
 use crate::encoding::Encoding;
 use crate::error::{Error, Result};
 use crate::fields::Projection;
-use crate::formats::{parquet, PageCache, ShardIndex, ShardMeta, ShardReader, TokenInspection};
+use crate::formats::token_ids::IdType;
+use crate::formats::{
+    megatron, npy, parquet, PageCache, ShardIndex, ShardMeta, ShardReader, TokenInspection,
+};
 use crate::order::pack::{
     most_stream_pieces, stream_window, stream_window_pieces, stream_windows, PackPlan, Packer,
     Piece,
 };
 use crate::storage::{Object, Storage};
-use bin::{bin_meta, scan_bin};
+pub(super) use bin::bin_meta;
+use bin::scan_ids;
 pub use bin::{Bin, META_FILE};
 use read::Need;
 pub use read::{fill_window, Reader};
@@ -44,8 +48,14 @@ pub(super) const JOB_ROWS: u64 = crate::memory::MAX_JOB_ROWS;
 /// Where a shard's tokens are.
 #[derive(Debug)]
 pub(super) enum TokenFile {
-    /// Little-endian ids of `width` bytes.
-    Bin { width: u64 },
+    /// A flat stream of little-endian ids of type `ids` from byte `offset` (a `.bin`, a
+    /// Megatron `.bin`, a `NumPy` array). `documents` are the format's own documents (a Megatron
+    /// index), kept where stream windows are cut at them: where each starts, then the end.
+    Flat {
+        ids: IdType,
+        offset: u64,
+        documents: Option<Vec<u64>>,
+    },
     /// Records of one list column; record `r` holds tokens `record_starts[r]..record_starts[r + 1]`.
     Parquet {
         index: Arc<parquet::ParquetIndex>,
@@ -57,6 +67,8 @@ pub(super) enum TokenFile {
 /// A token shard as a stage reads it: its stream, and its windows.
 #[derive(Debug)]
 pub struct TokenIndex {
+    /// The shard's encoding.
+    pub(super) encoding: Encoding,
     pub(super) layout: TokenLayout,
     pub(super) file: TokenFile,
     /// Tokens in the shard's stream.
@@ -104,7 +116,9 @@ impl TokenIndex {
     pub fn bytes(&self) -> u64 {
         let records = match &self.file {
             TokenFile::Parquet { record_starts, .. } => 8 * record_starts.len() as u64,
-            TokenFile::Bin { .. } => 0,
+            TokenFile::Flat { documents, .. } => {
+                documents.as_ref().map_or(0, |d| 8 * d.len() as u64)
+            }
         };
         let starts = self.starts.as_ref().map_or(0, |s| 8 * s.len() as u64);
         records + starts + self.plan.as_ref().map_or(0, PackPlan::bytes)
@@ -136,12 +150,13 @@ impl TokenIndex {
     }
 
     /// Where the documents of the stream start, then its end, for stream windows: those cut at
-    /// an eos id, or else a Parquet shard's records; `None` for a `.bin` stream not cut.
+    /// an eos id, or else a Parquet shard's records or a Megatron dataset's documents; `None`
+    /// for a flat stream not cut.
     pub(super) fn documents(&self) -> Option<&[u64]> {
         match (&self.starts, &self.file) {
             (Some(starts), _) => Some(starts),
             (None, TokenFile::Parquet { record_starts, .. }) => Some(record_starts),
-            (None, TokenFile::Bin { .. }) => None,
+            (None, TokenFile::Flat { documents, .. }) => documents.as_deref(),
         }
     }
 
@@ -303,57 +318,75 @@ pub fn inspect(
     };
     let row_tokens = layout.row_tokens();
     let (file, tokens, scratch) = match encoding {
-        Encoding::Bin => {
-            let (width, meta_eos) = bin_meta(storage, &path)?;
-            if !object.size().is_multiple_of(width) {
-                return Err(malformed(
-                    &path,
-                    encoding,
-                    None,
-                    format!(
-                        "{} bytes is not a whole number of {width}-byte token ids",
-                        object.size()
-                    ),
-                ));
-            }
-            let tokens = object.size() / width;
-            if let Some(documents) = documents.as_mut() {
-                let from_layout = eos.is_some();
-                let Some(eos) = eos.or(meta_eos) else {
-                    return Err(Error::config(
-                        "packing.eos_id",
-                        format!(
-                            "{path}: packing a .bin shard cuts its stream at an eos id, and \
-                             neither its meta.json nor the packing names one"
-                        ),
-                    ));
-                };
-                // An id the shard's dtype cannot hold never occurs: no document would end.
-                let largest = if width >= 8 {
-                    u64::MAX
-                } else {
-                    (1u64 << (8 * width)) - 1
-                };
-                if eos > largest {
-                    let option = match (from_layout, layout) {
+        Encoding::Bin | Encoding::Npy | Encoding::Megatron => {
+            let flat = flat_file(storage, object, encoding, max_plan, &too_large)?;
+            let FlatFile {
+                ids,
+                offset,
+                meta_eos,
+                documents: known,
+            } = flat;
+            let width = ids.width;
+            let tokens = (object.size() - offset) / width;
+            let mut kept = None;
+            match (documents.as_mut(), eos.or(meta_eos), known) {
+                (Some(documents), Some(eos_id), _) => {
+                    let option = match (eos.is_some(), layout) {
                         (false, _) => "meta.json eos_id",
                         (true, TokenLayout::Packed(_)) => "packing.eos_id",
                         (true, TokenLayout::Windows(_)) => "windows.eos_id",
                     };
+                    // An id the shard's type cannot hold never occurs: no document would end.
+                    if eos_id > ids.largest() {
+                        return Err(Error::config(
+                            option,
+                            format!(
+                                "{path}: eos id {eos_id} cannot occur in a shard of {} ids \
+                                 (largest {}), so no document would end",
+                                ids.name(),
+                                ids.largest()
+                            ),
+                        ));
+                    }
+                    let file = (ids, offset, encoding);
+                    scan_ids(object, file, eos_id, documents, max_plan, &too_large)?;
+                }
+                (Some(documents), None, Some(starts)) => {
+                    for w in starts.windows(2) {
+                        let after = documents
+                            .bytes()
+                            .saturating_add(documents.growth(w[1] - w[0]));
+                        if after > max_plan {
+                            return Err(too_large(max_plan));
+                        }
+                        documents.push(w[0], w[1] - w[0]);
+                    }
+                }
+                (Some(_), None, None) => {
                     return Err(Error::config(
-                        option,
+                        "packing.eos_id",
                         format!(
-                            "{path}: eos id {eos} cannot occur in a shard of {width}-byte ids \
-                             (largest {largest}), so no document would end"
+                            "{path}: packing a {} shard cuts its stream at an eos id, and \
+                             neither its meta.json nor the packing names one",
+                            encoding.name()
                         ),
                     ));
                 }
-                scan_bin(object, width, eos, documents, max_plan, &too_large)?;
+                // Stream windows not cut at an eos id are cut at the format's own documents.
+                (None, _, known) => kept = known,
             }
             // A job fetches its windows' bytes, and at most as many again in the gaps it reads
             // through to save requests.
             let scratch = 2 * JOB_ROWS * row_tokens * width;
-            (TokenFile::Bin { width }, tokens, scratch)
+            (
+                TokenFile::Flat {
+                    ids,
+                    offset,
+                    documents: kept,
+                },
+                tokens,
+                scratch,
+            )
         }
         Encoding::Parquet => {
             let projection = token_projection(layout.field())?;
@@ -453,14 +486,16 @@ pub fn inspect(
             return Err(Error::config(
                 "encoding",
                 format!(
-                "{path}: stages that pack or window tokens read .bin and Parquet shards, not {}",
-                other.name()
-            ),
+                    "{path}: stages that pack or window tokens read {} shards, not {}",
+                    crate::formats::token_encodings(),
+                    other.name()
+                ),
             ))
         }
     };
     let (plan, starts) = documents.map_or((None, None), |d| d.finish(tokens));
     let index = TokenIndex {
+        encoding,
         layout: layout.clone(),
         file,
         tokens,
@@ -479,6 +514,76 @@ pub fn inspect(
     })
 }
 
+/// The ids of a flat token file (a `.bin`, a `NumPy` array, a Megatron `.bin`).
+pub fn count_ids(storage: &Storage, object: &Object, encoding: Encoding) -> Result<u64> {
+    let refuse = |_| Error::Internal {
+        message: "counting ids holds no plan".to_owned(),
+    };
+    let flat = flat_file(storage, object, encoding, u64::MAX, &refuse)?;
+    Ok((object.size() - flat.offset) / flat.ids.width)
+}
+
+/// A flat token file as its format describes it.
+struct FlatFile {
+    ids: IdType,
+    /// Byte where the ids start.
+    offset: u64,
+    /// The eos id its `meta.json` names.
+    meta_eos: Option<u64>,
+    /// Its own documents (a Megatron index): where each starts, then the end.
+    documents: Option<Vec<u64>>,
+}
+
+/// Reads what describes a flat token file: a `.bin`'s `meta.json`, a `NumPy` array's header
+/// (or a headerless one's `meta.json`), a Megatron dataset's `.idx`.
+fn flat_file(
+    storage: &Storage,
+    object: &Object,
+    encoding: Encoding,
+    max_plan: u64,
+    too_large: &dyn Fn(u64) -> Error,
+) -> Result<FlatFile> {
+    let path = object.uri();
+    let (ids, offset, meta_eos, documents) = match encoding {
+        Encoding::Megatron => {
+            // The document starts are held for the stream's life where windows are cut at
+            // them; the index's size bounds them before they are read.
+            let idx = storage.open(&megatron::idx_path(path))?;
+            if idx.size() / 8 > max_plan / 8 + 1 {
+                return Err(too_large(max_plan));
+            }
+            let (ids, starts) = megatron::token_file(storage, object)?;
+            (ids, 0, None, Some(starts))
+        }
+        Encoding::Npy if npy::has_header(object)? => {
+            let array = npy::read_header(object)?;
+            (array.ids, array.offset, None, None)
+        }
+        _ => {
+            let (ids, eos) = bin_meta(storage, path, encoding)?;
+            (ids, 0, eos, None)
+        }
+    };
+    if !(object.size() - offset).is_multiple_of(ids.width) {
+        return Err(malformed(
+            path,
+            encoding,
+            None,
+            format!(
+                "{} bytes is not a whole number of {}-byte token ids",
+                object.size() - offset,
+                ids.width
+            ),
+        ));
+    }
+    Ok(FlatFile {
+        ids,
+        offset,
+        meta_eos,
+        documents,
+    })
+}
+
 impl ShardIndex for TokenIndex {
     fn open(
         self: Arc<Self>,
@@ -487,7 +592,7 @@ impl ShardIndex for TokenIndex {
         _pages: Option<&Arc<PageCache>>,
     ) -> Result<Box<dyn ShardReader>> {
         let encoding = match self.file {
-            TokenFile::Bin { .. } => Encoding::Bin,
+            TokenFile::Flat { .. } => self.encoding,
             TokenFile::Parquet { .. } => Encoding::Parquet,
         };
         Ok(Box::new(Reader::open(object, self, encoding)))

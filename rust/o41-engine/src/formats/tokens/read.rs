@@ -10,6 +10,7 @@ use crate::config::WindowColumn;
 use crate::encoding::Encoding;
 use crate::error::{Error, Result};
 use crate::fields::Projection;
+use crate::formats::token_ids::IdType;
 use crate::formats::{parquet, ReadFailure, ShardReader};
 use crate::order::pack::Piece;
 use crate::storage::Object;
@@ -125,7 +126,7 @@ impl Reader {
         needs.sort_by_key(|n| n.start);
         let column = &projection.columns[k];
         let out = &mut chunk.columns[k];
-        let fits = |row: u64, v: i64| Error::Projection {
+        let fits = |row: u64, v: i128| Error::Projection {
             path: path.to_owned(),
             row,
             field: column.name.clone(),
@@ -133,7 +134,9 @@ impl Reader {
             message: format!("token id {v} does not fit dtype {}", column.dtype.name()),
         };
         match &self.index.file {
-            TokenFile::Bin { width } => self.read_bin(*width, &needs, out, &fits),
+            TokenFile::Flat { ids, offset, .. } => {
+                self.read_flat((*ids, *offset), &needs, out, &fits)
+            }
             TokenFile::Parquet {
                 index,
                 projection,
@@ -142,18 +145,19 @@ impl Reader {
         }
     }
 
-    pub(super) fn read_bin(
+    pub(super) fn read_flat(
         &self,
-        width: u64,
+        (ids, offset): (IdType, u64),
         needs: &[Need],
         out: &mut ColumnBuf,
-        fits: &dyn Fn(u64, i64) -> Error,
+        fits: &dyn Fn(u64, i128) -> Error,
     ) -> Result<()> {
+        let width = ids.width;
         // Byte ranges, merged through a gap no longer than the piece after it: fewer requests,
         // and never more than twice the bytes the windows need.
         let mut ranges: Vec<Range<u64>> = Vec::new();
         for need in needs {
-            let r = need.start * width..(need.start + need.len) * width;
+            let r = offset + need.start * width..offset + (need.start + need.len) * width;
             match ranges.last_mut() {
                 Some(last) if r.start <= last.end + (r.end - r.start) => {
                     last.end = last.end.max(r.end);
@@ -163,9 +167,12 @@ impl Reader {
         }
         let pieces = self.object.read_pieces(&ranges)?;
         let mut bytes: Vec<u8> = Vec::new();
-        let mut ids: Vec<i64> = Vec::new();
+        let mut wide: Vec<i64> = Vec::new();
         for need in needs {
-            let (from, to) = (need.start * width, (need.start + need.len) * width);
+            let (from, to) = (
+                offset + need.start * width,
+                offset + (need.start + need.len) * width,
+            );
             bytes.clear();
             gather(&pieces, from..to, &mut bytes);
             if bytes.len() as u64 != to - from {
@@ -176,7 +183,7 @@ impl Reader {
                     format!("bytes {from}..{to} were not read"),
                 ));
             }
-            if let (2, ColumnBuf::I32(buf)) = (width, &mut *out) {
+            if let (IdType::U16, ColumnBuf::I32(buf)) = (ids, &mut *out) {
                 // Every 16-bit id fits: straight into the column.
                 let span = &mut buf[need.out..need.out + bytes.len() / 2];
                 for (o, b) in span.iter_mut().zip(bytes.chunks_exact(2)) {
@@ -184,21 +191,10 @@ impl Reader {
                 }
                 continue;
             }
-            ids.clear();
-            if width == 2 {
-                ids.extend(
-                    bytes
-                        .chunks_exact(2)
-                        .map(|b| i64::from(u16::from_le_bytes([b[0], b[1]]))),
-                );
-            } else {
-                ids.extend(
-                    bytes
-                        .chunks_exact(4)
-                        .map(|b| i64::from(u32::from_le_bytes([b[0], b[1], b[2], b[3]]))),
-                );
-            }
-            put_wide(out, need.out, &ids).map_err(|v| fits(need.row, v))?;
+            wide.clear();
+            ids.decode(&bytes, &mut wide)
+                .map_err(|v| fits(need.row, v))?;
+            put_wide(out, need.out, &wide).map_err(|v| fits(need.row, i128::from(v)))?;
         }
         Ok(())
     }
@@ -210,7 +206,7 @@ impl Reader {
         record_starts: &[u64],
         needs: &[Need],
         out: &mut ColumnBuf,
-        fits: &dyn Fn(u64, i64) -> Error,
+        fits: &dyn Fn(u64, i128) -> Error,
     ) -> Result<()> {
         let record_of = |token: u64| record_starts.partition_point(|&s| s <= token) - 1;
         let mut records: Vec<Range<u64>> = Vec::new();
@@ -255,7 +251,7 @@ impl Reader {
                     }
                     let ids = values.slice((from - rs) as usize..(to - rs) as usize);
                     put(out, need.out + (from - need.start) as usize, ids)
-                        .map_err(|v| fits(need.row, v))?;
+                        .map_err(|v| fits(need.row, i128::from(v)))?;
                 }
                 Ok(())
             },
