@@ -610,3 +610,150 @@ def test_a_shuffled_mix_of_arrow_megatron_and_parquet_records_resumes_exactly(tm
         seed=11,
     )
     assert_resumable(config, batches=12)
+
+
+# --- MosaicML MDS -------------------------------------------------------------------------
+
+MDS_COLUMNS = {
+    "id": "int",
+    "tokens": "ndarray:int32",
+    "any": "ndarray",
+    "fixed": "ndarray:uint16:4",
+    "score": "float32",
+    "text": "str",
+    "meta": "json",
+}
+
+
+def write_mds(out: Path, n: int = 40, compression: str | None = None) -> list[dict[str, Any]]:
+    """An MDS dataset written by mosaicml-streaming's MDSWriter, in several shards."""
+    from streaming import MDSWriter
+
+    samples = [
+        {
+            "id": i * 7 - 30,
+            "tokens": np.arange(i, i + 1 + i % 6, dtype=np.int32),
+            "any": np.arange(6, dtype=np.int16).reshape(2, 3) * (i - 20),
+            "fixed": np.array([i, i + 1, i + 2, 65535], dtype=np.uint16),
+            "score": np.float32(i / 8),
+            "text": f"sample {i}",
+            "meta": {"ids": [i, i * 2]},
+        }
+        for i in range(n)
+    ]
+    with MDSWriter(out=str(out), columns=MDS_COLUMNS, compression=compression, size_limit=1 << 10) as writer:
+        for sample in samples:
+            writer.write(sample)
+    return samples
+
+
+MDS_FIELDS = [
+    ProjectedField(name="id", source="id", dtype="i64"),
+    ProjectedField(name="tokens", source="tokens", dtype="i32", length=8, pad=-1),
+    ProjectedField(name="any", source="any", dtype="i32", shape=(2, 3)),
+    ProjectedField(name="fixed", source="fixed", dtype="i32", length=4),
+    ProjectedField(name="score", source="score", dtype="f32"),
+]
+
+
+def expected_mds_rows(samples: list[dict[str, Any]]) -> list[dict[str, np.ndarray]]:
+    out = []
+    for s in samples:
+        tokens = np.full(8, -1, np.int32)
+        tokens[: len(s["tokens"])] = s["tokens"]
+        out.append(
+            {
+                "id": np.int64(s["id"]),
+                "tokens": tokens,
+                "any": np.asarray(s["any"], np.int32),
+                "fixed": np.asarray(s["fixed"], np.int32),
+                "score": np.float32(s["score"]),
+            }
+        )
+    return out
+
+
+def mds_rows(source: FileSource, storage: Any = None) -> list[dict[str, np.ndarray]]:
+    config = BatchStreamConfig(fields=MDS_FIELDS, stages=[Stage(sources=[source], batch_size=1)])
+    return [{k: v for k, v in r.items() if k != "valid"} for r in rows(config, storage)]
+
+
+# streaming's LocalDataset opens index.json without closing it.
+@pytest.mark.filterwarnings("ignore::ResourceWarning", "ignore::pytest.PytestUnraisableExceptionWarning")
+@pytest.mark.parametrize("compression", [None, "zstd", "zstd:7", "gz", "br", "snappy"])
+def test_an_mds_dataset_reads_as_streaming_reads_it(tmp_path: Path, compression: str | None) -> None:
+    import shutil
+
+    from streaming import LocalDataset
+    from streaming.base.compression import decompress
+
+    write_mds(tmp_path / "mds", compression=compression)
+    index = json.loads((tmp_path / "mds" / "index.json").read_text())
+    assert len(index["shards"]) > 2
+    # streaming reads a compressed shard once its Stream has inflated it beside it: do that in a
+    # copy, with streaming's own codec, so the stream below reads the compressed files alone.
+    shutil.copytree(tmp_path / "mds", tmp_path / "ref")
+    for shard in index["shards"]:
+        if shard["zip_data"]:
+            packed = (tmp_path / "ref" / shard["zip_data"]["basename"]).read_bytes()
+            (tmp_path / "ref" / shard["raw_data"]["basename"]).write_bytes(
+                decompress(shard["compression"], packed)
+            )
+    assert not list((tmp_path / "mds").glob("*.mds")) or compression is None
+    own = LocalDataset(local=str(tmp_path / "ref"))
+    samples = [own[i] for i in range(len(own))]
+    got = mds_rows(FileSource(files=[str(tmp_path / "mds")], encoding="mds"))
+    assert_same_rows(got, expected_mds_rows(samples))
+    # Every column, as iter_shard reads it, equals what streaming decodes.
+    first = index["shards"][0]
+    name = (first["zip_data"] or first["raw_data"])["basename"]
+    records = list(iter_shard("mds", tmp_path / "mds" / name))
+    assert len(records) == first["samples"]
+    for record, sample in zip(records, samples, strict=False):
+        assert record["id"] == sample["id"]
+        assert record["tokens"] == sample["tokens"].tolist()
+        assert record["any"] == sample["any"].tolist()
+        assert record["fixed"] == sample["fixed"].tolist()
+        assert record["score"] == float(sample["score"])
+        assert record["text"] == sample["text"]
+        assert record["meta"] == sample["meta"]
+
+
+def test_an_mds_shard_whose_count_disagrees_with_index_json_fails_closed(tmp_path: Path) -> None:
+    write_mds(tmp_path / "mds")
+    index_path = tmp_path / "mds" / "index.json"
+    index = json.loads(index_path.read_text())
+    index["shards"][1]["samples"] += 1
+    index_path.write_text(json.dumps(index))
+    with pytest.raises(MalformedShardError, match=r"shard\.00001\.mds.*holds \d+ samples; index\.json says"):
+        mds_rows(FileSource(files=[str(tmp_path / "mds")], encoding="mds"))
+    index["shards"][1]["samples"] -= 1
+    index["shards"][1]["raw_data"]["bytes"] += 5
+    index_path.write_text(json.dumps(index))
+    with pytest.raises(MalformedShardError, match=r"listed as \d+ bytes; the file holds"):
+        mds_rows(FileSource(files=[str(tmp_path / "mds")], encoding="mds"))
+
+
+def test_an_mds_codec_not_built_is_refused_naming_it(tmp_path: Path) -> None:
+    write_mds(tmp_path / "mds", compression="bz2")
+    with pytest.raises(UnsupportedFormatError, match=r"compressed with 'bz2'"):
+        mds_rows(FileSource(files=[str(tmp_path / "mds")], encoding="mds"))
+
+
+def test_an_mds_dataset_reads_from_s3(
+    tmp_path: Path, s3_server: LocalS3Server, boto3_client: Any, s3_prefix: str
+) -> None:
+    write_mds(tmp_path / "mds", compression="zstd")
+    for f in (tmp_path / "mds").iterdir():
+        upload(boto3_client, f, f"{s3_prefix}mds/{f.name}")
+    expected = mds_rows(FileSource(files=[str(tmp_path / "mds")], encoding="mds"))
+    got = mds_rows(FileSource(files=[f"{s3_prefix}mds"], encoding="mds"), data_for(s3_server))
+    assert_same_rows(got, expected)
+
+
+def test_manifest_build_lists_mds_shards(tmp_path: Path) -> None:
+    samples = write_mds(tmp_path / "mds", compression="zstd")
+    files = sorted((tmp_path / "mds").glob("shard.*.mds.zstd"))
+    manifest = manifest_from_files(files, tmp_path / "m.json")
+    assert manifest.data_format == "mds"
+    assert sum(s.rows for s in manifest.splits["train"].shards) == len(samples)

@@ -37,11 +37,15 @@ pub enum Encoding {
     /// writes. A `save_to_disk` directory is resolved to the files its `state.json` lists.
     #[serde(rename = "arrow")]
     Arrow,
+    /// A `MosaicML` MDS shard (`streaming`'s `MDSWriter`), raw or compressed whole, described by
+    /// the `index.json` beside it. A dataset directory is resolved to the shards it lists.
+    #[serde(rename = "mds")]
+    Mds,
 }
 
 impl Encoding {
     /// Every encoding, for messages.
-    pub const ALL: [Encoding; 8] = [
+    pub const ALL: [Encoding; 9] = [
         Encoding::Parquet,
         Encoding::Jsonl,
         Encoding::JsonlGz,
@@ -50,6 +54,7 @@ impl Encoding {
         Encoding::Megatron,
         Encoding::Npy,
         Encoding::Arrow,
+        Encoding::Mds,
     ];
 
     /// The name used in configs and manifests.
@@ -63,6 +68,7 @@ impl Encoding {
             Encoding::Megatron => "megatron",
             Encoding::Npy => "npy",
             Encoding::Arrow => "arrow",
+            Encoding::Mds => "mds",
         }
     }
 
@@ -95,6 +101,12 @@ impl Encoding {
             (".idx", Encoding::Megatron),
             (".npy", Encoding::Npy),
             (".arrow", Encoding::Arrow),
+            (".mds", Encoding::Mds),
+            (".mds.zstd", Encoding::Mds),
+            (".mds.gz", Encoding::Mds),
+            (".mds.br", Encoding::Mds),
+            (".mds.snappy", Encoding::Mds),
+            (".mds.bz2", Encoding::Mds),
         ];
         by_suffix
             .iter()

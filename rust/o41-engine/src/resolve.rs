@@ -201,13 +201,17 @@ fn source_jobs(
                 storage
                     .check(file)
                     .map_err(|e| renamed(e, &format!("{option}.files[{f}]")))?;
-                // A `datasets` save_to_disk directory is the Arrow files its state.json lists.
-                let paths = if encoding == Encoding::Arrow && file.strip_suffix(".arrow").is_none()
-                {
-                    let dir = absolute(file);
-                    formats::dataset_files(storage, &dir, &format!("{option}.files[{f}]"))?
-                } else {
-                    vec![absolute(&encoding.shard_location(file))]
+                // A `datasets` save_to_disk directory is the Arrow files its state.json lists,
+                // an MDS dataset directory the shards its index.json lists.
+                let named = format!("{option}.files[{f}]");
+                let paths = match encoding {
+                    Encoding::Arrow if file.strip_suffix(".arrow").is_none() => {
+                        formats::dataset_files(storage, &absolute(file), &named)?
+                    }
+                    Encoding::Mds if !file.contains(".mds") => {
+                        formats::mds_files(storage, &absolute(file), &named)?
+                    }
+                    _ => vec![absolute(&encoding.shard_location(file))],
                 };
                 for path in paths {
                     jobs.push(Job {

@@ -41,16 +41,16 @@ __all__ = [
 DType = Literal["i32", "i64", "f32", "f64", "bool"]
 """Element type of a projected column; ``bool`` is delivered as ``uint8`` 0/1."""
 
-Encoding = Literal["parquet", "jsonl", "jsonl.gz", "msgpack", "bin", "megatron", "npy", "arrow"]
+Encoding = Literal["parquet", "jsonl", "jsonl.gz", "msgpack", "bin", "megatron", "npy", "arrow", "mds"]
 """Shard encoding; framed MessagePack and ``.bin`` token streams are specified in
-``docs/formats.md``, corpora read in place (``megatron``, ``npy``, ``arrow``) in
+``docs/formats.md``, corpora read in place (``megatron``, ``npy``, ``arrow``, ``mds``) in
 ``docs/corpora.md``.
 ``bin`` and ``npy`` shards are read only by stages with ``packing`` or ``windows``."""
 
 DTYPES: tuple[str, ...] = ("i32", "i64", "f32", "f64", "bool")
 ENCODINGS: tuple[str, ...] = ("parquet", "jsonl", "jsonl.gz", "msgpack")
 """The encodings the dataset saver writes and ``o41 tokenize`` reads."""
-IN_PLACE_ENCODINGS: tuple[str, ...] = ("megatron", "npy", "arrow")
+IN_PLACE_ENCODINGS: tuple[str, ...] = ("megatron", "npy", "arrow", "mds")
 """Corpora other tools wrote, read in place (``docs/corpora.md``) and listed in manifests."""
 _SOURCE_ENCODINGS: tuple[str, ...] = (*ENCODINGS, "bin", *IN_PLACE_ENCODINGS)
 

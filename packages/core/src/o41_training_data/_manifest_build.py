@@ -22,7 +22,13 @@ __all__ = ["manifest_from_files"]
 # The encodings a manifest may declare; a Megatron dataset is named by its `.idx`.
 _MANIFEST_ENCODINGS = (*ENCODINGS, *IN_PLACE_ENCODINGS)
 _SUFFIXES = sorted(
-    [*((f".{e}", e) for e in ENCODINGS), (".idx", "megatron"), (".npy", "npy"), (".arrow", "arrow")],
+    [
+        *((f".{e}", e) for e in ENCODINGS),
+        (".idx", "megatron"),
+        (".npy", "npy"),
+        (".arrow", "arrow"),
+        *((f".mds{z}", "mds") for z in ("", ".zstd", ".gz", ".br", ".snappy", ".bz2")),
+    ],
     key=lambda pair: -len(pair[0]),
 )
 # Shards per Ray task: enough to amortise a task's start, few enough to spread a file list.

@@ -1,7 +1,7 @@
 //! The one place each encoding is bound to the module that reads and writes it.
 
 use super::format::ShardFormat;
-use super::{arrow_ipc, jsonl, megatron, msgpack, npy, parquet, tokens};
+use super::{arrow_ipc, jsonl, mds, megatron, msgpack, npy, parquet, tokens};
 use crate::encoding::Encoding;
 
 /// The format that reads and writes `encoding`.
@@ -15,6 +15,7 @@ pub fn format_of(encoding: Encoding) -> &'static dyn ShardFormat {
         Encoding::Megatron => &megatron::Megatron,
         Encoding::Npy => &npy::Npy,
         Encoding::Arrow => &arrow_ipc::ArrowIpc,
+        Encoding::Mds => &mds::Mds,
     }
 }
 

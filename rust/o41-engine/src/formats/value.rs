@@ -210,6 +210,51 @@ pub fn serialize_fields<S: Serializer>(
     map.end()
 }
 
+/// The value a JSON document holds (an MDS `json` column).
+pub fn json_value(data: &[u8]) -> Result<Value, String> {
+    Value::deserialize(&mut serde_json::Deserializer::from_slice(data)).map_err(|e| e.to_string())
+}
+
+/// A value as a serde `Deserializer`: a record built in memory (an MDS sample) is projected by
+/// the same code as one parsed from JSON or `MessagePack`.
+pub struct ValueDeserializer(Value);
+
+impl de::IntoDeserializer<'_, de::value::Error> for Value {
+    type Deserializer = ValueDeserializer;
+
+    fn into_deserializer(self) -> ValueDeserializer {
+        ValueDeserializer(self)
+    }
+}
+
+impl<'de> Deserializer<'de> for ValueDeserializer {
+    type Error = de::value::Error;
+
+    fn deserialize_any<V: Visitor<'de>>(self, visitor: V) -> Result<V::Value, Self::Error> {
+        match self.0 {
+            Value::Null => visitor.visit_unit(),
+            Value::Bool(b) => visitor.visit_bool(b),
+            Value::Int(i) => visitor.visit_i64(i),
+            Value::UInt(u) => visitor.visit_u64(u),
+            Value::Float(f) => visitor.visit_f64(f),
+            Value::Str(s) => visitor.visit_string(s),
+            Value::Bytes(b) => visitor.visit_byte_buf(b),
+            Value::List(items) => {
+                visitor.visit_seq(de::value::SeqDeserializer::new(items.into_iter()))
+            }
+            Value::Map(fields) => {
+                visitor.visit_map(de::value::MapDeserializer::new(fields.into_iter()))
+            }
+        }
+    }
+
+    serde::forward_to_deserialize_any! {
+        bool i8 i16 i32 i64 i128 u8 u16 u32 u64 u128 f32 f64 char str string bytes byte_buf
+        option unit unit_struct newtype_struct seq tuple tuple_struct map struct enum identifier
+        ignored_any
+    }
+}
+
 /// A record as a `Serialize` map.
 pub struct RecordRef<'a>(pub &'a [(String, Value)]);
 
@@ -235,6 +280,15 @@ mod tests {
             from_json[2].1,
             Value::Map(vec![("d".into(), Value::UInt(u64::MAX))])
         );
+    }
+
+    #[test]
+    fn a_value_deserializes_as_itself() {
+        let json = r#"{"a": -1, "b": [1.5, "x", null, true], "c": {"d": 18446744073709551615}}"#;
+        let record = read_record(&mut serde_json::Deserializer::from_str(json)).unwrap();
+        let value = Value::Map(record.clone());
+        let again = read_record(de::IntoDeserializer::into_deserializer(value)).unwrap();
+        assert_eq!(again, record);
     }
 
     #[test]
