@@ -1,25 +1,38 @@
-"""Corpora other tools wrote, read in place: Megatron indexed datasets and NumPy token arrays.
+"""Corpora other tools wrote, read in place: Megatron indexed datasets, NumPy token arrays,
+Hugging Face ``datasets`` Arrow files and MosaicML MDS shards.
 
-Each file here is written by its own library (megatron-core's ``IndexedDatasetBuilder``,
-``numpy.save`` / ``ndarray.tofile``), and every token the stream delivers is compared with what
-that library's own reader returns, or with the same documents read from a Parquet shard.
+NumPy and Arrow files here are written by their own libraries (``numpy.save``,
+``ndarray.tofile``, ``datasets``, ``pyarrow.ipc``) and every value the stream delivers is compared
+with what those libraries read. megatron-core's and mosaicml-streaming's writers import PyTorch,
+which the core's tests run without: Megatron and MDS files here come from the test kit's NumPy
+writers, which ``tests/test_corpora_peers.py`` checks against those libraries (and where the
+libraries' own files are read and compared with their own readers).
 """
 
 from __future__ import annotations
 
-import itertools
 import json
 import struct
-import warnings
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
-import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from o41_testkit import LocalS3Server, data_for, upload
+from o41_testkit.corpora import (
+    assert_same_rows,
+    token_config,
+    token_fields,
+    write_mds_tokens_plain,
+    write_megatron_plain,
+)
+from o41_testkit.corpora import stream_rows as rows
+from o41_testkit.corpora import token_corpus as corpus
+from o41_testkit.corpora import write_token_lists as write_lists
 from o41_training_data import (
     BatchStreamConfig,
     ConfigError,
@@ -28,6 +41,7 @@ from o41_training_data import (
     ManifestSource,
     Packing,
     ProjectedField,
+    ProjectionError,
     Shuffle,
     Stage,
     TokenWindows,
@@ -35,124 +49,39 @@ from o41_training_data import (
     iter_shard,
     manifest_from_files,
     open_batch_stream,
+    resume_batch_stream,
 )
 from o41_training_data.testing import assert_resumable
 
-with warnings.catch_warnings():
-    # megatron-core warns at import that its fused GPU kernels (Transformer Engine, Apex) are
-    # absent; its indexed datasets need neither.
-    warnings.simplefilter("ignore")
-    from megatron.core.datasets.indexed_dataset import IndexedDataset, IndexedDatasetBuilder
-
 EOS = 0
+LENGTHS = [13, 2, 7, 30, 5, 5, 9, 1, 22, 0, 17]
 Docs = list[list[int]]
 
 
-def corpus(lengths: list[int], first: int = 1) -> Docs:
-    """Documents of the given lengths holding unique ids from ``first`` on (never ``EOS``)."""
-    docs, next_id = [], first
-    for n in lengths:
-        docs.append(list(range(next_id, next_id + n)))
-        next_id += n
-    return docs
-
-
-LENGTHS = [13, 2, 7, 30, 5, 5, 9, 1, 22, 0, 17]
-
-
-def write_megatron(prefix: Path, docs: Docs, dtype: type = np.int32, pieces: int = 2) -> Path:
-    """A Megatron dataset written by megatron-core: each document as up to ``pieces`` sequences
-    (``add_item`` then ``end_document``), the odd ones in one call (``add_document``)."""
-    builder = IndexedDatasetBuilder(f"{prefix}.bin", dtype=dtype)
-    for d, doc in enumerate(docs):
-        cuts = [len(doc) * k // pieces for k in range(pieces + 1)]
-        parts = [doc[a:b] for a, b in itertools.pairwise(cuts)]
-        if d % 2:
-            builder.add_document(doc, [len(p) for p in parts])  # a list, as preprocess_data.py passes
-        else:
-            for part in parts:
-                builder.add_item(torch.tensor(part, dtype=torch.int64))
-            builder.end_document()
-    builder.finalize(f"{prefix}.idx")
-    return Path(f"{prefix}.idx")
-
-
-def megatron_documents(prefix: Path) -> Docs:
-    """Every document as megatron-core's own reader returns it (its sequences, joined)."""
-    dataset = IndexedDataset(str(prefix))
-    bounds = dataset.document_indices
-    docs = []
-    for a, b in itertools.pairwise(bounds):
-        sequences = dataset[int(a) : int(b)] if b > a else []
-        docs.append([int(t) for s in sequences for t in s])
-    return docs
-
-
-def write_lists(path: Path, docs: Docs) -> Path:
-    pq.write_table(pa.table({"tokens": pa.array(docs, pa.list_(pa.int64()))}), path, row_group_size=4)
-    return path
-
-
-def token_fields(seq_len: int) -> list[ProjectedField]:
-    return [
-        ProjectedField(name="tokens", source="tokens", dtype="i64", length=seq_len),
-        ProjectedField(name="segment_ids", source="@segment_ids", dtype="i32", length=seq_len),
-        ProjectedField(name="positions", source="@positions", dtype="i32", length=seq_len),
-    ]
-
-
-def token_config(source: FileSource, seq_len: int = 8, **stage: Any) -> BatchStreamConfig:
-    # A stream window holds the overlapping token too.
-    width = seq_len + 1 if "windows" in stage else seq_len
-    return BatchStreamConfig(
-        fields=token_fields(width), stages=[Stage(sources=[source], batch_size=1, **stage)], threads=2
-    )
-
-
-def rows(config: BatchStreamConfig, storage: Any = None) -> list[dict[str, np.ndarray]]:
-    opened = storage.batch_stream(config) if storage is not None else open_batch_stream(config)
-    out = []
-    with opened as stream:
-        for batch in stream:
-            arrays = batch.arrays()
-            out.extend({k: v[r].copy() for k, v in arrays.items()} for r in range(batch.num_rows))
-    return out
-
-
-def assert_same_rows(got: list[dict[str, np.ndarray]], expected: list[dict[str, np.ndarray]]) -> None:
-    assert len(got) == len(expected) > 0
-    for r, (a, b) in enumerate(zip(got, expected, strict=True)):
-        assert a.keys() == b.keys()
-        for name in a:
-            np.testing.assert_array_equal(a[name], b[name], err_msg=f"row {r}, {name}")
+def write_megatron(prefix: Path, docs: list[list[int]], dtype: str = "int32") -> Path:
+    return write_megatron_plain(prefix, docs, dtype)
 
 
 # --- Megatron -----------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("dtype", [np.int32, np.uint16, np.int64, np.uint8])
-def test_megatron_documents_are_records_equal_to_megatron_cores_reader(tmp_path: Path, dtype: type) -> None:
-    docs = (
-        corpus(LENGTHS, first=1) if dtype != np.uint8 else [[t % 250 + 1 for t in d] for d in corpus(LENGTHS)]
-    )
+@pytest.mark.parametrize("dtype", ["int32", "uint16", "int64", "uint8", "int8", "int16"])
+def test_megatron_documents_are_records(tmp_path: Path, dtype: str) -> None:
+    docs = [[t % 120 + 1 for t in d] for d in corpus(LENGTHS)]
     idx = write_megatron(tmp_path / "corpus", docs, dtype)
-    expected = megatron_documents(tmp_path / "corpus")
-    assert expected == docs
-    width = max(LENGTHS)
     config = BatchStreamConfig(
-        fields=[ProjectedField(name="ids", source="tokens", dtype="i64", length=width, pad=-1)],
+        fields=[ProjectedField(name="ids", source="tokens", dtype="i64", length=max(LENGTHS), pad=-1)],
         stages=[Stage(sources=[FileSource(files=[str(idx)])], batch_size=1)],
     )
-    delivered = [list(r["ids"][r["ids"] >= 0]) for r in rows(config)]
-    assert delivered == expected
+    assert [list(r["ids"][r["ids"] >= 0]) for r in rows(config)] == docs
     # Named by its .bin (with the encoding), or by the common prefix.
     for name in [f"{tmp_path / 'corpus'}.bin", str(tmp_path / "corpus")]:
         named = BatchStreamConfig(
             fields=config.fields,
             stages=[Stage(sources=[FileSource(files=[name], encoding="megatron")], batch_size=1)],
         )
-        assert [list(r["ids"][r["ids"] >= 0]) for r in rows(named)] == expected
-    assert [r["tokens"] for r in iter_shard("megatron", idx)] == expected
+        assert [list(r["ids"][r["ids"] >= 0]) for r in rows(named)] == docs
+    assert [r["tokens"] for r in iter_shard("megatron", idx)] == docs
 
 
 def test_packing_a_megatron_dataset_equals_packing_the_same_documents_from_parquet(tmp_path: Path) -> None:
@@ -174,7 +103,7 @@ def test_a_megatron_dataset_reads_from_s3_as_from_local_disk(
     tmp_path: Path, s3_server: LocalS3Server, boto3_client: Any, s3_prefix: str
 ) -> None:
     docs = corpus(LENGTHS)
-    write_megatron(tmp_path / "corpus", docs, np.uint16)
+    write_megatron(tmp_path / "corpus", docs, "uint16")
     for suffix in (".bin", ".idx"):
         upload(boto3_client, tmp_path / f"corpus{suffix}", f"{s3_prefix}corpus{suffix}")
     packing = {"packing": Packing(field="tokens", seq_len=8, bins=4)}
@@ -244,19 +173,6 @@ def test_a_megatron_bin_the_index_does_not_cover_fails_closed(tmp_path: Path) ->
         list(iter_shard("megatron", tmp_path / "corpus.bin"))
 
 
-def test_a_float_megatron_dataset_is_read_as_records_and_refused_as_tokens(tmp_path: Path) -> None:
-    builder = IndexedDatasetBuilder(f"{tmp_path / 'f'}.bin", dtype=np.float32)
-    builder.add_item(torch.tensor([0.5, 1.5, -2.0]))
-    builder.end_document()
-    builder.finalize(f"{tmp_path / 'f'}.idx")
-    assert [r["tokens"] for r in iter_shard("megatron", tmp_path / "f.idx")] == [[0.5, 1.5, -2.0]]
-    config = token_config(
-        FileSource(files=[str(tmp_path / "f.idx")]), packing=Packing(field="tokens", seq_len=8)
-    )
-    with pytest.raises(UnsupportedFormatError, match=r"float32, not token ids"):
-        open_batch_stream(config)
-
-
 def test_manifest_build_lists_a_megatron_dataset_by_its_bin(tmp_path: Path) -> None:
     docs = corpus(LENGTHS)
     idx_a = write_megatron(tmp_path / "a", docs[:6])
@@ -279,9 +195,6 @@ def test_manifest_build_lists_a_megatron_dataset_by_its_bin(tmp_path: Path) -> N
     assert [list(r["ids"][r["ids"] >= 0]) for r in rows(config)] == docs
     with pytest.raises(ConfigError, match=r"a\.bin is listed twice"):
         manifest_from_files([idx_a, tmp_path / "a.bin"], tmp_path / "twice.json", data_format="megatron")
-
-
-# --- NumPy --------------------------------------------------------------------------------
 
 
 def stream_of(docs: Docs) -> list[int]:
@@ -393,9 +306,6 @@ def test_numpy_arrays_are_token_streams_only(tmp_path: Path) -> None:
     assert [s.rows for s in manifest.splits["train"].shards] == [10]
 
 
-# --- Mixed --------------------------------------------------------------------------------
-
-
 def test_a_shuffled_mix_of_megatron_numpy_and_parquet_resumes_exactly(tmp_path: Path) -> None:
     docs = corpus([3 + (7 * i) % 40 for i in range(60)])
     # The stage cuts documents at its eos id in every source, so the Megatron documents end in one.
@@ -421,9 +331,6 @@ def test_a_shuffled_mix_of_megatron_numpy_and_parquet_resumes_exactly(tmp_path: 
         threads=2,
     )
     assert_resumable(config, batches=12)
-
-
-# --- Hugging Face datasets (Arrow IPC) ----------------------------------------------------
 
 
 def hf_dataset(n: int = 23) -> Any:
@@ -612,148 +519,115 @@ def test_a_shuffled_mix_of_arrow_megatron_and_parquet_records_resumes_exactly(tm
     assert_resumable(config, batches=12)
 
 
-# --- MosaicML MDS -------------------------------------------------------------------------
+def write_hf_tokens(out: Path, docs: Docs, shards: int = 2) -> Path:
+    import datasets
 
-MDS_COLUMNS = {
-    "id": "int",
-    "tokens": "ndarray:int32",
-    "any": "ndarray",
-    "fixed": "ndarray:uint16:4",
-    "score": "float32",
-    "text": "str",
-    "meta": "json",
-}
-
-
-def write_mds(out: Path, n: int = 40, compression: str | None = None) -> list[dict[str, Any]]:
-    """An MDS dataset written by mosaicml-streaming's MDSWriter, in several shards."""
-    from streaming import MDSWriter
-
-    samples = [
-        {
-            "id": i * 7 - 30,
-            "tokens": np.arange(i, i + 1 + i % 6, dtype=np.int32),
-            "any": np.arange(6, dtype=np.int16).reshape(2, 3) * (i - 20),
-            "fixed": np.array([i, i + 1, i + 2, 65535], dtype=np.uint16),
-            "score": np.float32(i / 8),
-            "text": f"sample {i}",
-            "meta": {"ids": [i, i * 2]},
-        }
-        for i in range(n)
-    ]
-    with MDSWriter(out=str(out), columns=MDS_COLUMNS, compression=compression, size_limit=1 << 10) as writer:
-        for sample in samples:
-            writer.write(sample)
-    return samples
-
-
-MDS_FIELDS = [
-    ProjectedField(name="id", source="id", dtype="i64"),
-    ProjectedField(name="tokens", source="tokens", dtype="i32", length=8, pad=-1),
-    ProjectedField(name="any", source="any", dtype="i32", shape=(2, 3)),
-    ProjectedField(name="fixed", source="fixed", dtype="i32", length=4),
-    ProjectedField(name="score", source="score", dtype="f32"),
-]
-
-
-def expected_mds_rows(samples: list[dict[str, Any]]) -> list[dict[str, np.ndarray]]:
-    out = []
-    for s in samples:
-        tokens = np.full(8, -1, np.int32)
-        tokens[: len(s["tokens"])] = s["tokens"]
-        out.append(
-            {
-                "id": np.int64(s["id"]),
-                "tokens": tokens,
-                "any": np.asarray(s["any"], np.int32),
-                "fixed": np.asarray(s["fixed"], np.int32),
-                "score": np.float32(s["score"]),
-            }
-        )
+    datasets.Dataset.from_dict({"tokens": docs}).save_to_disk(str(out), num_shards=shards)
     return out
 
 
-def mds_rows(source: FileSource, storage: Any = None) -> list[dict[str, np.ndarray]]:
-    config = BatchStreamConfig(fields=MDS_FIELDS, stages=[Stage(sources=[source], batch_size=1)])
-    return [{k: v for k, v in r.items() if k != "valid"} for r in rows(config, storage)]
+@pytest.mark.parametrize("kind", ["arrow", "mds"])
+def test_token_stages_read_arrow_and_mds_lists_as_parquet_lists(tmp_path: Path, kind: str) -> None:
+    # MDS cannot hold an empty array: every document here holds tokens.
+    docs = corpus([n for n in LENGTHS if n > 0])
+    lists = write_lists(tmp_path / "lists.parquet", docs)
+    # Windows are planned per shard: one shard each, as the Parquet file is.
+    if kind == "arrow":
+        source = FileSource(files=[str(write_hf_tokens(tmp_path / "hf", docs, shards=1))], encoding="arrow")
+    else:
+        source = FileSource(
+            files=[str(write_mds_tokens_plain(tmp_path / "mds", docs, per_shard=100))], encoding="mds"
+        )
+    for layout in (
+        {"packing": Packing(field="tokens", seq_len=8, bins=4)},
+        {"windows": TokenWindows(field="tokens", seq_len=8)},
+        {"windows": TokenWindows(field="tokens", seq_len=8, eos_id=9)},
+    ):
+        got = rows(token_config(source, **layout))
+        assert_same_rows(got, rows(token_config(FileSource(files=[str(lists)]), **layout)))
 
 
-# streaming's LocalDataset opens index.json without closing it.
-@pytest.mark.filterwarnings("ignore::ResourceWarning", "ignore::pytest.PytestUnraisableExceptionWarning")
-@pytest.mark.parametrize("compression", [None, "zstd", "zstd:7", "gz", "br", "snappy"])
-def test_an_mds_dataset_reads_as_streaming_reads_it(tmp_path: Path, compression: str | None) -> None:
-    import shutil
-
-    from streaming import LocalDataset
-    from streaming.base.compression import decompress
-
-    write_mds(tmp_path / "mds", compression=compression)
-    index = json.loads((tmp_path / "mds" / "index.json").read_text())
-    assert len(index["shards"]) > 2
-    # streaming reads a compressed shard once its Stream has inflated it beside it: do that in a
-    # copy, with streaming's own codec, so the stream below reads the compressed files alone.
-    shutil.copytree(tmp_path / "mds", tmp_path / "ref")
-    for shard in index["shards"]:
-        if shard["zip_data"]:
-            packed = (tmp_path / "ref" / shard["zip_data"]["basename"]).read_bytes()
-            (tmp_path / "ref" / shard["raw_data"]["basename"]).write_bytes(
-                decompress(shard["compression"], packed)
+def test_a_token_stage_refuses_an_arrow_column_that_is_not_ids(tmp_path: Path) -> None:
+    hf_dataset().save_to_disk(str(tmp_path / "hf"))
+    config = BatchStreamConfig(
+        fields=[ProjectedField(name="text", source="text", dtype="i64", length=8)],
+        stages=[
+            Stage(
+                sources=[FileSource(files=[str(tmp_path / "hf")], encoding="arrow")],
+                batch_size=1,
+                packing=Packing(field="text", seq_len=8),
             )
-    assert not list((tmp_path / "mds").glob("*.mds")) or compression is None
-    own = LocalDataset(local=str(tmp_path / "ref"))
-    samples = [own[i] for i in range(len(own))]
-    got = mds_rows(FileSource(files=[str(tmp_path / "mds")], encoding="mds"))
-    assert_same_rows(got, expected_mds_rows(samples))
-    # Every column, as iter_shard reads it, equals what streaming decodes.
-    first = index["shards"][0]
-    name = (first["zip_data"] or first["raw_data"])["basename"]
-    records = list(iter_shard("mds", tmp_path / "mds" / name))
-    assert len(records) == first["samples"]
-    for record, sample in zip(records, samples, strict=False):
-        assert record["id"] == sample["id"]
-        assert record["tokens"] == sample["tokens"].tolist()
-        assert record["any"] == sample["any"].tolist()
-        assert record["fixed"] == sample["fixed"].tolist()
-        assert record["score"] == float(sample["score"])
-        assert record["text"] == sample["text"]
-        assert record["meta"] == sample["meta"]
+        ],
+    )
+    with pytest.raises(ProjectionError, match=r"list of integer ids from it; the column is Utf8"):
+        rows(config)
 
 
-def test_an_mds_shard_whose_count_disagrees_with_index_json_fails_closed(tmp_path: Path) -> None:
-    write_mds(tmp_path / "mds")
-    index_path = tmp_path / "mds" / "index.json"
-    index = json.loads(index_path.read_text())
-    index["shards"][1]["samples"] += 1
-    index_path.write_text(json.dumps(index))
-    with pytest.raises(MalformedShardError, match=r"shard\.00001\.mds.*holds \d+ samples; index\.json says"):
-        mds_rows(FileSource(files=[str(tmp_path / "mds")], encoding="mds"))
-    index["shards"][1]["samples"] -= 1
-    index["shards"][1]["raw_data"]["bytes"] += 5
-    index_path.write_text(json.dumps(index))
-    with pytest.raises(MalformedShardError, match=r"listed as \d+ bytes; the file holds"):
-        mds_rows(FileSource(files=[str(tmp_path / "mds")], encoding="mds"))
+@pytest.fixture(scope="module")
+def every_format(tmp_path_factory: pytest.TempPathFactory) -> BatchStreamConfig:
+    """A token stage mixing Megatron, NumPy, Arrow, MDS and Parquet sources with weights."""
+    tmp = tmp_path_factory.mktemp("every-format")
+    docs = [[*d, EOS] for d in corpus([2 + (11 * i) % 37 for i in range(150)])]
+    parts = [docs[k * 30 : (k + 1) * 30] for k in range(5)]
+    idx = write_megatron(tmp / "m", parts[0])
+    np.save(tmp / "n.npy", np.asarray([t for d in parts[1] for t in d], dtype="<u4"))
+    hf = write_hf_tokens(tmp / "hf", parts[2], shards=3)
+    mds = write_mds_tokens_plain(tmp / "mds", parts[3])
+    lists = write_lists(tmp / "p.parquet", parts[4])
+    return BatchStreamConfig(
+        fields=token_fields(16),
+        stages=[
+            Stage(
+                sources=[
+                    FileSource(files=[str(idx)], weight=2.0),
+                    FileSource(files=[str(tmp / "n.npy")], weight=1.0),
+                    FileSource(files=[str(hf)], encoding="arrow", weight=1.5),
+                    FileSource(files=[str(mds)], encoding="mds", weight=1.0),
+                    FileSource(files=[str(lists)], weight=0.5),
+                ],
+                batch_size=2,
+                packing=Packing(field="tokens", seq_len=16, bins=4, eos_id=EOS),
+                shuffle=Shuffle(buffer_rows=8),
+                infinite=True,
+            )
+        ],
+        seed=5,
+        threads=2,
+    )
 
 
-def test_an_mds_codec_not_built_is_refused_naming_it(tmp_path: Path) -> None:
-    write_mds(tmp_path / "mds", compression="bz2")
-    with pytest.raises(UnsupportedFormatError, match=r"compressed with 'bz2'"):
-        mds_rows(FileSource(files=[str(tmp_path / "mds")], encoding="mds"))
+def batches(
+    config: BatchStreamConfig, n: int, checkpoint: Any = None, **world: int
+) -> list[dict[str, np.ndarray]]:
+    opened = resume_batch_stream(checkpoint, **world) if checkpoint is not None else open_batch_stream(config)
+    out = []
+    with opened as stream:
+        for _ in range(n):
+            out.append({k: v.copy() for k, v in next(stream).arrays().items()})
+    return out
 
 
-def test_an_mds_dataset_reads_from_s3(
-    tmp_path: Path, s3_server: LocalS3Server, boto3_client: Any, s3_prefix: str
+def test_a_mix_of_every_format_resumes_exactly(every_format: BatchStreamConfig) -> None:
+    assert_resumable(every_format, batches=10)
+
+
+@settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(stop=st.integers(min_value=0, max_value=9))
+def test_a_mix_of_every_format_moves_from_two_ranks_to_three_exactly(
+    every_format: BatchStreamConfig, stop: int
 ) -> None:
-    write_mds(tmp_path / "mds", compression="zstd")
-    for f in (tmp_path / "mds").iterdir():
-        upload(boto3_client, f, f"{s3_prefix}mds/{f.name}")
-    expected = mds_rows(FileSource(files=[str(tmp_path / "mds")], encoding="mds"))
-    got = mds_rows(FileSource(files=[f"{s3_prefix}mds"], encoding="mds"), data_for(s3_server))
-    assert_same_rows(got, expected)
-
-
-def test_manifest_build_lists_mds_shards(tmp_path: Path) -> None:
-    samples = write_mds(tmp_path / "mds", compression="zstd")
-    files = sorted((tmp_path / "mds").glob("shard.*.mds.zstd"))
-    manifest = manifest_from_files(files, tmp_path / "m.json")
-    assert manifest.data_format == "mds"
-    assert sum(s.rows for s in manifest.splits["train"].shards) == len(samples)
+    single = batches(every_format, 2 * stop + 9)
+    with open_batch_stream(replace(every_format, rank=0, world_size=2)) as stream:
+        for _ in range(stop):
+            next(stream)
+        checkpoint = stream.checkpoint()
+    # After `stop` local batches on each of 2 ranks, global batch 2 * stop is next; rank r of 3
+    # then reads global batches 2 * stop + r, + 3, + 6.
+    for r in range(3):
+        moved = batches(every_format, 3, checkpoint.for_world(rank=r, world_size=3), rank=r, world_size=3)
+        for j, batch in enumerate(moved):
+            expected = single[2 * stop + r + 3 * j]
+            for name in batch:
+                np.testing.assert_array_equal(
+                    batch[name], expected[name], err_msg=f"stop {stop}, rank {r}, {name}"
+                )

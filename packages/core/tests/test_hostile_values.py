@@ -54,7 +54,7 @@ def test_an_eos_id_beyond_the_token_dtype_is_refused_naming_it(tmp_path: Path) -
         ],
     )
     with pytest.raises(
-        ConfigError, match=r"packing\.eos_id.*eos id 70000 cannot occur in a shard of 2-byte ids"
+        ConfigError, match=r"packing\.eos_id.*eos id 70000 cannot occur in a shard of uint16 ids"
     ):
         open_batch_stream(config)
     (tmp_path / "meta.json").write_text(json.dumps({"dtype": "uint16", "eos_id": 70000}))

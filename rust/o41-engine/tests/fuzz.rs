@@ -1174,3 +1174,67 @@ fn mds_seed_reads_whole() {
     assert_eq!(samples[2][2].1, formats::Value::Str("sample 2".into()));
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// Arrow files and MDS shards read by a token stage: their list columns planned for packing
+/// and read as windows.
+#[test]
+fn arrow_and_mds_token_plans() {
+    use o41_engine::config::{PackingSpec, TokenLayout};
+    let layout = |field: &str| {
+        TokenLayout::Packed(PackingSpec {
+            field: field.into(),
+            seq_len: 4,
+            bins: 2,
+            eos_id: None,
+        })
+    };
+    let tokens = |field: &str| {
+        Projection::new(&[FieldSpec {
+            name: field.into(),
+            source: field.into(),
+            dtype: DType::I64,
+            shape: vec![4],
+            pad: serde_json::Value::from(0),
+        }])
+        .unwrap()
+    };
+    for file in [false, true] {
+        each_mutation(arrow_seed(file), |mutated, n| {
+            let path = std::env::temp_dir().join(format!(
+                "o41-fuzz-arrow-tokens-{}-{file}-{n}.arrow",
+                std::process::id()
+            ));
+            std::fs::write(&path, mutated).unwrap();
+            let uri = path.to_string_lossy().into_owned();
+            read_all(
+                &Storage::local(),
+                &uri,
+                Encoding::Arrow,
+                &tokens("t"),
+                Some(&layout("t")),
+            );
+            std::fs::remove_file(&path).unwrap();
+        });
+    }
+    let (shard, index) = mds_seed();
+    each_mutation(shard, |mutated, n| {
+        let dir =
+            std::env::temp_dir().join(format!("o41-fuzz-mds-tokens-{}-{n}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let index = index.replace(
+            &format!("\"bytes\": {}", mds_seed().0.len()),
+            &format!("\"bytes\": {}", mutated.len()),
+        );
+        std::fs::write(dir.join("shard.00000.mds"), mutated).unwrap();
+        std::fs::write(dir.join("index.json"), index).unwrap();
+        let uri = dir.join("shard.00000.mds").to_string_lossy().into_owned();
+        read_all(
+            &Storage::local(),
+            &uri,
+            Encoding::Mds,
+            &tokens("tokens"),
+            Some(&layout("tokens")),
+        );
+        std::fs::remove_dir_all(&dir).unwrap();
+    });
+}

@@ -12,14 +12,18 @@ use std::io::Write;
 use std::ops::Range;
 use std::sync::Arc;
 
-use arrow_array::RecordBatch;
+use arrow_array::cast::AsArray;
+use arrow_array::types::{
+    Int16Type, Int32Type, Int64Type, Int8Type, UInt16Type, UInt32Type, UInt64Type, UInt8Type,
+};
+use arrow_array::{Array, RecordBatch};
 use arrow_buffer::Buffer;
 use arrow_ipc::{MessageHeader, MetadataVersion};
-use arrow_schema::SchemaRef;
+use arrow_schema::{DataType, SchemaRef};
 use bytes::Bytes;
 use serde::Deserialize;
 
-use super::format::{RecordInspection, RecordSource, ShardFormat};
+use super::format::{EachTokens, RecordInspection, RecordSource, ShardFormat, TokenRecords};
 use super::{PageCache, ReadFailure, RecordChunk, ShardData, ShardIndex, ShardMeta, ShardReader};
 use crate::columns::Chunk;
 use crate::encoding::Encoding;
@@ -345,6 +349,43 @@ impl ShardFormat for ArrowIpc {
         Encoding::Arrow
     }
 
+    fn reads_tokens(&self) -> bool {
+        true
+    }
+
+    fn token_records(
+        &self,
+        _storage: &Storage,
+        object: &Arc<Object>,
+        field: &str,
+    ) -> Result<Option<Arc<dyn TokenRecords>>> {
+        let index = Arc::new(read_index(object)?);
+        let not_ids = |message: String| Error::Projection {
+            path: object.uri().to_owned(),
+            row: 0,
+            field: field.to_owned(),
+            source_field: field.to_owned(),
+            message,
+        };
+        let column = index
+            .schema
+            .index_of(field)
+            .map_err(|_| not_ids("the shard has no such column".to_owned()))?;
+        let data_type = index.schema.field(column).data_type();
+        let ids = match data_type {
+            DataType::List(item) | DataType::LargeList(item) | DataType::FixedSizeList(item, _) => {
+                item.data_type().is_integer()
+            }
+            _ => false,
+        };
+        if !ids {
+            return Err(not_ids(format!(
+                "a token stage reads a list of integer ids from it; the column is {data_type}"
+            )));
+        }
+        Ok(Some(Arc::new(IpcTokens { index, column })))
+    }
+
     fn inspect(&self, object: Arc<Object>, how: RecordInspection<'_>) -> Result<ShardMeta> {
         let index = Arc::new(read_index(&object)?);
         let mut reader = BatchReader::new(object, index.clone());
@@ -607,6 +648,124 @@ impl RecordSource for WholeBatches {
             self.reader.decode(b, None)?.clone(),
         )))
     }
+}
+
+/// An Arrow file's token lists: column `column` of each record.
+#[derive(Debug)]
+struct IpcTokens {
+    index: Arc<IpcIndex>,
+    column: usize,
+}
+
+impl TokenRecords for IpcTokens {
+    fn rows(&self) -> u64 {
+        self.index.rows()
+    }
+
+    fn scratch(&self) -> u64 {
+        2 * self.index.largest()
+    }
+
+    fn for_each(
+        &self,
+        object: &Arc<Object>,
+        records: &[Range<u64>],
+        values: bool,
+        each: &mut EachTokens<'_>,
+    ) -> Result<()> {
+        let mut reader = BatchReader::new(object.clone(), self.index.clone());
+        let mut ids: Vec<i64> = Vec::new();
+        for range in records {
+            let mut row = range.start;
+            while row < range.end {
+                let b = self.index.batch_of(row);
+                let batch = self.index.batches[b];
+                let end = range.end.min(batch.first_row + batch.rows);
+                if row < batch.first_row || end <= row {
+                    return Err(malformed(
+                        object.uri(),
+                        format!("row {row} is past the file's rows"),
+                    ));
+                }
+                let decoded = reader.decode(b, Some(&[self.column]))?;
+                let lists = decoded.column(0);
+                for r in row..end {
+                    let i = (r - batch.first_row) as usize;
+                    let (items, from, to) = list_at(lists.as_ref(), i);
+                    ids.clear();
+                    if values {
+                        integers(items, from..to, &mut ids).map_err(|message| {
+                            Error::Projection {
+                                path: object.uri().to_owned(),
+                                row: r,
+                                field: self.index.schema.field(self.column).name().clone(),
+                                source_field: self.index.schema.field(self.column).name().clone(),
+                                message,
+                            }
+                        })?;
+                    }
+                    each(r, (to - from) as u64, &ids)?;
+                }
+                row = end;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// List `i` of a list column: its values array and their range (a null list is empty).
+fn list_at(lists: &dyn Array, i: usize) -> (&dyn Array, usize, usize) {
+    if lists.is_null(i) {
+        return (lists, 0, 0);
+    }
+    match lists.data_type() {
+        DataType::LargeList(_) => {
+            let l = lists.as_list::<i64>();
+            let o = l.value_offsets();
+            (l.values().as_ref(), o[i] as usize, o[i + 1] as usize)
+        }
+        DataType::FixedSizeList(_, n) => {
+            let l = lists.as_fixed_size_list();
+            let n = *n as usize;
+            (l.values().as_ref(), i * n, (i + 1) * n)
+        }
+        _ => {
+            let l = lists.as_list::<i32>();
+            let o = l.value_offsets();
+            (l.values().as_ref(), o[i] as usize, o[i + 1] as usize)
+        }
+    }
+}
+
+/// Appends the integers `range` of `items` to `out`; a null or a value beyond `i64` is the error.
+fn integers(
+    items: &dyn Array,
+    range: Range<usize>,
+    out: &mut Vec<i64>,
+) -> std::result::Result<(), String> {
+    if items.null_count() > 0 && range.clone().any(|k| items.is_null(k)) {
+        return Err("a token list holds a null".to_owned());
+    }
+    macro_rules! widen {
+        ($t:ty) => {{
+            let values = items.as_primitive::<$t>().values();
+            for &v in &values[range] {
+                out.push(i64::try_from(v).map_err(|_| format!("token id {v} does not fit i64"))?);
+            }
+        }};
+    }
+    match items.data_type() {
+        DataType::Int8 => widen!(Int8Type),
+        DataType::Int16 => widen!(Int16Type),
+        DataType::Int32 => widen!(Int32Type),
+        DataType::Int64 => widen!(Int64Type),
+        DataType::UInt8 => widen!(UInt8Type),
+        DataType::UInt16 => widen!(UInt16Type),
+        DataType::UInt32 => widen!(UInt32Type),
+        DataType::UInt64 => widen!(UInt64Type),
+        other => return Err(format!("token ids of type {other}")),
+    }
+    Ok(())
 }
 
 /// What `datasets`' `state.json` lists: the dataset's Arrow files, in order.

@@ -61,6 +61,42 @@ pub trait ShardFormat: Sync {
 
     /// Writes a shard from `data` into `out`; errors call it `name`.
     fn write(&self, out: &mut (dyn Write + Send), data: ShardData<'_>, name: &str) -> Result<()>;
+
+    /// The token lists of a shard of records (each record's list in column `field`), for a
+    /// format whose token stages read records (Arrow, MDS); `None` for formats `formats::tokens`
+    /// reads itself (flat token files, Parquet).
+    fn token_records(
+        &self,
+        storage: &Storage,
+        object: &Arc<Object>,
+        field: &str,
+    ) -> Result<Option<Arc<dyn TokenRecords>>> {
+        let _ = (storage, object, field);
+        Ok(None)
+    }
+}
+
+/// Calls `each(record, len, ids)` for a record and its token list; `ids` is empty unless the
+/// caller asked for values.
+pub type EachTokens<'a> = dyn FnMut(u64, u64, &[i64]) -> Result<()> + 'a;
+
+/// A shard of records read as token documents: its records' token lists.
+pub trait TokenRecords: Debug + Send + Sync {
+    /// Records in the shard.
+    fn rows(&self) -> u64;
+
+    /// Most bytes one pass over a part of the shard holds while decoding it.
+    fn scratch(&self) -> u64;
+
+    /// Calls `each` for every record of `records` (sorted, disjoint) in order, with its ids
+    /// when `values` is set (its length alone otherwise).
+    fn for_each(
+        &self,
+        object: &Arc<Object>,
+        records: &[Range<u64>],
+        values: bool,
+        each: &mut EachTokens<'_>,
+    ) -> Result<()>;
 }
 
 /// A shard index as [`Any`], for the format's own readers; every index has it.

@@ -17,7 +17,9 @@ use bytes::Bytes;
 use serde::de::IntoDeserializer;
 use serde::Deserialize;
 
-use super::format::{EachRecord, RecordInspection, RecordSource, ShardFormat};
+use super::format::{
+    EachRecord, EachTokens, RecordInspection, RecordSource, ShardFormat, TokenRecords,
+};
 use super::value::{Record, Value};
 use super::{PageCache, ReadFailure, ShardData, ShardIndex, ShardMeta, ShardReader};
 use crate::columns::Chunk;
@@ -602,6 +604,35 @@ impl ShardFormat for Mds {
         Encoding::Mds
     }
 
+    fn reads_tokens(&self) -> bool {
+        true
+    }
+
+    fn token_records(
+        &self,
+        storage: &Storage,
+        object: &Arc<Object>,
+        field: &str,
+    ) -> Result<Option<Arc<dyn TokenRecords>>> {
+        let index = Arc::new(inspect_index(storage, object)?);
+        let column = index
+            .info
+            .column_names
+            .iter()
+            .position(|name| name == field)
+            .ok_or_else(|| Error::Projection {
+                path: object.uri().to_owned(),
+                row: 0,
+                field: field.to_owned(),
+                source_field: field.to_owned(),
+                message: format!(
+                    "the shard has no such column (its columns: {})",
+                    index.info.column_names.join(", ")
+                ),
+            })?;
+        Ok(Some(Arc::new(MdsTokens { index, column })))
+    }
+
     fn inspect(&self, object: Arc<Object>, how: RecordInspection<'_>) -> Result<ShardMeta> {
         let index = Arc::new(inspect_index(how.storage, &object)?);
         for column in &how.projection.columns {
@@ -845,6 +876,70 @@ impl SampleReader {
         let record = self.record(&bytes, row, &|_| true)?;
         self.next += 1;
         Ok(Some((row, record)))
+    }
+}
+
+/// An MDS shard's token lists: column `column` of each sample (an `ndarray` or a JSON list of
+/// integers).
+#[derive(Debug)]
+struct MdsTokens {
+    index: Arc<MdsIndex>,
+    column: usize,
+}
+
+impl TokenRecords for MdsTokens {
+    fn rows(&self) -> u64 {
+        self.index.info.samples
+    }
+
+    fn scratch(&self) -> u64 {
+        2 * self.index.info.raw_data.bytes
+    }
+
+    fn for_each(
+        &self,
+        object: &Arc<Object>,
+        records: &[Range<u64>],
+        _values: bool,
+        each: &mut EachTokens<'_>,
+    ) -> Result<()> {
+        let mut reader = SampleReader::new(object.clone(), self.index.clone());
+        let name = &self.index.info.column_names[self.column];
+        let mut ids: Vec<i64> = Vec::new();
+        for range in records {
+            let (bytes, starts) = reader.samples(range.clone())?;
+            for (k, row) in range.clone().enumerate() {
+                let sample = &bytes[starts[k] as usize..starts[k + 1] as usize];
+                let record = reader.record(sample, row, &|c| c == name)?;
+                let not_ids = |what: &str| Error::Projection {
+                    path: object.uri().to_owned(),
+                    row,
+                    field: name.clone(),
+                    source_field: name.clone(),
+                    message: format!("a token stage reads a list of integer ids; this is {what}"),
+                };
+                ids.clear();
+                match record.into_iter().next().map(|(_, v)| v) {
+                    Some(Value::List(items)) => {
+                        for item in items {
+                            match item {
+                                Value::Int(v) => ids.push(v),
+                                other => {
+                                    return Err(not_ids(&format!(
+                                        "a list holding {}",
+                                        other.kind()
+                                    )))
+                                }
+                            }
+                        }
+                    }
+                    Some(other) => return Err(not_ids(other.kind())),
+                    None => return Err(not_ids("missing")),
+                }
+                each(row, ids.len() as u64, &ids)?;
+            }
+        }
+        Ok(())
     }
 }
 

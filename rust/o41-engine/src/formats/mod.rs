@@ -45,7 +45,9 @@ use crate::storage::{Object, Pin, Storage};
 
 pub use crate::storage::promise::{Promise, PromiseOrigin};
 pub use arrow_ipc::dataset_files;
-pub use format::{RecordInspection, RecordSource, ShardFormat, ShardIndex};
+pub use format::{
+    EachTokens, RecordInspection, RecordSource, ShardFormat, ShardIndex, TokenRecords,
+};
 pub use mds::dataset_files as mds_files;
 pub use msgpack::FRAME_HEADER_BYTES;
 pub use parquet::PageCache;
@@ -162,7 +164,8 @@ pub fn inspect_shard(
         ));
     }
     let how = TokenInspection { layout, cache };
-    let mut meta = tokens::inspect(storage, &object, encoding, how, max_plan)?;
+    let records = format_of(encoding).token_records(storage, &object, layout.field())?;
+    let mut meta = tokens::inspect(storage, &object, (encoding, records), how, max_plan)?;
     // A manifest counts records; a checkpoint or an open stream, the windows they became.
     if let Some(promise) = promise.filter(|p| p.origin != PromiseOrigin::Manifest) {
         promise.check_rows(path, encoding, meta.rows)?;

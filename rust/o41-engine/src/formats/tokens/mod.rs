@@ -28,6 +28,7 @@ use crate::encoding::Encoding;
 use crate::error::{Error, Result};
 use crate::fields::Projection;
 use crate::formats::token_ids::IdType;
+use crate::formats::TokenRecords;
 use crate::formats::{
     megatron, npy, parquet, PageCache, ShardIndex, ShardMeta, ShardReader, TokenInspection,
 };
@@ -55,6 +56,12 @@ pub(super) enum TokenFile {
         ids: IdType,
         offset: u64,
         documents: Option<Vec<u64>>,
+    },
+    /// Records of another format (Arrow, MDS), each holding a token list: record `r` holds
+    /// tokens `record_starts[r]..record_starts[r + 1]`.
+    Records {
+        source: Arc<dyn TokenRecords>,
+        record_starts: Vec<u64>,
     },
     /// Records of one list column; record `r` holds tokens `record_starts[r]..record_starts[r + 1]`.
     Parquet {
@@ -115,7 +122,9 @@ impl TokenIndex {
     /// documents' starts, and a Parquet shard's record offsets.
     pub fn bytes(&self) -> u64 {
         let records = match &self.file {
-            TokenFile::Parquet { record_starts, .. } => 8 * record_starts.len() as u64,
+            TokenFile::Parquet { record_starts, .. } | TokenFile::Records { record_starts, .. } => {
+                8 * record_starts.len() as u64
+            }
             TokenFile::Flat { documents, .. } => {
                 documents.as_ref().map_or(0, |d| 8 * d.len() as u64)
             }
@@ -155,7 +164,10 @@ impl TokenIndex {
     pub(super) fn documents(&self) -> Option<&[u64]> {
         match (&self.starts, &self.file) {
             (Some(starts), _) => Some(starts),
-            (None, TokenFile::Parquet { record_starts, .. }) => Some(record_starts),
+            (
+                None,
+                TokenFile::Parquet { record_starts, .. } | TokenFile::Records { record_starts, .. },
+            ) => Some(record_starts),
             (None, TokenFile::Flat { documents, .. }) => documents.as_deref(),
         }
     }
@@ -296,7 +308,7 @@ impl Documents {
 pub fn inspect(
     storage: &Storage,
     object: &Arc<Object>,
-    encoding: Encoding,
+    (encoding, records): (Encoding, Option<Arc<dyn TokenRecords>>),
     TokenInspection { layout, cache }: TokenInspection<'_>,
     max_plan: u64,
 ) -> Result<ShardMeta> {
@@ -318,6 +330,27 @@ pub fn inspect(
     };
     let row_tokens = layout.row_tokens();
     let (file, tokens, scratch) = match encoding {
+        _ if records.is_some() => {
+            let source = records.expect("matched");
+            let how = RecordDocuments {
+                layout,
+                cache,
+                max_plan,
+                too_large: &too_large,
+            };
+            let (record_starts, tokens) =
+                record_documents(object, encoding, &*source, how, documents.as_mut())?;
+            // The format's decode of a part of the shard, and the job's tokens.
+            let scratch = source.scratch() + 8 * JOB_ROWS * row_tokens;
+            (
+                TokenFile::Records {
+                    source,
+                    record_starts,
+                },
+                tokens,
+                scratch,
+            )
+        }
         Encoding::Bin | Encoding::Npy | Encoding::Megatron => {
             let flat = flat_file(storage, object, encoding, max_plan, &too_large)?;
             let FlatFile {
@@ -514,6 +547,95 @@ pub fn inspect(
     })
 }
 
+/// What planning a shard of records' token documents needs.
+#[derive(Clone, Copy)]
+struct RecordDocuments<'a> {
+    layout: &'a TokenLayout,
+    cache: Option<&'a crate::inspect_cache::InspectCache>,
+    max_plan: u64,
+    too_large: &'a dyn Fn(u64) -> Error,
+}
+
+/// Reads the token lists of a shard of records: where each record starts in the shard's
+/// stream (returned with the stream's length) and, for a layout that needs them, its documents:
+/// the records themselves, or the stream cut at an eos id. Lengths alone come from `cache`
+/// when it holds this shard's (they are stored there when not).
+fn record_documents(
+    object: &Arc<Object>,
+    encoding: Encoding,
+    source: &dyn TokenRecords,
+    how: RecordDocuments<'_>,
+    mut documents: Option<&mut Documents>,
+) -> Result<(Vec<u64>, u64)> {
+    let RecordDocuments {
+        layout,
+        cache,
+        max_plan,
+        too_large,
+    } = how;
+    let path = object.uri();
+    let eos = match layout {
+        TokenLayout::Packed(p) => p.eos_id,
+        TokenLayout::Windows(w) => w.eos_id,
+    };
+    let rows = source.rows();
+    if rows.saturating_add(1).saturating_mul(8) > max_plan {
+        return Err(too_large(max_plan));
+    }
+    let values = eos.is_some() && documents.is_some();
+    let pin = object.pin();
+    let cache = cache.filter(|_| !values);
+    let cached = cache
+        .and_then(|c| c.lookup_lengths(path, encoding, &pin, layout.field(), max_plan))
+        .filter(|lengths| lengths.len() as u64 == rows);
+    let from_cache = cached.is_some();
+    let mut record_starts = Vec::with_capacity(rows as usize + 1);
+    let mut tokens = 0u64;
+    let mut doc_start = 0u64;
+    let mut each = |_, len: u64, ids: &[i64]| -> Result<()> {
+        record_starts.push(tokens);
+        if let Some(documents) = documents.as_deref_mut() {
+            if let Some(eos) = eos {
+                for (k, &v) in ids.iter().enumerate() {
+                    if u64::try_from(v) == Ok(eos) {
+                        let end = tokens + k as u64 + 1;
+                        documents.push(doc_start, end - doc_start);
+                        doc_start = end;
+                    }
+                }
+            } else {
+                if documents.bytes().saturating_add(documents.growth(len)) > max_plan {
+                    return Err(too_large(max_plan));
+                }
+                documents.push(tokens, len);
+            }
+            if documents.bytes() + 8 * record_starts.len() as u64 > max_plan {
+                return Err(too_large(max_plan));
+            }
+        }
+        tokens += len;
+        Ok(())
+    };
+    if let Some(lengths) = &cached {
+        for (record, &len) in lengths.iter().enumerate() {
+            each(record as u64, len, &[])?;
+        }
+    } else if rows > 0 {
+        source.for_each(object, std::slice::from_ref(&(0..rows)), values, &mut each)?;
+    }
+    record_starts.push(tokens);
+    if let (Some(cache), false) = (cache, from_cache) {
+        let lengths: Vec<u64> = record_starts.windows(2).map(|w| w[1] - w[0]).collect();
+        cache.store_lengths(path, encoding, &pin, layout.field(), &lengths);
+    }
+    if let (Some(documents), Some(_)) = (documents, eos) {
+        if doc_start < tokens {
+            documents.push(doc_start, tokens - doc_start);
+        }
+    }
+    Ok((record_starts, tokens))
+}
+
 /// The ids of a flat token file (a `.bin`, a `NumPy` array, a Megatron `.bin`).
 pub fn count_ids(storage: &Storage, object: &Object, encoding: Encoding) -> Result<u64> {
     let refuse = |_| Error::Internal {
@@ -592,7 +714,7 @@ impl ShardIndex for TokenIndex {
         _pages: Option<&Arc<PageCache>>,
     ) -> Result<Box<dyn ShardReader>> {
         let encoding = match self.file {
-            TokenFile::Flat { .. } => self.encoding,
+            TokenFile::Flat { .. } | TokenFile::Records { .. } => self.encoding,
             TokenFile::Parquet { .. } => Encoding::Parquet,
         };
         Ok(Box::new(Reader::open(object, self, encoding)))

@@ -142,6 +142,10 @@ impl Reader {
                 projection,
                 record_starts,
             } => self.read_parquet(index, projection, record_starts, &needs, out, &fits),
+            TokenFile::Records {
+                source,
+                record_starts,
+            } => self.read_records(&**source, record_starts, &needs, out, &fits),
         }
     }
 
@@ -256,6 +260,63 @@ impl Reader {
                 Ok(())
             },
         )
+    }
+}
+
+impl Reader {
+    /// Fills `needs` from the token lists of a shard of records (Arrow, MDS): the records the
+    /// pieces lie in are read once each, in order.
+    pub(super) fn read_records(
+        &self,
+        source: &dyn crate::formats::TokenRecords,
+        record_starts: &[u64],
+        needs: &[Need],
+        out: &mut ColumnBuf,
+        fits: &dyn Fn(u64, i128) -> Error,
+    ) -> Result<()> {
+        let record_of = |token: u64| record_starts.partition_point(|&s| s <= token) - 1;
+        let mut records: Vec<Range<u64>> = Vec::new();
+        for need in needs.iter().filter(|n| n.len > 0) {
+            let r = record_of(need.start) as u64..record_of(need.start + need.len - 1) as u64 + 1;
+            match records.last_mut() {
+                Some(last) if r.start <= last.end => last.end = last.end.max(r.end),
+                _ => records.push(r),
+            }
+        }
+        let path = self.object.uri();
+        let encoding = self.encoding;
+        let mut lo = 0usize;
+        source.for_each(&self.object, &records, true, &mut |record, _, ids| {
+            let (rs, re) = (
+                record_starts[record as usize],
+                record_starts[record as usize + 1],
+            );
+            if ids.len() as u64 != re - rs {
+                return Err(malformed(
+                    path,
+                    encoding,
+                    Some(record),
+                    format!(
+                        "the record holds {} tokens, {} when the shard was inspected",
+                        ids.len(),
+                        re - rs
+                    ),
+                ));
+            }
+            while lo < needs.len() && needs[lo].start + needs[lo].len <= rs {
+                lo += 1;
+            }
+            for need in needs[lo..].iter().take_while(|n| n.start < re) {
+                let (from, to) = (need.start.max(rs), (need.start + need.len).min(re));
+                if from >= to {
+                    continue;
+                }
+                let part = &ids[(from - rs) as usize..(to - rs) as usize];
+                put_wide(out, need.out + (from - need.start) as usize, part)
+                    .map_err(|v| fits(need.row, i128::from(v)))?;
+            }
+            Ok(())
+        })
     }
 }
 
