@@ -95,4 +95,5 @@ bench: bootstrap ## install the peers and run the benchmarks; rewrites benchmark
 	$(UV) run --group bench python benchmarks/saver_bench.py
 	$(UV) run --group bench python benchmarks/pack_bench.py
 	$(UV) run --group bench python benchmarks/s3_bench.py
+	$(UV) run --group bench python benchmarks/corpora_bench.py
 	$(UV) run --group bench python benchmarks/tokenize_bench.py

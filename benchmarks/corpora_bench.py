@@ -141,7 +141,15 @@ def measure(name: str, paths: list[str]) -> dict[str, float]:
             tokens = next(stream).arrays()["tokens"]
             seconds = time.perf_counter() - start
         return {"first_batch_s": seconds, "checksum": int(tokens[:, :4].sum())}
-    import o41_training_data  # noqa: F401  (imported before the clock starts)
+    # Every library is imported, and every reader built, before the clock starts.
+    import o41_training_data  # noqa: F401
+
+    if name.startswith("megatron"):
+        megatron()
+    elif name.startswith("datasets"):
+        import datasets  # noqa: F401
+    elif name.startswith("streaming"):
+        import streaming  # noqa: F401
 
     batches = {
         "megatron IndexedDataset": lambda: megatron_loop(paths[0]),
@@ -166,7 +174,9 @@ def run(name: str, paths: list[str]) -> dict[str, float]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--rows", type=int, default=8192)
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--child", help=argparse.SUPPRESS)
@@ -178,7 +188,13 @@ def main() -> None:
 
     paths = write_corpora(args.rows)
     pairs = [
-        ("megatron", "megatron IndexedDataset", [str(paths["megatron"])], "o41 megatron", [f"{paths['megatron']}.idx"]),
+        (
+            "megatron",
+            "megatron IndexedDataset",
+            [str(paths["megatron"])],
+            "o41 megatron",
+            [f"{paths['megatron']}.idx"],
+        ),
         ("arrow", "datasets with_format(numpy)", [str(paths["arrow"])], "o41 arrow", [str(paths["arrow"])]),
         ("mds", "streaming StreamingDataset", [str(paths["mds"])], "o41 mds", [str(paths["mds"])]),
     ]
@@ -188,11 +204,15 @@ def main() -> None:
             contenders = [(peer, peer_paths), (ours, our_paths)]
             for name, where in contenders if rep % 2 == 0 else reversed(contenders):
                 runs.setdefault(name, []).append(run(name, where))
-                print(f"rep {rep + 1} {name}: {runs[name][-1]['tokens_per_s']:,.0f} tokens/s", file=sys.stderr)
+                print(
+                    f"rep {rep + 1} {name}: {runs[name][-1]['tokens_per_s']:,.0f} tokens/s", file=sys.stderr
+                )
     opens: dict[int, list[float]] = {10: [], 1000: []}
     for rep in range(args.reps):
         for files in (10, 1000) if rep % 2 == 0 else (1000, 10):
-            idx = sorted(str(p) for p in (paths["megatron"].parent.parent / f"megatron-{files}").glob("*.idx"))
+            idx = sorted(
+                str(p) for p in (paths["megatron"].parent.parent / f"megatron-{files}").glob("*.idx")
+            )
             opens[files].append(run("open", idx)["first_batch_s"])
     for _, peer, _, ours, _ in pairs:
         if runs[peer][0]["checksum"] != runs[ours][0]["checksum"]:
@@ -213,7 +233,9 @@ def main() -> None:
         ratio = med(ours) / med(peer)
         lines.append(f"| {fmt} | {peer} | {med(peer) / 1e6:,.0f} | {spread(peer)} | | |")
         verdict = "met" if ratio >= 1.0 else "MISSED"
-        lines.append(f"| {fmt} | {ours} | {med(ours) / 1e6:,.0f} | {spread(ours)} | **{ratio:.2f}x** | >= 1.0x, {verdict} |")
+        lines.append(
+            f"| {fmt} | {ours} | {med(ours) / 1e6:,.0f} | {spread(ours)} | **{ratio:.2f}x** | >= 1.0x, {verdict} |"
+        )
     o10, o1000 = statistics.median(opens[10]), statistics.median(opens[1000])
     open_ratio = o1000 / o10
     lines += [
@@ -239,6 +261,15 @@ def main() -> None:
   batch with the inspection cache off.
 
 {table}
+
+Megatron's loop is NumPy slicing of a memory map, a copy of each row and nothing else; o41 reads
+the rows with positional reads into one reused buffer and copies them into the batch on 2 threads,
+then hands each batch over: about 65,000 rows of 2,048 tokens per second, where the Megatron
+reader's own share (the reads and the copy into the row) is small: the gap is the shared record
+pipeline, which this issue leaves as it is.
+Open time grows with the number of datasets because each is counted from its own `.idx` at open
+(two files opened and three reads per dataset, about 30 us each here); the 10-file open is 3 ms.
+The jsonl.gz figures of this issue (one inflater per pass, an access index) are not built yet.
 """
     write_section("corpora", report)
 

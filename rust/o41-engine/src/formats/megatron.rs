@@ -17,7 +17,7 @@ use super::format::{EachRecord, RecordInspection, RecordSource, ShardFormat};
 use super::token_ids::IdType;
 use super::value::{Record, Value};
 use super::{PageCache, ReadFailure, ShardData, ShardIndex, ShardMeta, ShardReader};
-use crate::columns::Chunk;
+use crate::columns::{Chunk, ColumnBuf};
 use crate::encoding::Encoding;
 use crate::error::{Error, Result};
 use crate::fields::Projection;
@@ -360,6 +360,8 @@ struct DocumentReader {
     index: Arc<MegatronIndex>,
     /// The next document [`DocumentReader::next_record`] reads.
     next: u64,
+    /// The bytes of the documents a read projects, kept for the next read.
+    buf: Vec<u8>,
 }
 
 impl DocumentReader {
@@ -368,6 +370,7 @@ impl DocumentReader {
             object,
             index,
             next: 0,
+            buf: Vec::new(),
         }
     }
 
@@ -422,15 +425,54 @@ impl DocumentReader {
 
     /// Projects documents `docs` into consecutive rows of `chunk` from row `out_row`.
     fn project_at(
-        &self,
+        &mut self,
         docs: Range<u64>,
         projection: &Projection,
         chunk: &mut Chunk,
         out_row: usize,
     ) -> Result<()> {
-        let (bytes, first) = self.bytes(docs.clone())?;
+        let n = self.index.documents();
+        if docs.end > n {
+            return Err(Error::Format {
+                path: self.object.uri().to_owned(),
+                encoding: Encoding::Megatron.name(),
+                row: Some(docs.end - 1),
+                message: format!("the dataset has {n} documents"),
+            });
+        }
+        let width = self.index.element.width();
+        let first = self.index.starts[docs.start as usize];
+        let last = self.index.starts[docs.end as usize];
+        let mut bytes = std::mem::take(&mut self.buf);
+        self.object
+            .read_range_into(first * width..last * width, &mut bytes)?;
+        let projected = self.project_bytes(&bytes, first, docs, projection, (chunk, out_row));
+        self.buf = bytes;
+        projected
+    }
+
+    /// Projects documents `docs`, whose bytes are `bytes` (from element `first`).
+    fn project_bytes(
+        &self,
+        bytes: &[u8],
+        first: u64,
+        docs: Range<u64>,
+        projection: &Projection,
+        (chunk, out_row): (&mut Chunk, usize),
+    ) -> Result<()> {
+        let mut ids = Vec::new();
         for (k, doc) in docs.enumerate() {
-            let elements = self.elements(&bytes, first, doc);
+            if self.project_ids(
+                bytes,
+                first,
+                doc,
+                projection,
+                (chunk, out_row + k),
+                &mut ids,
+            ) {
+                continue;
+            }
+            let elements = self.elements(bytes, first, doc);
             let result = match elements {
                 Elements::Ints(v) => project_one(v, projection, chunk, out_row + k),
                 Elements::Unsigned(v) => project_one(v, projection, chunk, out_row + k),
@@ -446,6 +488,78 @@ impl DocumentReader {
             })?;
         }
         Ok(())
+    }
+
+    /// Projects document `doc` straight into its row when the stage reads its ids alone into one
+    /// integer list column, as a token corpus's records are read; false where it does not (or an
+    /// id does not fit), and the general projection runs, which names what does not fit.
+    fn project_ids(
+        &self,
+        bytes: &[u8],
+        first: u64,
+        doc: u64,
+        projection: &Projection,
+        (chunk, row): (&mut Chunk, usize),
+        ids: &mut Vec<i64>,
+    ) -> bool {
+        let ([column], Element::Ids(kind)) = (&projection.columns[..], self.index.element) else {
+            return false;
+        };
+        if column.source != TOKEN_FIELD || column.shape.len() != 1 {
+            return false;
+        }
+        let w = column.width;
+        let start = self.index.starts[doc as usize] - first;
+        let len = (self.index.starts[doc as usize + 1] - first - start) as usize;
+        // Elements past the field's length are not read, as the general projection skips them.
+        let n = len.min(w);
+        let width = kind.width as usize;
+        let raw = &bytes[start as usize * width..(start as usize + n) * width];
+        let out = &mut chunk.columns[0];
+        let at = row * w;
+        // The widths a token corpus uses, straight from the file's bytes into the column.
+        match (&mut *out, kind.width, kind.signed) {
+            (ColumnBuf::I32(buf), 4, true) => {
+                for (o, b) in buf[at..at + n].iter_mut().zip(raw.chunks_exact(4)) {
+                    *o = i32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+                }
+            }
+            (ColumnBuf::I32(buf), 2, false) => {
+                for (o, b) in buf[at..at + n].iter_mut().zip(raw.chunks_exact(2)) {
+                    *o = i32::from(u16::from_le_bytes([b[0], b[1]]));
+                }
+            }
+            (ColumnBuf::I64(buf), 4, true) => {
+                for (o, b) in buf[at..at + n].iter_mut().zip(raw.chunks_exact(4)) {
+                    *o = i64::from(i32::from_le_bytes([b[0], b[1], b[2], b[3]]));
+                }
+            }
+            (ColumnBuf::I64(buf), 2, false) => {
+                for (o, b) in buf[at..at + n].iter_mut().zip(raw.chunks_exact(2)) {
+                    *o = i64::from(u16::from_le_bytes([b[0], b[1]]));
+                }
+            }
+            (buf, _, _) => {
+                ids.clear();
+                if kind.decode(raw, ids).is_err() {
+                    return false;
+                }
+                match buf {
+                    ColumnBuf::I64(buf) => buf[at..at + n].copy_from_slice(ids),
+                    ColumnBuf::I32(buf) => {
+                        for (o, &v) in buf[at..at + n].iter_mut().zip(ids.iter()) {
+                            let Ok(v) = i32::try_from(v) else {
+                                return false;
+                            };
+                            *o = v;
+                        }
+                    }
+                    _ => return false,
+                }
+            }
+        }
+        out.fill_pad(at + n..at + w, column.pad);
+        true
     }
 
     fn project(

@@ -51,8 +51,11 @@ mod tests {
     }
 
     #[test]
-    fn token_stages_read_parquet_and_flat_token_files() {
-        assert_eq!(token_encodings(), "parquet, bin, megatron and npy");
+    fn token_stages_read_every_format_with_token_documents() {
+        assert_eq!(
+            token_encodings(),
+            "parquet, bin, megatron, npy, arrow and mds"
+        );
         assert!(!format_of(Encoding::Bin).reads_records());
     }
 }

@@ -541,6 +541,28 @@ impl Object {
         Ok(bytes)
     }
 
+    /// The bytes of `range`, into `buf`: a reader that reads job after job reuses one buffer
+    /// instead of asking the allocator (and the kernel, for fresh pages) each time.
+    pub fn read_range_into(&self, range: Range<u64>, buf: &mut Vec<u8>) -> Result<()> {
+        self.check_range(&range)?;
+        let since = Instant::now();
+        let len = (range.end - range.start) as usize;
+        match &self.source {
+            Source::Local(file) => {
+                buf.resize(len, 0);
+                std::os::unix::fs::FileExt::read_exact_at(&*file.file, buf, range.start)
+                    .map_err(|e| Error::io(&self.uri, e))?;
+            }
+            Source::Remote(remote) => {
+                let bytes = remote.read_range(range, &self.cancel)?;
+                buf.clear();
+                buf.extend_from_slice(&bytes);
+            }
+        }
+        self.count(len as u64, since);
+        Ok(())
+    }
+
     /// The bytes of `ranges` as pieces `(offset, bytes)` that together cover each range
     /// exactly, in order. Remote ranges are fetched concurrently and kept in the pieces they
     /// arrived in, so no range is copied into one buffer.
