@@ -631,3 +631,23 @@ def test_a_mix_of_every_format_moves_from_two_ranks_to_three_exactly(
                 np.testing.assert_array_equal(
                     batch[name], expected[name], err_msg=f"stop {stop}, rank {r}, {name}"
                 )
+
+
+def test_manifest_verify_reports_a_megatron_index_that_no_longer_counts_the_same(tmp_path: Path) -> None:
+    from o41_training_data import StorageConfig, load_manifest
+    from o41_training_data._manifest_check import verify_manifest
+
+    docs = corpus(LENGTHS)
+    idx = write_megatron(tmp_path / "a", docs)
+    manifest_from_files([idx], tmp_path / "m.json")
+    manifest = load_manifest(tmp_path / "m.json")
+    assert verify_manifest(manifest, StorageConfig()) == []
+    # The same .bin, indexed as fewer documents: its bytes and checksum still match.
+    write_megatron(tmp_path / "a", [docs[0] + docs[1], *docs[2:]])
+    assert verify_manifest(manifest, StorageConfig()) == [
+        f"{tmp_path / 'a.bin'}: {len(docs) - 1} records, the manifest says {len(docs)}"
+    ]
+    (tmp_path / "a.idx").write_bytes(b"MMIDIDX")
+    (problem,) = verify_manifest(manifest, StorageConfig())
+    assert "a.idx" in problem
+    assert "shorter than an index header" in problem

@@ -10,7 +10,7 @@ from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from ._errors import ObjectNotFoundError
+from ._errors import DataError, ObjectNotFoundError
 from ._manifest import DataManifest, ManifestShard, ManifestSplit
 from ._storage import StorageConfig
 
@@ -41,10 +41,13 @@ def manifest_summary(manifest: DataManifest) -> list[tuple[str, int, int, int]]:
 def verify_manifest(
     manifest: DataManifest, storage: StorageConfig, advance: Callable[[int], None] | None = None
 ) -> list[str]:
-    """Checks every shard's size and content SHA-256 against the manifest; returns the problems.
+    """Checks every shard's size, content SHA-256 and record count against the manifest.
 
-    The engine hashes each shard's bytes (SHA-256, the saver's algorithm); a checksum of another
-    algorithm cannot be verified and counts as a problem. ``advance(1)`` is called per shard.
+    Returns the problems. The engine reads each shard once, as ``o41 manifest build`` does: it
+    hashes its bytes (SHA-256, the saver's algorithm) and counts its records from the format's
+    own index (a Parquet footer, a Megatron ``.idx``, an MDS ``index.json``, ...), so a shard
+    whose bytes or index changed is reported; a checksum of another algorithm cannot be verified
+    and counts as a problem. ``advance(1)`` is called per shard.
     """
     store = storage.core()
     problems = []
@@ -53,16 +56,28 @@ def verify_manifest(
             path = shard.path
             algorithm, _, expected = shard.checksum.partition(":")
             try:
-                opened = store.open(path)
+                _, rows, size, digest = store.describe_shard(path, manifest.data_format)
             except ObjectNotFoundError:
                 problems.append(f"{path}: missing")
+            except DataError as error:
+                # A shard that no longer reads: its bytes changed (its size or checksum says so),
+                # or only its companion index did (a Megatron .idx), which the error names.
+                size = store.open(path).size
+                if size != shard.bytes:
+                    problems.append(f"{path}: {size} bytes, the manifest says {shard.bytes}")
+                elif algorithm == "sha256" and store.content_sha256(path) != expected:
+                    problems.append(f"{path}: checksum differs from the manifest's {shard.checksum}")
+                else:
+                    problems.append(str(error))
             else:
-                if opened.size != shard.bytes:
-                    problems.append(f"{path}: {opened.size} bytes, the manifest says {shard.bytes}")
+                if size != shard.bytes:
+                    problems.append(f"{path}: {size} bytes, the manifest says {shard.bytes}")
                 elif algorithm != "sha256":
                     problems.append(f"{path}: cannot verify a {algorithm or 'missing'} checksum, only sha256")
-                elif store.content_sha256(path) != expected:
+                elif digest != expected:
                     problems.append(f"{path}: checksum differs from the manifest's {shard.checksum}")
+                elif rows != shard.rows:
+                    problems.append(f"{path}: {rows:,} records, the manifest says {shard.rows:,}")
             if advance is not None:
                 advance(1)
     return problems
