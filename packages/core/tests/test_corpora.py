@@ -651,3 +651,31 @@ def test_manifest_verify_reports_a_megatron_index_that_no_longer_counts_the_same
     (problem,) = verify_manifest(manifest, StorageConfig())
     assert "a.idx" in problem
     assert "shorter than an index header" in problem
+
+
+def test_manifest_build_over_a_directory_lists_the_shards_under_it(tmp_path: Path) -> None:
+    docs = corpus([4 + i % 9 for i in range(30)])
+    (tmp_path / "megatron").mkdir()
+    for k in range(3):
+        write_megatron(tmp_path / "megatron" / f"part-{k}", docs[k * 10 : (k + 1) * 10])
+    manifest = manifest_from_files([tmp_path / "megatron"], tmp_path / "m1.json")
+    assert manifest.data_format == "megatron"
+    assert [s.location for s in manifest.splits["train"].shards] == [
+        f"megatron/part-{k}.bin" for k in range(3)
+    ]
+    import datasets
+
+    datasets.Dataset.from_dict({"tokens": docs}).save_to_disk(str(tmp_path / "hf"), num_shards=2)
+    manifest = manifest_from_files([tmp_path / "hf"], tmp_path / "m2.json")
+    assert (manifest.data_format, sum(s.rows for s in manifest.splits["train"].shards)) == ("arrow", 30)
+    write_mds_tokens_plain(tmp_path / "mds", docs, per_shard=7)
+    manifest = manifest_from_files([tmp_path / "mds"], tmp_path / "m3.json")
+    assert (manifest.data_format, len(manifest.splits["train"].shards)) == ("mds", 5)
+    datasets.DatasetDict({"train": datasets.Dataset.from_dict({"tokens": docs})}).save_to_disk(
+        str(tmp_path / "dd")
+    )
+    with pytest.raises(ConfigError, match=r"DatasetDict: build a manifest from one split's directory"):
+        manifest_from_files([tmp_path / "dd"], tmp_path / "m4.json")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ConfigError, match=r"holds no shard with a known suffix"):
+        manifest_from_files([tmp_path / "empty"], tmp_path / "m5.json")

@@ -40,6 +40,30 @@ def encoding_of(path: str) -> str | None:
     return next((encoding for suffix, encoding in _SUFFIXES if path.endswith(suffix)), None)
 
 
+def _is_directory(path: str) -> bool:
+    return path.endswith("/") if path.startswith("s3://") else os.path.isdir(path)
+
+
+def _shards_under(directory: str, storage: StorageConfig) -> list[str]:
+    """The shard files under ``directory`` (and its subdirectories), by their suffixes, sorted.
+
+    Files that describe shards rather than hold them (a Megatron ``.bin``'s ``.idx`` stands for
+    the pair; ``index.json``, ``state.json``, ``meta.json``) are not listed. A ``datasets``
+    ``DatasetDict`` is refused: each of its splits is a directory of its own.
+    """
+    found = storage.core().list(directory.rstrip("/"))
+    if any(p.rsplit("/", 1)[-1] == "dataset_dict.json" for p in found):
+        raise _invalid(
+            "files", f"{directory} is a datasets DatasetDict: build a manifest from one split's directory"
+        )
+    shards = [p for p in found if encoding_of(p) is not None]
+    if not shards:
+        raise _invalid(
+            "files", f"{directory} holds no shard with a known suffix ({', '.join(s for s, _ in _SUFFIXES)})"
+        )
+    return shards
+
+
 def _describe(
     paths: Sequence[str], data_format: str, storage: StorageConfig
 ) -> list[tuple[str, int, int, str]]:
@@ -85,6 +109,11 @@ def manifest_from_files(
 ) -> DataManifest:
     """Indexes ``files`` (local paths or ``s3://`` locations) into a data manifest at ``output``.
 
+    A directory among ``files`` (an ``s3://`` prefix ending in ``/``) stands for the shard files
+    under it whose suffixes name an encoding, sorted: a directory of Megatron datasets (their
+    ``.idx``), a ``datasets`` ``save_to_disk`` directory, an MDS dataset directory, Parquet
+    files, and so on.
+
     Each shard is read once through the engine: its records are counted as a stream would
     count them and its bytes hashed (SHA-256), so the manifest lists rows, bytes and checksum
     for every shard, in the order given, as split ``split``. Every shard must have the one
@@ -99,7 +128,15 @@ def manifest_from_files(
         >>> manifest_from_files(["a.parquet", "b.parquet"], "data-manifest-v1.json")  # doctest: +SKIP
 
     """
-    paths = [normalize(f) for f in files]
+    config = storage or StorageConfig.resolve()
+    paths = []
+    for f in files:
+        path = normalize(f)
+        # A directory (an s3:// prefix ending in "/") stands for the shard files under it.
+        if _is_directory(path):
+            paths.extend(_shards_under(path, config))
+        else:
+            paths.append(path)
     if not paths:
         raise _invalid("files", "no shard to index")
     if data_format is None:
@@ -119,7 +156,6 @@ def manifest_from_files(
     if len(set(paths)) != len(paths):
         twice = next(p for p in paths if paths.count(p) > 1)
         raise _invalid("files", f"{twice} is listed twice")
-    config = storage or StorageConfig.resolve()
 
     def advance(n: int) -> None:
         if progress is not None:
