@@ -618,16 +618,9 @@ impl ShardReader for BatchReader {
         chunk: &mut Chunk,
         _prefetched: Option<super::Prefetch>,
     ) -> std::result::Result<(), ReadFailure> {
-        let mut out_row = 0usize;
-        for range in ranges {
-            self.project(range.clone(), projection, chunk, out_row)
-                .map_err(|f| ReadFailure {
-                    rows_done: out_row + f.rows_done,
-                    error: f.error,
-                })?;
-            out_row += (range.end - range.start) as usize;
-        }
-        Ok(())
+        super::each_range(ranges, |range, out_row| {
+            self.project(range, projection, chunk, out_row)
+        })
     }
 }
 

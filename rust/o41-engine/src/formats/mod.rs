@@ -352,6 +352,24 @@ impl<T: RecordCursor + Send> ShardReader for T {
     }
 }
 
+/// Reads `ranges` (sorted, disjoint) into consecutive rows of a chunk, a range at a time:
+/// `read(range, out_row)` projects one range from row `out_row`; a failure's `rows_done` counts
+/// from the start of its range, and is returned counted from the chunk's first row.
+pub(super) fn each_range(
+    ranges: &[Range<u64>],
+    mut read: impl FnMut(Range<u64>, usize) -> std::result::Result<(), ReadFailure>,
+) -> std::result::Result<(), ReadFailure> {
+    let mut out_row = 0usize;
+    for range in ranges {
+        read(range.clone(), out_row).map_err(|f| ReadFailure {
+            rows_done: out_row + f.rows_done,
+            error: f.error,
+        })?;
+        out_row += (range.end - range.start) as usize;
+    }
+    Ok(())
+}
+
 /// Reads `ranges` record by record.
 fn read_record_ranges(
     cursor: &mut impl RecordCursor,

@@ -677,15 +677,8 @@ impl ShardReader for SampleReader {
         chunk: &mut Chunk,
         _prefetched: Option<super::Prefetch>,
     ) -> std::result::Result<(), ReadFailure> {
-        let mut out_row = 0usize;
-        for range in ranges {
-            self.project(range.clone(), projection, chunk, out_row)
-                .map_err(|error| ReadFailure {
-                    rows_done: out_row,
-                    error,
-                })?;
-            out_row += (range.end - range.start) as usize;
-        }
-        Ok(())
+        super::each_range(ranges, |range, out_row| {
+            Ok(self.project(range, projection, chunk, out_row)?)
+        })
     }
 }

@@ -212,15 +212,7 @@ impl Reader {
         out: &mut ColumnBuf,
         fits: &dyn Fn(u64, i128) -> Error,
     ) -> Result<()> {
-        let record_of = |token: u64| record_starts.partition_point(|&s| s <= token) - 1;
-        let mut records: Vec<Range<u64>> = Vec::new();
-        for need in needs.iter().filter(|n| n.len > 0) {
-            let r = record_of(need.start) as u64..record_of(need.start + need.len - 1) as u64 + 1;
-            match records.last_mut() {
-                Some(last) if r.start <= last.end => last.end = last.end.max(r.end),
-                _ => records.push(r),
-            }
-        }
+        let records = records_of(needs, record_starts);
         let path = self.object.uri();
         let mut lo = 0usize;
         parquet::for_each_list(
@@ -274,15 +266,7 @@ impl Reader {
         out: &mut ColumnBuf,
         fits: &dyn Fn(u64, i128) -> Error,
     ) -> Result<()> {
-        let record_of = |token: u64| record_starts.partition_point(|&s| s <= token) - 1;
-        let mut records: Vec<Range<u64>> = Vec::new();
-        for need in needs.iter().filter(|n| n.len > 0) {
-            let r = record_of(need.start) as u64..record_of(need.start + need.len - 1) as u64 + 1;
-            match records.last_mut() {
-                Some(last) if r.start <= last.end => last.end = last.end.max(r.end),
-                _ => records.push(r),
-            }
-        }
+        let records = records_of(needs, record_starts);
         let path = self.object.uri();
         let encoding = self.encoding;
         let mut lo = 0usize;
@@ -318,6 +302,21 @@ impl Reader {
             Ok(())
         })
     }
+}
+
+/// The records (sorted, merged ranges) the pieces `needs` lie in, of a shard whose record `r`
+/// holds tokens `record_starts[r]..record_starts[r + 1]`.
+fn records_of(needs: &[Need], record_starts: &[u64]) -> Vec<Range<u64>> {
+    let record_of = |token: u64| record_starts.partition_point(|&s| s <= token) - 1;
+    let mut records: Vec<Range<u64>> = Vec::new();
+    for need in needs.iter().filter(|n| n.len > 0) {
+        let r = record_of(need.start) as u64..record_of(need.start + need.len - 1) as u64 + 1;
+        match records.last_mut() {
+            Some(last) if r.start <= last.end => last.end = last.end.max(r.end),
+            _ => records.push(r),
+        }
+    }
+    records
 }
 
 /// Appends the bytes `range` of the object, found in `pieces` (sorted, as read), to `out`.
