@@ -104,6 +104,9 @@ impl MegatronIndex {
     }
 }
 
+/// A bound on bytes held, and the error for passing it.
+pub type Held<'a> = (u64, &'a dyn Fn(u64) -> Error);
+
 /// The `.idx` beside the dataset whose `.bin` is `bin_path`.
 pub fn idx_path(bin_path: &str) -> String {
     format!("{}.idx", bin_path.strip_suffix(".bin").unwrap_or(bin_path))
@@ -128,7 +131,13 @@ fn u64_at(bytes: &[u8], at: usize) -> u64 {
 /// within the `.idx` (its size must be exactly what its counts say), the sequences must be laid
 /// end to end in the `.bin` from its start and fill it, and the document indices must run from
 /// 0 to the sequence count without going back; the first entry that does not is named.
-pub fn read_index(storage: &Storage, bin: &Object) -> Result<MegatronIndex> {
+/// The document starts a caller holds for as long as it runs are bounded by `held`: at most
+/// that many bytes (8 per document), or its error.
+pub fn read_index(
+    storage: &Storage,
+    bin: &Object,
+    held: Option<Held<'_>>,
+) -> Result<MegatronIndex> {
     let path = idx_path(bin.uri());
     let idx = storage.open(&path).map_err(|e| match e {
         e @ Error::Cancelled { .. } => e,
@@ -190,6 +199,11 @@ pub fn read_index(storage: &Storage, bin: &Object) -> Result<MegatronIndex> {
         return Err(bad(
             "it lists no document indices; the first is always 0".to_owned()
         ));
+    }
+    if let Some((max, too_large)) = held {
+        if entries.saturating_mul(8) > max {
+            return Err(too_large(max));
+        }
     }
     // The document indices, held as the documents' starts; their size was checked against the
     // file's above, so a forged count allocates nothing.
@@ -299,7 +313,7 @@ impl ShardFormat for Megatron {
     }
 
     fn inspect(&self, object: Arc<Object>, how: RecordInspection<'_>) -> Result<ShardMeta> {
-        let index = Arc::new(read_index(how.storage, &object)?);
+        let index = Arc::new(read_index(how.storage, &object, None)?);
         let longest = index.longest() * index.element.width();
         if how.first_record && index.documents() > 0 {
             let mut reader = DocumentReader::new(object.clone(), index.clone());
@@ -324,7 +338,7 @@ impl ShardFormat for Megatron {
         object: Arc<Object>,
         _chunk_rows: usize,
     ) -> Result<Box<dyn RecordSource>> {
-        let index = Arc::new(read_index(storage, &object)?);
+        let index = Arc::new(read_index(storage, &object, None)?);
         let reader = DocumentReader::new(object, index);
         Ok(Box::new(EachRecord::new(
             reader,
@@ -633,8 +647,12 @@ impl ShardReader for DocumentReader {
 }
 
 /// What token inspection needs of a dataset: its ids' type and its documents' starts.
-pub(super) fn token_file(storage: &Storage, object: &Object) -> Result<(IdType, Vec<u64>)> {
-    let index = read_index(storage, object)?;
+pub(super) fn token_file(
+    storage: &Storage,
+    object: &Object,
+    held: Held<'_>,
+) -> Result<(IdType, Vec<u64>)> {
+    let index = read_index(storage, object, Some(held))?;
     match index.element {
         Element::Ids(ids) => Ok((ids, index.starts)),
         other => Err(Error::Unsupported {

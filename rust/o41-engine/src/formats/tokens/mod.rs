@@ -669,12 +669,8 @@ fn flat_file(
     let (ids, offset, meta_eos, documents) = match encoding {
         Encoding::Megatron => {
             // The document starts are held for the stream's life where windows are cut at
-            // them; the index's size bounds them before they are read.
-            let idx = storage.open(&megatron::idx_path(path))?;
-            if idx.size() / 8 > max_plan / 8 + 1 {
-                return Err(too_large(max_plan));
-            }
-            let (ids, starts) = megatron::token_file(storage, object)?;
+            // them: the index's counts bound them before they are read.
+            let (ids, starts) = megatron::token_file(storage, object, (max_plan, too_large))?;
             (ids, 0, None, Some(starts))
         }
         Encoding::Npy if npy::has_header(object)? => {
