@@ -437,8 +437,8 @@ pub fn describe_shard(
 ) -> Result<(String, u64, u64, String)> {
     let location = encoding.shard_location(path);
     let path = location.as_str();
-    let counted = if crate::formats::format_of(encoding).reads_records() {
-        crate::formats::inspect(
+    let (rows, pin) = if crate::formats::format_of(encoding).reads_records() {
+        let meta = crate::formats::inspect(
             storage,
             path,
             encoding,
@@ -447,13 +447,14 @@ pub fn describe_shard(
             },
             crate::formats::MAX_RECORD_BYTES,
             crate::formats::Checks::default(),
-        )?
+        )?;
+        (meta.rows, meta.pin)
     } else {
         crate::formats::count_ids(storage, path, encoding)?
     };
     let sha256 = storage.content_sha256(path)?;
     let after = storage.open(path)?.pin();
-    if after != counted.pin {
+    if after != pin {
         return Err(Error::Storage {
             path: path.to_owned(),
             message: "the object changed while it was being described; describe it again once \
@@ -461,7 +462,7 @@ pub fn describe_shard(
                 .to_owned(),
         });
     }
-    Ok((location, counted.rows, counted.pin.size, sha256))
+    Ok((location, rows, pin.size, sha256))
 }
 
 #[cfg(test)]

@@ -208,34 +208,11 @@ pub fn inspect(
 }
 
 /// Counts the ids of a token file that holds no records (a `NumPy` array, a `.bin`): what a
-/// data manifest lists as its rows. Reads its header or `meta.json` only.
-pub fn count_ids(storage: &Storage, path: &str, encoding: Encoding) -> Result<ShardMeta> {
+/// data manifest lists as its rows, and the pin of the file counted. Reads its header or
+/// `meta.json` only.
+pub fn count_ids(storage: &Storage, path: &str, encoding: Encoding) -> Result<(u64, Pin)> {
     let object = storage.open(path)?;
-    let rows = tokens::count_ids(storage, &object, encoding)?;
-    Ok(ShardMeta {
-        rows,
-        scratch_bytes: 0,
-        pin: object.pin(),
-        longest_record: 0,
-        index: Arc::new(NoIndex),
-    })
-}
-
-/// The index of a shard described but never read.
-#[derive(Debug)]
-struct NoIndex;
-
-impl ShardIndex for NoIndex {
-    fn open(
-        self: Arc<Self>,
-        object: Arc<Object>,
-        _meta: &ShardMeta,
-        _pages: Option<&Arc<PageCache>>,
-    ) -> Result<Box<dyn ShardReader>> {
-        Err(Error::Internal {
-            message: format!("{} was counted, not inspected for reading", object.uri()),
-        })
-    }
+    Ok((tokens::count_ids(storage, &object, encoding)?, object.pin()))
 }
 
 /// Opens a shard to inspect it. A remote object this stream has already seen (just now at open,
