@@ -23,7 +23,9 @@ use arrow_schema::{DataType, SchemaRef};
 use bytes::Bytes;
 use serde::Deserialize;
 
-use super::format::{EachTokens, RecordInspection, RecordSource, ShardFormat, TokenRecords};
+use super::format::{
+    read_in_place, EachTokens, RecordInspection, RecordSource, ShardFormat, TokenRecords,
+};
 use super::{PageCache, ReadFailure, RecordChunk, ShardData, ShardIndex, ShardMeta, ShardReader};
 use crate::columns::Chunk;
 use crate::encoding::Encoding;
@@ -421,13 +423,7 @@ impl ShardFormat for ArrowIpc {
     }
 
     fn write(&self, _out: &mut (dyn Write + Send), _data: ShardData<'_>, name: &str) -> Result<()> {
-        Err(Error::config(
-            "data_format",
-            format!(
-                "{name}: Arrow IPC files are read in place, not written by the dataset saver; \
-                 save as parquet"
-            ),
-        ))
+        Err(read_in_place(name, "Arrow IPC files", "as parquet"))
     }
 }
 

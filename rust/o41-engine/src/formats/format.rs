@@ -174,6 +174,41 @@ pub(super) fn wrong_data(encoding: Encoding) -> Error {
     )
 }
 
+/// The saver's refusal to write a format read in place (`what`: "Megatron datasets"), for the
+/// shard `name`, pointing to `instead`.
+pub(super) fn read_in_place(name: &str, what: &str, instead: &str) -> Error {
+    Error::config(
+        "data_format",
+        format!(
+            "{name}: {what} are read in place, not written by the dataset saver; save {instead}"
+        ),
+    )
+}
+
+/// The refusal of a stage of records to read `object`, a format only token stages read
+/// (`what`: "a .bin token stream").
+pub(super) fn tokens_only(object: &Object, what: &str) -> Error {
+    Error::config(
+        "encoding",
+        format!(
+            "{} is {what}, read only by stages that pack or window tokens (Stage packing= or \
+             windows=)",
+            object.uri()
+        ),
+    )
+}
+
+/// The refusal of `iter_shard` to read `object`, of `encoding`, which holds no records.
+pub(super) fn no_records(object: &Object, encoding: Encoding, what: &str) -> Error {
+    Error::Unsupported {
+        path: object.uri().to_owned(),
+        encoding: encoding.name(),
+        message: format!(
+            "{what} is one stream of ids, not records; read it with a stage's packing or windows"
+        ),
+    }
+}
+
 /// Reads a shard's next whole record and its row number; `None` at the end.
 pub(in crate::formats) type NextRecord<R> = fn(&mut R) -> Result<Option<(u64, Record)>>;
 

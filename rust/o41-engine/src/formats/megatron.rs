@@ -13,7 +13,7 @@ use std::sync::Arc;
 
 use serde::de::value::{MapDeserializer, SeqDeserializer};
 
-use super::format::{EachRecord, RecordInspection, RecordSource, ShardFormat};
+use super::format::{read_in_place, EachRecord, RecordInspection, RecordSource, ShardFormat};
 use super::token_ids::IdType;
 use super::value::{Record, Value};
 use super::{PageCache, ReadFailure, ShardData, ShardIndex, ShardMeta, ShardReader};
@@ -347,12 +347,10 @@ impl ShardFormat for Megatron {
     }
 
     fn write(&self, _out: &mut (dyn Write + Send), _data: ShardData<'_>, name: &str) -> Result<()> {
-        Err(Error::config(
-            "data_format",
-            format!(
-                "{name}: Megatron datasets are read in place, not written by the dataset saver; \
-                 save records with a token list field as parquet"
-            ),
+        Err(read_in_place(
+            name,
+            "Megatron datasets",
+            "records with a token list field as parquet",
         ))
     }
 }

@@ -6,7 +6,9 @@
 use std::io::Write;
 use std::sync::Arc;
 
-use super::format::{RecordInspection, RecordSource, ShardFormat};
+use super::format::{
+    no_records, read_in_place, tokens_only, RecordInspection, RecordSource, ShardFormat,
+};
 use super::token_ids::IdType;
 use super::{ShardData, ShardMeta};
 use crate::encoding::Encoding;
@@ -180,14 +182,7 @@ impl ShardFormat for Npy {
     }
 
     fn inspect(&self, object: Arc<Object>, _how: RecordInspection<'_>) -> Result<ShardMeta> {
-        Err(Error::config(
-            "encoding",
-            format!(
-                "{} is a NumPy token array, read only by stages that pack or window tokens \
-                 (Stage packing= or windows=)",
-                object.uri()
-            ),
-        ))
+        Err(tokens_only(&object, "a NumPy token array"))
     }
 
     fn records(
@@ -196,22 +191,14 @@ impl ShardFormat for Npy {
         object: Arc<Object>,
         _chunk_rows: usize,
     ) -> Result<Box<dyn RecordSource>> {
-        Err(Error::Unsupported {
-            path: object.uri().to_owned(),
-            encoding: Encoding::Npy.name(),
-            message: "a NumPy token array is one stream of ids, not records; read it with a \
-                      stage's packing or windows"
-                .to_owned(),
-        })
+        Err(no_records(&object, Encoding::Npy, "a NumPy token array"))
     }
 
     fn write(&self, _out: &mut (dyn Write + Send), _data: ShardData<'_>, name: &str) -> Result<()> {
-        Err(Error::config(
-            "data_format",
-            format!(
-                "{name}: NumPy token arrays are read in place, not written by the dataset \
-                 saver; save records with a token list field as parquet"
-            ),
+        Err(read_in_place(
+            name,
+            "NumPy token arrays",
+            "records with a token list field as parquet",
         ))
     }
 }

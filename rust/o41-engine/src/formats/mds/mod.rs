@@ -18,7 +18,8 @@ use serde::de::IntoDeserializer;
 use serde::Deserialize;
 
 use super::format::{
-    EachRecord, EachTokens, RecordInspection, RecordSource, ShardFormat, TokenRecords,
+    read_in_place, EachRecord, EachTokens, RecordInspection, RecordSource, ShardFormat,
+    TokenRecords,
 };
 use super::value::{Record, Value};
 use super::{PageCache, ReadFailure, ShardData, ShardIndex, ShardMeta, ShardReader};
@@ -406,13 +407,7 @@ impl ShardFormat for Mds {
     }
 
     fn write(&self, _out: &mut (dyn Write + Send), _data: ShardData<'_>, name: &str) -> Result<()> {
-        Err(Error::config(
-            "data_format",
-            format!(
-                "{name}: MDS shards are read in place, not written by the dataset saver; save \
-                 as parquet"
-            ),
-        ))
+        Err(read_in_place(name, "MDS shards", "as parquet"))
     }
 }
 

@@ -9,7 +9,9 @@ use serde::Deserialize;
 use super::{malformed, Documents};
 use crate::encoding::Encoding;
 use crate::error::{Error, Result};
-use crate::formats::format::{RecordInspection, RecordSource, ShardFormat};
+use crate::formats::format::{
+    no_records, tokens_only, RecordInspection, RecordSource, ShardFormat,
+};
 use crate::formats::token_ids::IdType;
 use crate::formats::{ShardData, ShardMeta};
 use crate::storage::{sibling, Object, Storage};
@@ -32,14 +34,7 @@ impl ShardFormat for Bin {
     }
 
     fn inspect(&self, object: Arc<Object>, _how: RecordInspection<'_>) -> Result<ShardMeta> {
-        Err(Error::config(
-            "encoding",
-            format!(
-                "{} is a .bin token stream, read only by stages that pack or window tokens \
-                 (Stage packing= or windows=)",
-                object.uri()
-            ),
-        ))
+        Err(tokens_only(&object, "a .bin token stream"))
     }
 
     fn records(
@@ -48,13 +43,7 @@ impl ShardFormat for Bin {
         object: Arc<Object>,
         _chunk_rows: usize,
     ) -> Result<Box<dyn RecordSource>> {
-        Err(Error::Unsupported {
-            path: object.uri().to_owned(),
-            encoding: Encoding::Bin.name(),
-            message: "a .bin shard is a stream of token ids, not records; read it with a \
-                      stage's packing or windows"
-                .to_owned(),
-        })
+        Err(no_records(&object, Encoding::Bin, "a .bin shard"))
     }
 
     fn write(
