@@ -221,32 +221,10 @@ impl Reader {
             (&records, true),
             projection,
             &mut |record, _, values| {
-                let (rs, re) = (
-                    record_starts[record as usize],
-                    record_starts[record as usize + 1],
-                );
-                if values.len() as u64 != re - rs {
-                    return Err(malformed(
-                        path,
-                        Encoding::Parquet,
-                        Some(record),
-                        format!(
-                            "the record holds {} tokens, {} when the shard was inspected",
-                            values.len(),
-                            re - rs
-                        ),
-                    ));
-                }
-                while lo < needs.len() && needs[lo].start + needs[lo].len <= rs {
-                    lo += 1;
-                }
-                for need in needs[lo..].iter().take_while(|n| n.start < re) {
-                    let (from, to) = (need.start.max(rs), (need.start + need.len).min(re));
-                    if from >= to {
-                        continue;
-                    }
-                    let ids = values.slice((from - rs) as usize..(to - rs) as usize);
-                    put(out, need.out + (from - need.start) as usize, ids)
+                let parts = record_parts(needs, &mut lo, record_starts, record, values.len())
+                    .map_err(|message| malformed(path, Encoding::Parquet, Some(record), message))?;
+                for (need, within, at) in parts {
+                    put(out, at, values.slice(within))
                         .map_err(|v| fits(need.row, i128::from(v)))?;
                 }
                 Ok(())
@@ -271,33 +249,10 @@ impl Reader {
         let encoding = self.encoding;
         let mut lo = 0usize;
         source.for_each(&self.object, &records, true, &mut |record, _, ids| {
-            let (rs, re) = (
-                record_starts[record as usize],
-                record_starts[record as usize + 1],
-            );
-            if ids.len() as u64 != re - rs {
-                return Err(malformed(
-                    path,
-                    encoding,
-                    Some(record),
-                    format!(
-                        "the record holds {} tokens, {} when the shard was inspected",
-                        ids.len(),
-                        re - rs
-                    ),
-                ));
-            }
-            while lo < needs.len() && needs[lo].start + needs[lo].len <= rs {
-                lo += 1;
-            }
-            for need in needs[lo..].iter().take_while(|n| n.start < re) {
-                let (from, to) = (need.start.max(rs), (need.start + need.len).min(re));
-                if from >= to {
-                    continue;
-                }
-                let part = &ids[(from - rs) as usize..(to - rs) as usize];
-                put_wide(out, need.out + (from - need.start) as usize, part)
-                    .map_err(|v| fits(need.row, i128::from(v)))?;
+            let parts = record_parts(needs, &mut lo, record_starts, record, ids.len())
+                .map_err(|message| malformed(path, encoding, Some(record), message))?;
+            for (need, within, at) in parts {
+                put_wide(out, at, &ids[within]).map_err(|v| fits(need.row, i128::from(v)))?;
             }
             Ok(())
         })
@@ -317,6 +272,44 @@ fn records_of(needs: &[Need], record_starts: &[u64]) -> Vec<Range<u64>> {
         }
     }
     records
+}
+
+/// A need, the tokens of a record it takes, and the column element they go to.
+type Part<'n> = (&'n Need, Range<usize>, usize);
+
+/// The parts of `needs` that record `record` (of `len` tokens, checked against what inspection
+/// counted) holds: each need, the record's tokens it takes, and the column element they go to.
+/// `lo` is the first need not yet passed, carried from record to record.
+fn record_parts<'n>(
+    needs: &'n [Need],
+    lo: &mut usize,
+    record_starts: &[u64],
+    record: u64,
+    len: usize,
+) -> std::result::Result<impl Iterator<Item = Part<'n>> + 'n, String> {
+    let (rs, re) = (
+        record_starts[record as usize],
+        record_starts[record as usize + 1],
+    );
+    if len as u64 != re - rs {
+        return Err(format!(
+            "the record holds {len} tokens, {} when the shard was inspected",
+            re - rs
+        ));
+    }
+    while *lo < needs.len() && needs[*lo].start + needs[*lo].len <= rs {
+        *lo += 1;
+    }
+    Ok(needs[*lo..]
+        .iter()
+        .take_while(move |n| n.start < re)
+        .filter_map(move |need| {
+            let (from, to) = (need.start.max(rs), (need.start + need.len).min(re));
+            (from < to).then(|| {
+                let within = (from - rs) as usize..(to - rs) as usize;
+                (need, within, need.out + (from - need.start) as usize)
+            })
+        }))
 }
 
 /// Appends the bytes `range` of the object, found in `pieces` (sorted, as read), to `out`.
