@@ -11,7 +11,7 @@ use std::io::Write;
 use std::ops::Range;
 use std::sync::Arc;
 
-use serde::de::value::{MapDeserializer, SeqDeserializer};
+use serde::de::IntoDeserializer;
 
 use super::format::{read_in_place, EachRecord, RecordInspection, RecordSource, ShardFormat};
 use super::token_ids::IdType;
@@ -386,8 +386,9 @@ impl DocumentReader {
         }
     }
 
-    /// The bytes of documents `docs`, read in one request.
-    fn bytes(&self, docs: Range<u64>) -> Result<(bytes::Bytes, u64)> {
+    /// Reads the bytes of documents `docs` into `self.buf`, in one request; returns the
+    /// element the bytes start at.
+    fn load(&mut self, docs: Range<u64>) -> Result<u64> {
         let n = self.index.documents();
         if docs.end > n {
             return Err(Error::Format {
@@ -400,12 +401,13 @@ impl DocumentReader {
         let width = self.index.element.width();
         let first = self.index.starts[docs.start as usize];
         let last = self.index.starts[docs.end as usize];
-        let bytes = self.object.read_range(first * width..last * width)?;
-        Ok((bytes, first))
+        self.object
+            .read_range_into(first * width..last * width, &mut self.buf)?;
+        Ok(first)
     }
 
-    /// Document `doc`'s elements, from `bytes` (which start at element `first`).
-    fn elements(&self, bytes: &[u8], first: u64, doc: u64) -> Elements {
+    /// Document `doc`'s elements as values, from `bytes` (which start at element `first`).
+    fn values(&self, bytes: &[u8], first: u64, doc: u64) -> Vec<Value> {
         let width = self.index.element.width();
         let (s, e) = (
             self.index.starts[doc as usize] - first,
@@ -416,23 +418,34 @@ impl DocumentReader {
             Element::Ids(ids) => {
                 let mut out = Vec::new();
                 match ids.decode(raw, &mut out) {
-                    Ok(()) => Elements::Ints(out),
-                    Err(_) => {
-                        Elements::Unsigned(raw.chunks_exact(8).map(|b| u64_at(b, 0)).collect())
-                    }
+                    Ok(()) => out.into_iter().map(Value::Int).collect(),
+                    // A `uint64` id above `i64::MAX`: every id as it is.
+                    Err(_) => raw
+                        .chunks_exact(8)
+                        .map(|b| {
+                            let u = u64_at(b, 0);
+                            i64::try_from(u).map_or(Value::UInt(u), Value::Int)
+                        })
+                        .collect(),
                 }
             }
-            Element::F32 => Elements::Floats(
-                raw.chunks_exact(4)
-                    .map(|b| f64::from(f32::from_le_bytes([b[0], b[1], b[2], b[3]])))
-                    .collect(),
-            ),
-            Element::F64 => Elements::Floats(
-                raw.chunks_exact(8)
-                    .map(|b| f64::from_bits(u64_at(b, 0)))
-                    .collect(),
-            ),
+            Element::F32 => raw
+                .chunks_exact(4)
+                .map(|b| Value::Float(f64::from(f32::from_le_bytes([b[0], b[1], b[2], b[3]]))))
+                .collect(),
+            Element::F64 => raw
+                .chunks_exact(8)
+                .map(|b| Value::Float(f64::from_bits(u64_at(b, 0))))
+                .collect(),
         }
+    }
+
+    /// Document `doc` as a record: its elements under [`TOKEN_FIELD`].
+    fn record(&self, bytes: &[u8], first: u64, doc: u64) -> Record {
+        vec![(
+            TOKEN_FIELD.to_owned(),
+            Value::List(self.values(bytes, first, doc)),
+        )]
     }
 
     /// Projects documents `docs` into consecutive rows of `chunk` from row `out_row`.
@@ -443,21 +456,8 @@ impl DocumentReader {
         chunk: &mut Chunk,
         out_row: usize,
     ) -> Result<()> {
-        let n = self.index.documents();
-        if docs.end > n {
-            return Err(Error::Format {
-                path: self.object.uri().to_owned(),
-                encoding: Encoding::Megatron.name(),
-                row: Some(docs.end - 1),
-                message: format!("the dataset has {n} documents"),
-            });
-        }
-        let width = self.index.element.width();
-        let first = self.index.starts[docs.start as usize];
-        let last = self.index.starts[docs.end as usize];
-        let mut bytes = std::mem::take(&mut self.buf);
-        self.object
-            .read_range_into(first * width..last * width, &mut bytes)?;
+        let first = self.load(docs.clone())?;
+        let bytes = std::mem::take(&mut self.buf);
         let projected = self.project_bytes(&bytes, first, docs, projection, (chunk, out_row));
         self.buf = bytes;
         projected
@@ -484,12 +484,8 @@ impl DocumentReader {
             ) {
                 continue;
             }
-            let elements = self.elements(bytes, first, doc);
-            let result = match elements {
-                Elements::Ints(v) => project_one(v, projection, chunk, out_row + k),
-                Elements::Unsigned(v) => project_one(v, projection, chunk, out_row + k),
-                Elements::Floats(v) => project_one(v, projection, chunk, out_row + k),
-            };
+            let record = Value::Map(self.record(bytes, first, doc)).into_deserializer();
+            let result = project_record(record, projection, &mut chunk.columns, out_row + k);
             result.map_err(|e| {
                 e.into_error(
                     projection,
@@ -589,45 +585,11 @@ impl DocumentReader {
         if doc >= self.index.documents() {
             return Ok(None);
         }
-        let (bytes, first) = self.bytes(doc..doc + 1)?;
-        let values = match self.elements(&bytes, first, doc) {
-            Elements::Ints(v) => v.into_iter().map(Value::Int).collect(),
-            Elements::Unsigned(v) => v
-                .into_iter()
-                .map(|u| i64::try_from(u).map_or(Value::UInt(u), Value::Int))
-                .collect(),
-            Elements::Floats(v) => v.into_iter().map(Value::Float).collect(),
-        };
+        let first = self.load(doc..doc + 1)?;
+        let record = self.record(&self.buf, first, doc);
         self.next += 1;
-        Ok(Some((
-            doc,
-            vec![(TOKEN_FIELD.to_owned(), Value::List(values))],
-        )))
+        Ok(Some((doc, record)))
     }
-}
-
-/// One document's elements, widened.
-enum Elements {
-    Ints(Vec<i64>),
-    /// `uint64` elements, one of which is above `i64::MAX`.
-    Unsigned(Vec<u64>),
-    Floats(Vec<f64>),
-}
-
-/// Projects the record `{tokens: values}` into row `row` of `chunk`.
-fn project_one<T>(
-    values: Vec<T>,
-    projection: &Projection,
-    chunk: &mut Chunk,
-    row: usize,
-) -> std::result::Result<(), crate::record::RecordError>
-where
-    T: for<'de> serde::de::IntoDeserializer<'de, serde::de::value::Error>,
-{
-    let field = SeqDeserializer::<_, serde::de::value::Error>::new(values.into_iter());
-    let record =
-        MapDeserializer::<_, serde::de::value::Error>::new(std::iter::once((TOKEN_FIELD, field)));
-    project_record(record, projection, &mut chunk.columns, row)
 }
 
 impl ShardReader for DocumentReader {
