@@ -1,5 +1,6 @@
 """Corpora other tools wrote, read in place: Megatron indexed datasets, NumPy token arrays,
-Hugging Face ``datasets`` Arrow files and MosaicML MDS shards.
+Hugging Face ``datasets`` Arrow files and MosaicML MDS shards (ArrayRecord files in
+``test_corpora_array_record.py``; here in the mix of every format).
 
 NumPy and Arrow files here are written by their own libraries (``numpy.save``,
 ``ndarray.tofile``, ``datasets``, ``pyarrow.ipc``) and every value the stream delivers is compared
@@ -565,15 +566,22 @@ def test_a_token_stage_refuses_an_arrow_column_that_is_not_ids(tmp_path: Path) -
 
 @pytest.fixture(scope="module")
 def every_format(tmp_path_factory: pytest.TempPathFactory) -> BatchStreamConfig:
-    """A token stage mixing Megatron, NumPy, Arrow, MDS and Parquet sources with weights."""
+    """A token stage mixing Megatron, NumPy, Arrow, MDS, ArrayRecord and Parquet sources with
+    weights."""
+    from array_record.python import array_record_module as ar
+
     tmp = tmp_path_factory.mktemp("every-format")
-    docs = [[*d, EOS] for d in corpus([2 + (11 * i) % 37 for i in range(150)])]
-    parts = [docs[k * 30 : (k + 1) * 30] for k in range(5)]
+    docs = [[*d, EOS] for d in corpus([2 + (11 * i) % 37 for i in range(180)])]
+    parts = [docs[k * 30 : (k + 1) * 30] for k in range(6)]
     idx = write_megatron(tmp / "m", parts[0])
     np.save(tmp / "n.npy", np.asarray([t for d in parts[1] for t in d], dtype="<u4"))
     hf = write_hf_tokens(tmp / "hf", parts[2], shards=3)
     mds = write_mds_tokens_plain(tmp / "mds", parts[3])
     lists = write_lists(tmp / "p.parquet", parts[4])
+    writer = ar.ArrayRecordWriter(str(tmp / "a.array_record"), "group_size:4,zstd:3")
+    for d in parts[5]:
+        writer.write(np.asarray(d, dtype="<u4").tobytes())
+    writer.close()
     return BatchStreamConfig(
         fields=token_fields(16),
         stages=[
@@ -584,6 +592,9 @@ def every_format(tmp_path_factory: pytest.TempPathFactory) -> BatchStreamConfig:
                     FileSource(files=[str(hf)], encoding="arrow", weight=1.5),
                     FileSource(files=[str(mds)], encoding="mds", weight=1.0),
                     FileSource(files=[str(lists)], weight=0.5),
+                    FileSource(
+                        files=[str(tmp / "a.array_record")], encoding="array_record:uint32", weight=1.0
+                    ),
                 ],
                 batch_size=2,
                 packing=Packing(field="tokens", seq_len=16, bins=4, eos_id=EOS),

@@ -1,51 +1,83 @@
 //! Shard encodings by name: the ground floor that configs, manifests and the readers and writers
 //! under `formats/` all refer to.
 
-use serde::{Deserialize, Serialize};
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 use crate::error::{Error, Result};
 
-/// How a shard's records are stored.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+/// What an `ArrayRecord` file's records hold. The file does not say, so the encoding a source
+/// names does (`array_record:json`, `array_record:uint32`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum RecordPayload {
+    /// A UTF-8 JSON object per record.
+    Json,
+    /// A `MessagePack` map per record.
+    Msgpack,
+    /// Little-endian integer token ids of `width` bytes (1, 2, 4 or 8): each record is one
+    /// token document, read as a record with the single field `tokens`.
+    Ids {
+        /// Bytes per id.
+        width: u8,
+        /// Whether ids are two's-complement signed.
+        signed: bool,
+    },
+}
+
+/// How a shard's records are stored. Configs and manifests name an encoding by its
+/// [`name`](Encoding::name).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Encoding {
     /// Apache Parquet.
-    #[serde(rename = "parquet")]
     Parquet,
     /// JSON Lines, one object per line.
-    #[serde(rename = "jsonl")]
     Jsonl,
     /// Gzip-compressed JSON Lines.
-    #[serde(rename = "jsonl.gz")]
     JsonlGz,
     /// Framed `MessagePack`: a little-endian u32 length before each map (`docs/formats.md`).
-    #[serde(rename = "msgpack")]
     Msgpack,
     /// A flat stream of little-endian `uint16` or `uint32` token ids, described by a sibling
     /// `meta.json` (`docs/formats.md`); read only by stages that pack or window tokens.
-    #[serde(rename = "bin")]
     Bin,
     /// A Megatron-LM / `NeMo` indexed dataset: token sequences in a `.bin`, their lengths,
     /// offsets and documents in the `.idx` beside it (`docs/corpora.md`). The shard's location
     /// is the `.bin`; a configured `.idx` or common prefix is resolved to it.
-    #[serde(rename = "megatron")]
     Megatron,
     /// A `NumPy` array of token ids: a `.npy` file with its header, or a headerless array
     /// (the layout of `OLMo`) described by a sibling `meta.json` as a `.bin` is.
-    #[serde(rename = "npy")]
     Npy,
     /// An Arrow IPC file, in the streaming or the file format: what Hugging Face `datasets`
     /// writes. A `save_to_disk` directory is resolved to the files its `state.json` lists.
-    #[serde(rename = "arrow")]
     Arrow,
     /// A `MosaicML` MDS shard (`streaming`'s `MDSWriter`), raw or compressed whole, described by
     /// the `index.json` beside it. A dataset directory is resolved to the shards it lists.
-    #[serde(rename = "mds")]
     Mds,
+    /// An `ArrayRecord` file (grain, `MaxText`): Riegeli simple chunks located by the footer
+    /// `ArrayRecordWriter` appends, each record holding the payload the name gives
+    /// (`docs/corpora.md`).
+    ArrayRecord(RecordPayload),
+}
+
+/// The `ArrayRecord` encodings, one per payload, in [`Encoding::ALL`]'s order.
+const ARRAY_RECORD: [(RecordPayload, &str); 10] = [
+    (RecordPayload::Json, "array_record:json"),
+    (RecordPayload::Msgpack, "array_record:msgpack"),
+    (ids(1, false), "array_record:uint8"),
+    (ids(1, true), "array_record:int8"),
+    (ids(2, false), "array_record:uint16"),
+    (ids(2, true), "array_record:int16"),
+    (ids(4, false), "array_record:uint32"),
+    (ids(4, true), "array_record:int32"),
+    (ids(8, false), "array_record:uint64"),
+    (ids(8, true), "array_record:int64"),
+];
+
+const fn ids(width: u8, signed: bool) -> RecordPayload {
+    RecordPayload::Ids { width, signed }
 }
 
 impl Encoding {
     /// Every encoding, for messages.
-    pub const ALL: [Encoding; 9] = [
+    pub const ALL: [Encoding; 19] = [
         Encoding::Parquet,
         Encoding::Jsonl,
         Encoding::JsonlGz,
@@ -55,6 +87,16 @@ impl Encoding {
         Encoding::Npy,
         Encoding::Arrow,
         Encoding::Mds,
+        Encoding::ArrayRecord(ARRAY_RECORD[0].0),
+        Encoding::ArrayRecord(ARRAY_RECORD[1].0),
+        Encoding::ArrayRecord(ARRAY_RECORD[2].0),
+        Encoding::ArrayRecord(ARRAY_RECORD[3].0),
+        Encoding::ArrayRecord(ARRAY_RECORD[4].0),
+        Encoding::ArrayRecord(ARRAY_RECORD[5].0),
+        Encoding::ArrayRecord(ARRAY_RECORD[6].0),
+        Encoding::ArrayRecord(ARRAY_RECORD[7].0),
+        Encoding::ArrayRecord(ARRAY_RECORD[8].0),
+        Encoding::ArrayRecord(ARRAY_RECORD[9].0),
     ];
 
     /// The name used in configs and manifests.
@@ -69,6 +111,10 @@ impl Encoding {
             Encoding::Npy => "npy",
             Encoding::Arrow => "arrow",
             Encoding::Mds => "mds",
+            Encoding::ArrayRecord(payload) => ARRAY_RECORD
+                .iter()
+                .find(|(p, _)| *p == payload)
+                .map_or("array_record", |(_, name)| name),
         }
     }
 
@@ -90,6 +136,18 @@ impl Encoding {
 
     /// Infers the encoding from a file name's suffix.
     pub fn from_path(path: &str, option: &str) -> Result<Self> {
+        // An ArrayRecord file does not say what its records hold; TFDS and grain name sharded
+        // files `name.array_record-00000-of-00008`.
+        if path.ends_with(".array_record") || path.contains(".array_record-") {
+            return Err(Error::config(
+                option,
+                format!(
+                    "{path} is an ArrayRecord file, whose records' payload its name does not \
+                     give; set encoding to array_record:json, array_record:msgpack or \
+                     array_record:<id dtype> (uint16, int32, ...)"
+                ),
+            ));
+        }
         // Longest suffix first so `.jsonl.gz` is not taken for something else.
         let by_suffix = [
             (".jsonl.gz", Encoding::JsonlGz),
@@ -141,5 +199,52 @@ impl Encoding {
             .map(|e| e.name())
             .collect::<Vec<_>>()
             .join(", ")
+    }
+}
+
+impl Serialize for Encoding {
+    fn serialize<S: Serializer>(&self, serializer: S) -> std::result::Result<S::Ok, S::Error> {
+        serializer.serialize_str(self.name())
+    }
+}
+
+impl<'de> Deserialize<'de> for Encoding {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> std::result::Result<Self, D::Error> {
+        let name = std::borrow::Cow::<str>::deserialize(deserializer)?;
+        Encoding::ALL
+            .into_iter()
+            .find(|e| e.name() == name)
+            .ok_or_else(|| {
+                serde::de::Error::custom(format!(
+                    "unknown encoding '{name}'; expected one of {}",
+                    Encoding::names()
+                ))
+            })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_name_parses_to_its_encoding_and_serialises_as_itself() {
+        for encoding in Encoding::ALL {
+            assert_eq!(Encoding::parse(encoding.name(), "x").unwrap(), encoding);
+            let json = serde_json::to_string(&encoding).unwrap();
+            assert_eq!(json, format!("\"{}\"", encoding.name()));
+            assert_eq!(serde_json::from_str::<Encoding>(&json).unwrap(), encoding);
+        }
+        assert!(serde_json::from_str::<Encoding>("\"array_record\"").is_err());
+    }
+
+    #[test]
+    fn an_array_record_file_name_asks_for_its_payload() {
+        for name in ["a.array_record", "train.array_record-00001-of-00004"] {
+            let e = Encoding::from_path(name, "files[0]")
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains("array_record:json"), "{e}");
+        }
     }
 }

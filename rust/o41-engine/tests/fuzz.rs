@@ -26,7 +26,7 @@ use o41_engine::checkpoint::Checkpoint;
 use o41_engine::columns::Chunk;
 use o41_engine::config::{FieldSpec, ResolvedConfig};
 use o41_engine::dtype::DType;
-use o41_engine::encoding::Encoding;
+use o41_engine::encoding::{Encoding, RecordPayload};
 use o41_engine::fields::Projection;
 use o41_engine::formats::{self, ShardRecords};
 use o41_engine::manifest::Manifest;
@@ -1237,4 +1237,149 @@ fn arrow_and_mds_token_plans() {
         );
         std::fs::remove_dir_all(&dir).unwrap();
     });
+}
+
+/// The fuzz seeds' records as `MessagePack` maps, one `ArrayRecord` record each.
+fn array_record_payloads() -> Vec<Vec<u8>> {
+    records()
+        .into_iter()
+        .map(|(v, t)| rmp_serde::to_vec_named(&serde_json::json!({"v": v, "t": t})).unwrap())
+        .collect()
+}
+
+const AR_MSGPACK: Encoding = Encoding::ArrayRecord(RecordPayload::Msgpack);
+const AR_IDS: Encoding = Encoding::ArrayRecord(RecordPayload::Ids {
+    width: 2,
+    signed: false,
+});
+
+/// The `ArrayRecord` seed reads whole, as records and as token documents.
+#[test]
+fn array_record_seed_reads_whole() {
+    use forge::riegeli::array_record;
+    let path = std::env::temp_dir().join(format!("o41-fuzz-ar-seed-{}", std::process::id()));
+    std::fs::write(&path, array_record(&array_record_payloads(), 6, &[])).unwrap();
+    let uri = path.to_string_lossy().into_owned();
+    let meta = formats::inspect(
+        &Storage::local(),
+        &uri,
+        AR_MSGPACK,
+        &projection(),
+        1 << 20,
+        FIRST,
+    )
+    .unwrap();
+    assert_eq!(meta.rows, records().len() as u64);
+    let mut reader = ShardRecords::open(&Storage::local(), &uri, AR_MSGPACK, 64).unwrap();
+    let Some(formats::RecordChunk::Records(got)) = reader.next_chunk(64).unwrap() else {
+        panic!("no records");
+    };
+    assert_eq!(got.len(), records().len());
+    let v = got[13]
+        .iter()
+        .find(|(k, _)| k == "v")
+        .map(|(_, v)| v.clone());
+    assert_eq!(v, Some(formats::Value::Int(91)));
+    let ids: Vec<Vec<u8>> = (0..9u16)
+        .map(|i| (0..i).flat_map(u16::to_le_bytes).collect())
+        .collect();
+    std::fs::write(&path, array_record(&ids, 4, &[])).unwrap();
+    let mut reader = ShardRecords::open(&Storage::local(), &uri, AR_IDS, 64).unwrap();
+    let Some(formats::RecordChunk::Records(docs)) = reader.next_chunk(64).unwrap() else {
+        panic!("no documents");
+    };
+    assert_eq!(docs.len(), 9);
+    assert_eq!(
+        docs[3][0].1,
+        formats::Value::List((0..3).map(formats::Value::Int).collect())
+    );
+    std::fs::remove_file(&path).unwrap();
+}
+
+/// `ArrayRecord` files with bytes flipped, cut or inserted anywhere: hashes and bounds catch them.
+#[test]
+fn array_record_files() {
+    use forge::riegeli::array_record;
+    fuzz_shards(AR_MSGPACK, array_record(&array_record_payloads(), 6, &[]));
+}
+
+fn lie() -> impl Strategy<Value = forge::riegeli::Lie> {
+    use forge::riegeli::Lie;
+    let k = 0usize..8;
+    prop_oneof![
+        k.clone().prop_map(Lie::EntryOffset),
+        k.clone().prop_map(Lie::EntryRecords),
+        k.clone().prop_map(Lie::EntryDecoded),
+        Just(Lie::Version),
+        Just(Lie::Chunks),
+        Just(Lie::Records),
+        Just(Lie::FooterOffset),
+        k.clone().prop_map(Lie::HeaderRecords),
+        k.prop_map(Lie::HeaderDecoded),
+        (0usize..40).prop_map(Lie::RecordSize),
+    ]
+}
+
+fn forged_value() -> impl Strategy<Value = u64> {
+    prop_oneof![
+        0u64..300,
+        (1u64 << 16)..(1u64 << 18),
+        (1u64 << 20)..(1u64 << 40),
+        any::<u64>(),
+        Just(u64::MAX),
+    ]
+}
+
+/// `ArrayRecord` footers, postscripts and chunk headers that lie (offsets, counts, decoded sizes,
+/// record sizes) with every hash matching: each is read, or refused, within the allocation bound,
+/// as records and as token documents.
+#[test]
+fn forged_array_record_files() {
+    use forge::riegeli::array_record;
+    use o41_engine::config::{PackingSpec, TokenLayout};
+    let layout = TokenLayout::Packed(PackingSpec {
+        field: "tokens".into(),
+        seq_len: 4,
+        bins: 2,
+        eos_id: None,
+    });
+    let tokens = Projection::new(&[FieldSpec {
+        name: "tokens".into(),
+        source: "tokens".into(),
+        dtype: DType::I64,
+        shape: vec![4],
+        pad: serde_json::Value::from(0),
+    }])
+    .unwrap();
+    let ids: Vec<Vec<u8>> = (0..20u16)
+        .map(|i| (0..i % 7).flat_map(u16::to_le_bytes).collect())
+        .collect();
+    let mut runner = proptest::test_runner::TestRunner::new(ProptestConfig {
+        cases: cases(),
+        failure_persistence: None,
+        ..ProptestConfig::default()
+    });
+    let case = AtomicUsize::new(0);
+    runner
+        .run(
+            &proptest::collection::vec((lie(), forged_value()), 1..4),
+            |lies| {
+                let n = case.fetch_add(1, Ordering::Relaxed);
+                read_every_way(
+                    &array_record(&array_record_payloads(), 6, &lies),
+                    AR_MSGPACK,
+                    n as u64,
+                );
+                check_allocations();
+                let path = std::env::temp_dir()
+                    .join(format!("o41-fuzz-ar-tokens-{}-{n}", std::process::id()));
+                std::fs::write(&path, array_record(&ids, 3, &lies)).unwrap();
+                let uri = path.to_string_lossy().into_owned();
+                read_all(&Storage::local(), &uri, AR_IDS, &tokens, Some(&layout));
+                std::fs::remove_file(&path).unwrap();
+                check_allocations();
+                Ok(())
+            },
+        )
+        .unwrap();
 }

@@ -25,7 +25,7 @@ from rich.table import Table
 from rich.text import Text
 
 from ._checkpoint_files import read_checkpoint, reshard
-from ._config import ENCODINGS, BatchStreamConfig
+from ._config import ENCODINGS, IN_PLACE_ENCODINGS, BatchStreamConfig
 from ._core import __version__
 from ._errors import O41Error, ObjectNotFoundError
 from ._exit import EXIT_ERROR, EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK
@@ -236,9 +236,10 @@ def diff(old: str, new: str) -> int:
 @click.option("--split", default="train", show_default=True, help="The split the shards form.")
 @click.option(
     "--data-format",
-    type=click.Choice(ENCODINGS),
+    type=click.Choice((*ENCODINGS, *IN_PLACE_ENCODINGS)),
     default=None,
-    help="The shards' encoding (default: from their suffix).",
+    help="The shards' encoding (default: from their suffix; ArrayRecord files name their payload, "
+    "array_record:json).",
 )
 @click.option(
     "--ray",

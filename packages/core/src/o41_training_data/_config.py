@@ -41,16 +41,47 @@ __all__ = [
 DType = Literal["i32", "i64", "f32", "f64", "bool"]
 """Element type of a projected column; ``bool`` is delivered as ``uint8`` 0/1."""
 
-Encoding = Literal["parquet", "jsonl", "jsonl.gz", "msgpack", "bin", "megatron", "npy", "arrow", "mds"]
+Encoding = Literal[
+    "parquet",
+    "jsonl",
+    "jsonl.gz",
+    "msgpack",
+    "bin",
+    "megatron",
+    "npy",
+    "arrow",
+    "mds",
+    "array_record:json",
+    "array_record:msgpack",
+    "array_record:uint8",
+    "array_record:int8",
+    "array_record:uint16",
+    "array_record:int16",
+    "array_record:uint32",
+    "array_record:int32",
+    "array_record:uint64",
+    "array_record:int64",
+]
 """Shard encoding; framed MessagePack and ``.bin`` token streams are specified in
-``docs/formats.md``, corpora read in place (``megatron``, ``npy``, ``arrow``, ``mds``) in
-``docs/corpora.md``.
+``docs/formats.md``, corpora read in place (``megatron``, ``npy``, ``arrow``, ``mds``,
+``array_record:<payload>``) in ``docs/corpora.md``. An ArrayRecord file does not say what its
+records hold, so its encoding names the payload: a JSON object, a MessagePack map, or the
+little-endian token ids of one document (``array_record:uint16``), read as the field ``tokens``.
 ``bin`` and ``npy`` shards are read only by stages with ``packing`` or ``windows``."""
 
 DTYPES: tuple[str, ...] = ("i32", "i64", "f32", "f64", "bool")
 ENCODINGS: tuple[str, ...] = ("parquet", "jsonl", "jsonl.gz", "msgpack")
 """The encodings the dataset saver writes and ``o41 tokenize`` reads."""
-IN_PLACE_ENCODINGS: tuple[str, ...] = ("megatron", "npy", "arrow", "mds")
+ARRAY_RECORD_ENCODINGS: tuple[str, ...] = (
+    "array_record:json",
+    "array_record:msgpack",
+    *(
+        f"array_record:{t}"
+        for t in ("uint8", "int8", "uint16", "int16", "uint32", "int32", "uint64", "int64")
+    ),
+)
+"""ArrayRecord files, one encoding per payload their records hold."""
+IN_PLACE_ENCODINGS: tuple[str, ...] = ("megatron", "npy", "arrow", "mds", *ARRAY_RECORD_ENCODINGS)
 """Corpora other tools wrote, read in place (``docs/corpora.md``) and listed in manifests."""
 _SOURCE_ENCODINGS: tuple[str, ...] = (*ENCODINGS, "bin", *IN_PLACE_ENCODINGS)
 

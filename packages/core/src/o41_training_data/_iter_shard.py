@@ -43,7 +43,9 @@ def iter_shard(
     cannot be decoded raises :class:`MalformedShardError` naming the shard and row. Parquet rows
     carry every column; JSON Lines and MessagePack records must be maps; a Megatron dataset's
     record is one document, its ids under ``tokens`` (the dataset named by its ``.bin``, its
-    ``.idx`` or their common prefix). ``storage_config``
+    ``.idx`` or their common prefix), as is an ArrayRecord file's of ids
+    (``array_record:uint16``); an ArrayRecord file of JSON or MessagePack yields its maps.
+    ``storage_config``
     (``training_data.storage_config``) serves ``s3://`` shards; local paths need none.
 
     Examples:

@@ -9,9 +9,10 @@ machine is described in parallel tasks on a Ray cluster.
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Callable, Sequence
 
-from ._config import ENCODINGS, IN_PLACE_ENCODINGS
+from ._config import ARRAY_RECORD_ENCODINGS, ENCODINGS, IN_PLACE_ENCODINGS
 from ._errors import invalid as _invalid
 from ._manifest import DataManifest, ManifestShard, ManifestSplit, load_manifest, save_manifest
 from ._ray import connect
@@ -28,6 +29,8 @@ _SUFFIXES = sorted(
         (".npy", "npy"),
         (".arrow", "arrow"),
         *((f".mds{z}", "mds") for z in ("", ".zstd", ".gz", ".br", ".snappy", ".bz2")),
+        # What an ArrayRecord file's records hold is not in its name: data_format says.
+        (".array_record", "array_record"),
     ],
     key=lambda pair: -len(pair[0]),
 )
@@ -36,7 +39,13 @@ _TASK_SHARDS = 64
 
 
 def encoding_of(path: str) -> str | None:
-    """The shard encoding ``path``'s extension names (the longest matching suffix), or ``None``."""
+    """The shard encoding ``path``'s extension names (the longest matching suffix), or ``None``.
+
+    An ArrayRecord file (``x.array_record``, or TFDS's ``x.array_record-00000-of-00008``) gives
+    ``"array_record"``, which names no payload: a manifest of them needs ``data_format``.
+    """
+    if re.search(r"\.array_record-\d+-of-\d+$", path):
+        return "array_record"
     return next((encoding for suffix, encoding in _SUFFIXES if path.endswith(suffix)), None)
 
 
@@ -151,6 +160,12 @@ def manifest_from_files(
         if len(kinds) > 1:
             raise _invalid("files", f"a manifest holds one encoding, these files have {', '.join(kinds)}")
         data_format = kinds[0]
+        if data_format == "array_record":
+            raise _invalid(
+                "data_format",
+                f"{paths[0]} is an ArrayRecord file, whose records' payload its name does not give; "
+                f"name it: one of {', '.join(ARRAY_RECORD_ENCODINGS)}",
+            )
     elif data_format not in _MANIFEST_ENCODINGS:
         raise _invalid("data_format", f"'{data_format}' is not one of {', '.join(_MANIFEST_ENCODINGS)}")
     if len(set(paths)) != len(paths):

@@ -8,6 +8,7 @@
 //! [`ShardRecords`] reads whole records instead (`iter_shard`), and [`write_shard`] writes a
 //! shard (the dataset saver), each through the same encoding modules.
 
+mod array_record;
 mod arrow_ipc;
 mod cursor;
 mod format;

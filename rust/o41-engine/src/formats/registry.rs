@@ -1,7 +1,7 @@
 //! The one place each encoding is bound to the module that reads and writes it.
 
 use super::format::ShardFormat;
-use super::{arrow_ipc, jsonl, mds, megatron, msgpack, npy, parquet, tokens};
+use super::{array_record, arrow_ipc, jsonl, mds, megatron, msgpack, npy, parquet, tokens};
 use crate::encoding::Encoding;
 
 /// The format that reads and writes `encoding`.
@@ -16,16 +16,21 @@ pub fn format_of(encoding: Encoding) -> &'static dyn ShardFormat {
         Encoding::Npy => &npy::Npy,
         Encoding::Arrow => &arrow_ipc::ArrowIpc,
         Encoding::Mds => &mds::Mds,
+        Encoding::ArrayRecord(payload) => array_record::format(payload),
     }
 }
 
-/// The encodings token stages read, for messages (`parquet, bin, megatron and npy`).
+/// The encodings token stages read, for messages (`parquet, bin, megatron and npy`); the
+/// `ArrayRecord` payloads are named once, as `array_record`.
 pub fn token_encodings() -> String {
-    let names: Vec<&str> = Encoding::ALL
-        .into_iter()
-        .filter(|&e| format_of(e).reads_tokens())
-        .map(Encoding::name)
-        .collect();
+    let mut names: Vec<&str> = Vec::new();
+    for encoding in Encoding::ALL {
+        let name = encoding.name();
+        let name = name.split_once(':').map_or(name, |(family, _)| family);
+        if format_of(encoding).reads_tokens() && !names.contains(&name) {
+            names.push(name);
+        }
+    }
     match names.split_last() {
         Some((last, [])) => (*last).to_owned(),
         Some((last, rest)) => format!("{} and {last}", rest.join(", ")),
@@ -54,7 +59,7 @@ mod tests {
     fn token_stages_read_every_format_with_token_documents() {
         assert_eq!(
             token_encodings(),
-            "parquet, bin, megatron, npy, arrow and mds"
+            "parquet, bin, megatron, npy, arrow, mds and array_record"
         );
         assert!(!format_of(Encoding::Bin).reads_records());
     }

@@ -161,6 +161,21 @@ pub fn read_record<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Record,
 }
 
 impl Value {
+    /// Appends the ids of a token list (a list of integers) to `ids`; otherwise says what the
+    /// value is, for a message ("a string", "a list holding a float").
+    pub fn push_ids(self, ids: &mut Vec<i64>) -> Result<(), String> {
+        let Value::List(items) = self else {
+            return Err(self.kind().to_owned());
+        };
+        for item in items {
+            match item {
+                Value::Int(v) => ids.push(v),
+                other => return Err(format!("a list holding {}", other.kind())),
+            }
+        }
+        Ok(())
+    }
+
     /// The kind of value, for messages.
     pub fn kind(&self) -> &'static str {
         match self {

@@ -5,6 +5,8 @@
 
 #![allow(dead_code)]
 
+pub mod riegeli;
+
 /// What to write, and what to forge.
 #[derive(Clone)]
 pub struct Forge {

@@ -640,21 +640,8 @@ impl TokenRecords for MdsTokens {
                     message: format!("a token stage reads a list of integer ids; this is {what}"),
                 };
                 ids.clear();
-                match record.into_iter().next().map(|(_, v)| v) {
-                    Some(Value::List(items)) => {
-                        for item in items {
-                            match item {
-                                Value::Int(v) => ids.push(v),
-                                other => {
-                                    return Err(not_ids(&format!(
-                                        "a list holding {}",
-                                        other.kind()
-                                    )))
-                                }
-                            }
-                        }
-                    }
-                    Some(other) => return Err(not_ids(other.kind())),
+                match record.into_iter().next() {
+                    Some((_, value)) => value.push_ids(&mut ids).map_err(|what| not_ids(&what))?,
                     None => return Err(not_ids("missing")),
                 }
                 each(row, ids.len() as u64, &ids)?;
