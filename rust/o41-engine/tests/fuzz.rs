@@ -795,7 +795,6 @@ fn megatron_seed() -> (Vec<u8>, Vec<u8>) {
 /// Writes a Megatron dataset and reads it every way: inspected and read as records, read whole,
 /// and planned and read as a packed token stage.
 fn read_megatron(idx: &[u8], bin: &[u8], case: u64) {
-    use o41_engine::config::{PackingSpec, TokenLayout};
     static FILES: AtomicUsize = AtomicUsize::new(0);
     let prefix = std::env::temp_dir().join(format!(
         "o41-fuzz-megatron-{}-{case}-{}",
@@ -816,23 +815,31 @@ fn read_megatron(idx: &[u8], bin: &[u8], case: u64) {
     }])
     .unwrap();
     read_all(&storage, &uri, Encoding::Megatron, &projection, None);
+    let (layout, tokens) = token_plan("tokens");
+    read_all(&storage, &uri, Encoding::Megatron, &tokens, Some(&layout));
+    std::fs::remove_file(&uri).unwrap();
+    std::fs::remove_file(&idx_path).unwrap();
+}
+
+/// A packing stage's layout over `field` (windows of 4 in 2 bins) and the projection of its
+/// tokens.
+fn token_plan(field: &str) -> (o41_engine::config::TokenLayout, Projection) {
+    use o41_engine::config::{PackingSpec, TokenLayout};
     let layout = TokenLayout::Packed(PackingSpec {
-        field: "tokens".into(),
+        field: field.into(),
         seq_len: 4,
         bins: 2,
         eos_id: None,
     });
     let tokens = Projection::new(&[FieldSpec {
-        name: "tokens".into(),
-        source: "tokens".into(),
+        name: field.into(),
+        source: field.into(),
         dtype: DType::I64,
         shape: vec![4],
         pad: serde_json::Value::from(0),
     }])
     .unwrap();
-    read_all(&storage, &uri, Encoding::Megatron, &tokens, Some(&layout));
-    std::fs::remove_file(&uri).unwrap();
-    std::fs::remove_file(&idx_path).unwrap();
+    (layout, tokens)
 }
 
 /// Inspects `uri` (as a token stage when `layout` is given) and reads every row of it, then
@@ -1179,25 +1186,8 @@ fn mds_seed_reads_whole() {
 /// and read as windows.
 #[test]
 fn arrow_and_mds_token_plans() {
-    use o41_engine::config::{PackingSpec, TokenLayout};
-    let layout = |field: &str| {
-        TokenLayout::Packed(PackingSpec {
-            field: field.into(),
-            seq_len: 4,
-            bins: 2,
-            eos_id: None,
-        })
-    };
-    let tokens = |field: &str| {
-        Projection::new(&[FieldSpec {
-            name: field.into(),
-            source: field.into(),
-            dtype: DType::I64,
-            shape: vec![4],
-            pad: serde_json::Value::from(0),
-        }])
-        .unwrap()
-    };
+    let layout = |field: &str| token_plan(field).0;
+    let tokens = |field: &str| token_plan(field).1;
     for file in [false, true] {
         each_mutation(arrow_seed(file), |mutated, n| {
             let path = std::env::temp_dir().join(format!(
@@ -1336,21 +1326,7 @@ fn forged_value() -> impl Strategy<Value = u64> {
 #[test]
 fn forged_array_record_files() {
     use forge::riegeli::array_record;
-    use o41_engine::config::{PackingSpec, TokenLayout};
-    let layout = TokenLayout::Packed(PackingSpec {
-        field: "tokens".into(),
-        seq_len: 4,
-        bins: 2,
-        eos_id: None,
-    });
-    let tokens = Projection::new(&[FieldSpec {
-        name: "tokens".into(),
-        source: "tokens".into(),
-        dtype: DType::I64,
-        shape: vec![4],
-        pad: serde_json::Value::from(0),
-    }])
-    .unwrap();
+    let (layout, tokens) = token_plan("tokens");
     let ids: Vec<Vec<u8>> = (0..20u16)
         .map(|i| (0..i % 7).flat_map(u16::to_le_bytes).collect())
         .collect();
