@@ -521,8 +521,10 @@ impl ChunkReader {
     ) -> Result<()> {
         let payload = self.payload();
         let name = encoding(payload).name();
+        // The reader's own handle, so the path is borrowed once rather than copied per row.
+        let object = self.object.clone();
+        let path = object.uri();
         for (k, row) in rows.enumerate() {
-            let path = self.object.uri().to_owned();
             let bytes = self.record_bytes(row)?;
             let projected = match payload {
                 RecordPayload::Json => project_record(
@@ -538,7 +540,7 @@ impl ChunkReader {
                     out_row + k,
                 ),
                 RecordPayload::Ids { .. } => {
-                    let record = ids_record(&path, payload, row, bytes)?;
+                    let record = ids_record(path, payload, row, bytes)?;
                     project_record(
                         Value::Map(record).into_deserializer(),
                         projection,
@@ -547,7 +549,7 @@ impl ChunkReader {
                     )
                 }
             };
-            projected.map_err(|e| e.into_error(projection, &path, name, row))?;
+            projected.map_err(|e| e.into_error(projection, path, name, row))?;
         }
         Ok(())
     }
