@@ -151,6 +151,8 @@ impl Encoding {
         // Longest suffix first so `.jsonl.gz` is not taken for something else.
         let by_suffix = [
             (".jsonl.gz", Encoding::JsonlGz),
+            // Dolma and other text corpora name their gzipped JSON Lines `.json.gz`.
+            (".json.gz", Encoding::JsonlGz),
             (".jsonl", Encoding::Jsonl),
             (".parquet", Encoding::Parquet),
             (".msgpack", Encoding::Msgpack),
@@ -236,6 +238,27 @@ mod tests {
             assert_eq!(serde_json::from_str::<Encoding>(&json).unwrap(), encoding);
         }
         assert!(serde_json::from_str::<Encoding>("\"array_record\"").is_err());
+    }
+
+    #[test]
+    fn file_names_give_their_encoding() {
+        for (name, encoding) in [
+            ("a.jsonl.gz", Encoding::JsonlGz),
+            ("dolma/v1/c4-0000.json.gz", Encoding::JsonlGz),
+            ("a.jsonl", Encoding::Jsonl),
+            ("a.parquet", Encoding::Parquet),
+            ("a.mds.zstd", Encoding::Mds),
+        ] {
+            assert_eq!(
+                Encoding::from_path(name, "files[0]").unwrap(),
+                encoding,
+                "{name}"
+            );
+        }
+        assert!(
+            Encoding::from_path("a.json", "files[0]").is_err(),
+            "a JSON document is not lines"
+        );
     }
 
     #[test]

@@ -10,7 +10,10 @@
 //! One small JSON file per entry, written atomically (temporary file, then rename); a corrupt or
 //! unreadable entry is ignored and rewritten. A Parquet token shard also gets the lengths of its
 //! token lists (`<digest>.lengths`: a header naming the key and column, then one little-endian
-//! `u32` per record), from which a packing or windows stage plans the shard without decoding it. The directory is `$O41_INSPECT_CACHE`, or
+//! `u32` per record), from which a packing or windows stage plans the shard without decoding it.
+//! A gzip stream another writer made gets its access index (`<digest>.gzindex`: access points
+//! and their 32 KiB windows, `formats::gz_access`), from which a reader starts near any row
+//! without inflating the stream from its start. The directory is `$O41_INSPECT_CACHE`, or
 //! `o41/inspect` under `$XDG_CACHE_HOME` or `~/.cache`; `O41_INSPECT_CACHE=off` turns it off.
 //! Failing to write an entry never fails a stream: the cache only saves work.
 
@@ -83,30 +86,66 @@ fn entry_path(dir: &std::path::Path, key: &Key) -> PathBuf {
     ))
 }
 
-/// The header of a lengths file: whose lists it holds.
+/// The header of a companion file (a lengths file, a gzip access index): whose object, and
+/// for lengths, whose column.
 #[derive(Debug, PartialEq, Eq, Serialize, Deserialize)]
-struct LengthsHeader {
+struct CompanionHeader {
     key: Key,
     column: String,
 }
 
-fn lengths_path(dir: &std::path::Path, header: &[u8]) -> PathBuf {
+/// A kind of companion file: its name's suffix and its first bytes (which carry the layout's
+/// version).
+#[derive(Debug, Clone, Copy)]
+struct Kind {
+    suffix: &'static str,
+    magic: &'static [u8; 8],
+}
+
+const LENGTHS: Kind = Kind {
+    suffix: "lengths",
+    magic: LENGTHS_MAGIC,
+};
+
+const GZ_ACCESS: Kind = Kind {
+    suffix: "gzindex",
+    magic: crate::formats::GZ_ACCESS_MAGIC,
+};
+
+fn companion_path(dir: &std::path::Path, header: &[u8], kind: Kind) -> PathBuf {
     let digest = ring::digest::digest(&ring::digest::SHA256, header);
     dir.join(format!(
-        "{}.lengths",
-        crate::storage::hex(&digest.as_ref()[..16])
+        "{}.{}",
+        crate::storage::hex(&digest.as_ref()[..16]),
+        kind.suffix
     ))
 }
 
-/// The list lengths a lengths file holds, if it is one and is `header`'s.
-fn parse_lengths(bytes: &[u8], header: &[u8]) -> Option<Vec<u64>> {
-    let rest = bytes.strip_prefix(LENGTHS_MAGIC)?;
+/// Where a companion file's payload starts, if `bytes` is one of `kind` and is `header`'s.
+fn payload_at(bytes: &[u8], header: &[u8], kind: Kind) -> Option<usize> {
+    let rest = bytes.strip_prefix(kind.magic)?;
     let (len, rest) = rest.split_first_chunk::<4>()?;
     let len = u32::from_le_bytes(*len) as usize;
     if len > MAX_LENGTHS_HEADER || rest.get(..len)? != header {
         return None;
     }
-    let (count, values) = rest[len..].split_first_chunk::<8>()?;
+    Some(kind.magic.len() + 4 + len)
+}
+
+/// A companion file found in the cache: where it is, its payload, and the payload's offset.
+#[derive(Debug)]
+pub struct Companion {
+    /// The file.
+    pub path: PathBuf,
+    /// What follows its header.
+    pub payload: Vec<u8>,
+    /// The offset in the file where the payload starts.
+    pub at: u64,
+}
+
+/// The list lengths a lengths file's payload holds.
+fn parse_lengths(payload: &[u8]) -> Option<Vec<u64>> {
+    let (count, values) = payload.split_first_chunk::<8>()?;
     if Some(values.len() as u64) != u64::from_le_bytes(*count).checked_mul(4) {
         return None;
     }
@@ -198,13 +237,13 @@ impl InspectCache {
         }
     }
 
-    fn lengths_header(
+    fn companion_header(
         location: &str,
         encoding: Encoding,
         pin: &Pin,
         column: &str,
     ) -> Option<Vec<u8>> {
-        let header = LengthsHeader {
+        let header = CompanionHeader {
             key: key(location, encoding, pin)?,
             column: column.to_owned(),
         };
@@ -224,15 +263,75 @@ impl InspectCache {
         column: &str,
         max_bytes: u64,
     ) -> Option<Vec<u64>> {
-        let header = Self::lengths_header(location, encoding, pin, column)?;
-        let path = lengths_path(&self.dir, &header);
+        let found =
+            self.lookup_companion(LENGTHS, (location, encoding, pin, column), max_bytes / 3)?;
+        parse_lengths(&found.payload)
+    }
+
+    /// The gzip access index stored for the object `pin` describes, if any and if its file is
+    /// at most `max_bytes` long.
+    pub fn lookup_gz_access(
+        &self,
+        location: &str,
+        encoding: Encoding,
+        pin: &Pin,
+        max_bytes: u64,
+    ) -> Option<Companion> {
+        self.lookup_companion(GZ_ACCESS, (location, encoding, pin, ""), max_bytes)
+    }
+
+    /// Stores a gzip access index for the object `pin` describes: the file and where its
+    /// payload starts, or None where it could not be written.
+    pub fn store_gz_access(
+        &self,
+        location: &str,
+        encoding: Encoding,
+        pin: &Pin,
+        payload: &[u8],
+    ) -> Option<(PathBuf, u64)> {
+        self.store_companion(GZ_ACCESS, (location, encoding, pin, ""), payload)
+    }
+
+    fn lookup_companion(
+        &self,
+        kind: Kind,
+        (location, encoding, pin, column): (&str, Encoding, &Pin, &str),
+        max_bytes: u64,
+    ) -> Option<Companion> {
+        let header = Self::companion_header(location, encoding, pin, column)?;
+        let path = companion_path(&self.dir, &header, kind);
         let file = open_entry(&path)?;
-        if file.metadata().ok()?.len().saturating_mul(3) > max_bytes {
+        if file.metadata().ok()?.len() > max_bytes {
             return None;
         }
         let mut bytes = Vec::new();
         std::io::Read::read_to_end(&mut std::io::BufReader::new(file), &mut bytes).ok()?;
-        parse_lengths(&bytes, &header)
+        let at = payload_at(&bytes, &header, kind)?;
+        bytes.drain(..at);
+        Some(Companion {
+            path,
+            payload: bytes,
+            at: at as u64,
+        })
+    }
+
+    /// Writes a companion file atomically: its path and where its payload starts.
+    fn store_companion(
+        &self,
+        kind: Kind,
+        (location, encoding, pin, column): (&str, Encoding, &Pin, &str),
+        payload: &[u8],
+    ) -> Option<(PathBuf, u64)> {
+        let header = Self::companion_header(location, encoding, pin, column)?;
+        let mut bytes = Vec::with_capacity(kind.magic.len() + 4 + header.len() + payload.len());
+        bytes.extend_from_slice(kind.magic);
+        bytes.extend_from_slice(&(header.len() as u32).to_le_bytes());
+        bytes.extend_from_slice(&header);
+        let at = bytes.len() as u64;
+        bytes.extend_from_slice(payload);
+        let path = companion_path(&self.dir, &header, kind);
+        write_atomically(&self.dir, &path, &bytes).ok()?;
+        Some((path, at))
     }
 
     /// Records the list lengths of column `column` of every record of the object `pin`
@@ -245,22 +344,15 @@ impl InspectCache {
         column: &str,
         lengths: &[u64],
     ) {
-        let Some(header) = Self::lengths_header(location, encoding, pin, column) else {
-            return;
-        };
-        let mut bytes =
-            Vec::with_capacity(LENGTHS_MAGIC.len() + 12 + header.len() + 4 * lengths.len());
-        bytes.extend_from_slice(LENGTHS_MAGIC);
-        bytes.extend_from_slice(&(header.len() as u32).to_le_bytes());
-        bytes.extend_from_slice(&header);
-        bytes.extend_from_slice(&(lengths.len() as u64).to_le_bytes());
+        let mut payload = Vec::with_capacity(8 + 4 * lengths.len());
+        payload.extend_from_slice(&(lengths.len() as u64).to_le_bytes());
         for &len in lengths {
             let Ok(len) = u32::try_from(len) else {
                 return;
             };
-            bytes.extend_from_slice(&len.to_le_bytes());
+            payload.extend_from_slice(&len.to_le_bytes());
         }
-        let _ = write_atomically(&self.dir, &lengths_path(&self.dir, &header), &bytes);
+        let _ = self.store_companion(LENGTHS, (location, encoding, pin, column), &payload);
     }
 }
 

@@ -705,6 +705,7 @@ mod tests {
             promise: None,
             first_record: true,
             seen: None,
+            cache: None,
         };
         let uri = dir.join("s1.parquet").to_string_lossy().into_owned();
         let storage = Storage::local().with_meter(meter.clone());

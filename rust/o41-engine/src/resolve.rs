@@ -456,6 +456,7 @@ fn settle(storage: &Storage, jobs: &[Job], setup: &Setup<'_>) -> Result<Settled>
                 promise: job.promise.as_ref(),
                 first_record: true,
                 seen: seen.get(&i).map(|(pin, _)| pin),
+                cache: cache.as_ref(),
             },
         )
     });

@@ -230,6 +230,8 @@ impl Shards {
             return Ok(meta);
         }
         let limits = &self.limits;
+        // A shard first read now may find more than its count there (a gzip access index).
+        let cache = crate::inspect_cache::InspectCache::from_env();
         let meta = formats::inspect_shard(
             &self.metered(storage, shard),
             entry.path(),
@@ -251,6 +253,7 @@ impl Shards {
                 promise: Some(&entry.promise()),
                 first_record: false,
                 seen: None,
+                cache: cache.as_ref(),
             },
         )?;
         if meta.scratch_bytes > limits.scratch_reserved {

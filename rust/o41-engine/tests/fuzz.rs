@@ -42,6 +42,7 @@ const FIRST: formats::Checks<'static> = formats::Checks {
     promise: None,
     first_record: true,
     seen: None,
+    cache: None,
 };
 
 #[global_allocator]
@@ -709,6 +710,78 @@ fn forged_cached_list_lengths() {
             Ok(())
         })
         .unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::remove_file(&path).unwrap();
+}
+
+/// A gzip stream long enough for access points (one every 2 MiB of output): its text's lines.
+fn long_gzip_seed() -> (Vec<u8>, u64) {
+    let mut text = Vec::new();
+    let mut rows = 0u64;
+    while text.len() < 5 << 20 {
+        let pad = "y".repeat((rows % 400) as usize);
+        writeln!(text, "{{\"v\": {rows}, \"t\": [1, 2], \"x\": \"{pad}\"}}").unwrap();
+        rows += 1;
+    }
+    let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
+    gz.write_all(&text).unwrap();
+    (gz.finish().unwrap(), rows)
+}
+
+/// A gzip access index in the inspection cache damaged any way: it is rebuilt, or its damaged
+/// window is found out when read; the rows read are the stream's either way.
+#[test]
+fn forged_gzip_access_indexes() {
+    use o41_engine::inspect_cache::InspectCache;
+    let (seed, rows) = long_gzip_seed();
+    let name = format!("o41-fuzz-gzindex-{}", std::process::id());
+    let path = std::env::temp_dir().join(format!("{name}.jsonl.gz"));
+    std::fs::write(&path, &seed).unwrap();
+    let uri = path.to_string_lossy().into_owned();
+    let dir = std::env::temp_dir().join(name);
+    let cache = InspectCache::new(&dir);
+    let checks = formats::Checks {
+        cache: Some(&cache),
+        ..FIRST
+    };
+    let projection = projection();
+    let storage = Storage::local();
+    let read = |range: std::ops::Range<u64>| {
+        let meta = formats::inspect(
+            &storage,
+            &uri,
+            Encoding::JsonlGz,
+            &projection,
+            1 << 20,
+            checks,
+        )
+        .expect("the stream is sound");
+        assert_eq!(meta.rows, rows);
+        let mut reader = formats::open(&storage, &uri, &meta, None).unwrap();
+        let mut chunk = Chunk::padded(&projection, (range.end - range.start) as usize);
+        reader
+            .read_ranges(std::slice::from_ref(&range), &projection, &mut chunk, None)
+            .expect("the rows read");
+        let o41_engine::columns::ColumnBuf::I64(v) = &chunk.columns[0] else {
+            unreachable!("v is i64")
+        };
+        assert_eq!(
+            v[..],
+            (range.start as i64..range.end as i64).collect::<Vec<_>>()[..]
+        );
+    };
+    read(0..2);
+    let index = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| p.extension().is_some_and(|e| e == "gzindex"))
+        .expect("the first inspection stored an access index");
+    let good = std::fs::read(&index).unwrap();
+    each_mutation(good, |mutated, case| {
+        std::fs::write(&index, mutated).unwrap();
+        let deep = rows - 3 - case % (rows / 2);
+        read(deep..deep + 3);
+    });
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::remove_file(&path).unwrap();
 }

@@ -34,6 +34,7 @@ const FIRST: formats::Checks<'static> = formats::Checks {
     promise: None,
     first_record: true,
     seen: None,
+    cache: None,
 };
 
 fn projection() -> Projection {

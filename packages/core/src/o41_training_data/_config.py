@@ -264,7 +264,8 @@ class FileSource:
     """A plain list of shard files, read in the listed order.
 
     ``encoding`` may be omitted when every file name ends in ``.parquet``, ``.jsonl``,
-    ``.jsonl.gz`` or ``.msgpack``. ``weight`` is the source's relative share of its stage.
+    ``.jsonl.gz`` (or ``.json.gz``, as Dolma names it), ``.msgpack`` or an in-place format's
+    suffix (``docs/corpora.md``). ``weight`` is the source's relative share of its stage.
 
     Examples:
         >>> FileSource(files=["part-000.parquet"], weight=3.0).encoding is None

@@ -25,6 +25,8 @@ _MANIFEST_ENCODINGS = (*ENCODINGS, *IN_PLACE_ENCODINGS)
 _SUFFIXES = sorted(
     [
         *((f".{e}", e) for e in ENCODINGS),
+        # Dolma and other text corpora name their gzipped JSON Lines `.json.gz`.
+        (".json.gz", "jsonl.gz"),
         (".idx", "megatron"),
         (".npy", "npy"),
         (".arrow", "arrow"),

@@ -16,6 +16,7 @@ use super::{PageCache, Prefetch, RecordChunk, ShardData, ShardMeta, ShardReader}
 use crate::encoding::Encoding;
 use crate::error::{Error, Result};
 use crate::fields::Projection;
+use crate::inspect_cache::InspectCache;
 use crate::storage::{Object, Pin, Storage};
 
 /// How a stage of records inspects a shard.
@@ -29,6 +30,9 @@ pub struct RecordInspection<'a> {
     pub max_record: u64,
     /// Whether the first record is projected now, so a bad field fails at open.
     pub first_record: bool,
+    /// Where what inspecting a shard learns is kept between streams (a gzip stream's access
+    /// index), if anywhere.
+    pub cache: Option<&'a InspectCache>,
 }
 
 /// A shard format: how its shards are inspected, read whole, and written.

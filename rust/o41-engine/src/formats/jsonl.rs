@@ -1,17 +1,18 @@
 //! JSON Lines shards, plain or gzip-compressed, read and written. One object per line; blank
 //! lines are not records. Plain files keep a sparse byte-offset index so a read can seek near
 //! its first row. Gzip shards this engine wrote carry a member index (`gz_members`), so a read
-//! decompresses only the members holding its rows; gzip streams from other writers are read
-//! forward, skipping lines before the range without parsing them.
+//! decompresses only the members holding its rows; gzip streams from other writers get an
+//! access index on their first inspection (`gz_access`, kept in the inspection cache), so a
+//! read inflates from the access point before its rows, skipping lines without parsing them.
 
 use std::io::{BufRead, BufReader, Write};
 use std::sync::Arc;
 
-use flate2::read::MultiGzDecoder;
 use flate2::Decompress;
 
 use super::cursor::ObjectCursor;
 use super::format::{wrong_data, EachRecord, RecordInspection, RecordSource, ShardFormat};
+use super::gz_access::{self, AccessIndex, GzStream};
 use super::gz_members::{self, MemberIndex};
 use super::json_fast;
 use super::value::{read_record, Record, RecordRef};
@@ -42,13 +43,7 @@ impl ShardFormat for JsonLines {
     }
 
     fn inspect(&self, object: Arc<Object>, how: RecordInspection<'_>) -> Result<ShardMeta> {
-        inspect(
-            object,
-            self.0,
-            how.projection,
-            how.max_record,
-            how.first_record,
-        )
+        inspect(object, self.0, &how)
     }
 
     fn records(
@@ -57,7 +52,7 @@ impl ShardFormat for JsonLines {
         object: Arc<Object>,
         _chunk_rows: usize,
     ) -> Result<Box<dyn RecordSource>> {
-        let reader = Reader::open(object, self.0, None, super::MAX_RECORD_BYTES)?;
+        let reader = Reader::open(object, self.0, Lines::Forward, super::MAX_RECORD_BYTES)?;
         Ok(Box::new(EachRecord::new(reader, Reader::next_record)))
     }
 
@@ -69,15 +64,29 @@ impl ShardFormat for JsonLines {
     }
 }
 
-/// Where a shard's lines are: every `INDEX_STRIDE`-th record's byte offset in a plain file, or
-/// nothing in a compressed stream without a member index (read forward).
+/// Where a shard's lines are: every `INDEX_STRIDE`-th record's byte offset in a plain file, a
+/// gzip stream's access points, or nothing (read forward).
+#[derive(Debug, Clone)]
+pub enum Lines {
+    Forward,
+    Offsets(Arc<Vec<u64>>),
+    Access(Arc<AccessIndex>),
+}
+
 #[derive(Debug)]
 struct LineIndex {
     encoding: Encoding,
-    offsets: Option<Arc<Vec<u64>>>,
+    lines: Lines,
 }
 
 impl ShardIndex for LineIndex {
+    fn block_of(&self, row: u64) -> u64 {
+        match &self.lines {
+            Lines::Access(index) => index.span_of(row),
+            Lines::Forward | Lines::Offsets(_) => 0,
+        }
+    }
+
     fn open(
         self: Arc<Self>,
         object: Arc<Object>,
@@ -87,7 +96,7 @@ impl ShardIndex for LineIndex {
         let reader = Reader::open(
             object,
             self.encoding,
-            self.offsets.clone(),
+            self.lines.clone(),
             meta.longest_record,
         )?;
         Ok(Box::new(reader))
@@ -113,7 +122,7 @@ impl ShardIndex for MemberIndex {
     }
 }
 
-fn is_blank(line: &[u8]) -> bool {
+pub(super) fn is_blank(line: &[u8]) -> bool {
     line.iter().all(u8::is_ascii_whitespace)
 }
 
@@ -122,7 +131,7 @@ pub struct Reader {
     path: String,
     object: Arc<Object>,
     encoding: Encoding,
-    offsets: Option<Arc<Vec<u64>>>,
+    index: Lines,
     lines: Option<Box<dyn BufRead + Send>>,
     /// Record number the next non-blank line holds.
     next_row: u64,
@@ -136,14 +145,14 @@ impl Reader {
     pub fn open(
         object: Arc<Object>,
         encoding: Encoding,
-        offsets: Option<Arc<Vec<u64>>>,
+        index: Lines,
         max_line: u64,
     ) -> Result<Self> {
         let mut reader = Reader {
             path: object.uri().to_owned(),
             object,
             encoding,
-            offsets,
+            index,
             lines: None,
             next_row: 0,
             line: Vec::new(),
@@ -153,28 +162,51 @@ impl Reader {
         Ok(reader)
     }
 
-    /// Positions the reader at or before `row`: at the nearest indexed offset for plain files,
-    /// at the start for compressed ones.
+    /// Positions the reader at or before `row`: at the nearest indexed offset of a plain file,
+    /// the nearest access point of a gzip stream, or the start.
     fn rewind(&mut self, row: u64) -> Result<()> {
-        let (offset, first_row) = match &self.offsets {
+        if self.encoding == Encoding::JsonlGz {
+            return self.rewind_gzip(row);
+        }
+        let (offset, first_row) = match &self.index {
             // The nearest indexed line at or before `row`; a shard of blank lines indexes none.
-            Some(offsets) if !offsets.is_empty() => {
+            Lines::Offsets(offsets) if !offsets.is_empty() => {
                 let k = ((row / INDEX_STRIDE) as usize).min(offsets.len() - 1);
                 (offsets[k], k as u64 * INDEX_STRIDE)
             }
-            Some(_) | None => (0, 0),
+            _ => (0, 0),
         };
+        // The cursor is buffered already: plain lines are read straight from its buffer.
         let file = ObjectCursor::new(self.object.clone(), offset, BUF_BYTES)?;
-        // The cursor is buffered already: plain lines are read straight from its buffer, and
-        // only decompressed bytes need a buffer of their own.
-        self.lines = Some(if self.encoding == Encoding::JsonlGz {
-            Box::new(BufReader::with_capacity(
-                BUF_BYTES,
-                MultiGzDecoder::new(file),
-            ))
-        } else {
-            Box::new(file)
-        });
+        self.lines = Some(Box::new(file));
+        self.next_row = first_row;
+        Ok(())
+    }
+
+    fn rewind_gzip(&mut self, row: u64) -> Result<()> {
+        let point = match &self.index {
+            Lines::Access(index) => index.point_before(row).map(|point| (index.clone(), *point)),
+            _ => None,
+        };
+        let (stream, first_row, skip) = match point {
+            Some((index, point)) => match GzStream::at(self.object.clone(), &index, &point)? {
+                (stream, true) => (stream, point.row(), point.skip()),
+                // The window is gone from the cache: from the start, as without an index.
+                (stream, false) => (stream, 0, 0),
+            },
+            None => (GzStream::from_start(self.object.clone())?, 0, 0),
+        };
+        let mut lines = BufReader::with_capacity(BUF_BYTES, stream);
+        // From a point, the bytes before the first line that starts there.
+        let skipped = std::io::copy(
+            &mut std::io::Read::take(&mut lines, skip),
+            &mut std::io::sink(),
+        )
+        .map_err(|e| read_error(&self.path, self.encoding, first_row, e))?;
+        if skipped < skip {
+            return Err(truncated(&self.path, self.encoding, first_row));
+        }
+        self.lines = Some(Box::new(lines));
         self.next_row = first_row;
         Ok(())
     }
@@ -256,10 +288,13 @@ impl Reader {
     }
 
     fn seek_row(&mut self, row: u64) -> Result<()> {
-        let jump_helps = self
-            .offsets
-            .as_ref()
-            .is_some_and(|_| row / INDEX_STRIDE > self.next_row / INDEX_STRIDE);
+        let jump_helps = match &self.index {
+            Lines::Offsets(_) => row / INDEX_STRIDE > self.next_row / INDEX_STRIDE,
+            Lines::Access(index) => index
+                .point_before(row)
+                .is_some_and(|point| point.row() > self.next_row),
+            Lines::Forward => false,
+        };
         if row < self.next_row || jump_helps {
             self.rewind(row)?;
         }
@@ -274,7 +309,7 @@ impl Reader {
     }
 }
 
-fn too_long(path: &str, encoding: Encoding, row: u64, max_line: u64) -> Error {
+pub(super) fn too_long(path: &str, encoding: Encoding, row: u64, max_line: u64) -> Error {
     Error::Format {
         path: path.to_owned(),
         encoding: encoding.name(),
@@ -315,7 +350,7 @@ fn first_newline(buf: &[u8]) -> Option<usize> {
 }
 
 /// Calls `f` with the offset of every `\n` in `text`, in order.
-fn for_each_newline(text: &[u8], mut f: impl FnMut(usize)) {
+pub(super) fn for_each_newline(text: &[u8], mut f: impl FnMut(usize)) {
     let mut blocks = text.chunks_exact(NEWLINE_BLOCK);
     let mut base = 0;
     for block in &mut blocks {
@@ -407,18 +442,17 @@ impl RecordCursor for Reader {
 pub fn inspect(
     object: Arc<Object>,
     encoding: Encoding,
-    projection: &Projection,
-    max_record: u64,
-    first_record: bool,
+    how: &RecordInspection<'_>,
 ) -> Result<ShardMeta> {
+    let (projection, max_record) = (how.projection, how.max_record);
     let path = &object.uri().to_owned();
     if encoding == Encoding::JsonlGz {
         if let Some(index) = gz_members::read_index(&object)? {
-            return inspect_members(object, index, projection, max_record, first_record);
+            return inspect_members(object, index, projection, max_record, how.first_record);
         }
+        return inspect_stream(object, how);
     }
-    let mut reader = Reader::open(object, encoding, None, max_record)?;
-    let plain = encoding == Encoding::Jsonl;
+    let mut reader = Reader::open(object, encoding, Lines::Forward, max_record)?;
     let mut offsets = Vec::new();
     let mut offset = 0u64;
     let mut rows = 0u64;
@@ -437,7 +471,7 @@ pub fn inspect(
         }
         longest = longest.max(n);
         if !blank {
-            if plain && rows.is_multiple_of(INDEX_STRIDE) {
+            if rows.is_multiple_of(INDEX_STRIDE) {
                 offsets.push(offset);
             }
             if rows == 0 {
@@ -450,7 +484,7 @@ pub fn inspect(
     }
     let index = Arc::new(LineIndex {
         encoding,
-        offsets: plain.then(|| Arc::new(offsets)),
+        lines: Lines::Offsets(Arc::new(offsets)),
     });
     Ok(ShardMeta {
         rows,
@@ -458,6 +492,58 @@ pub fn inspect(
         scratch_bytes: longest as u64 + 2 * BUF_BYTES as u64,
         longest_record: longest as u64,
         index,
+    })
+}
+
+/// A cached gzip access index is at most this long (256 points and their windows).
+const MAX_ACCESS_FILE: u64 = 16 << 20;
+/// What a gzip reader holds besides its line and buffers: the inflater's state and window.
+const INFLATER_BYTES: u64 = 256 << 10;
+
+/// Inspects a gzip stream another writer made: from its access index in the inspection cache
+/// when one is there (reading only the first record, for `first_record`), or by inflating it
+/// once, which counts its rows, checks its first record and builds the access index.
+fn inspect_stream(object: Arc<Object>, how: &RecordInspection<'_>) -> Result<ShardMeta> {
+    let (encoding, path) = (Encoding::JsonlGz, object.uri().to_owned());
+    let pin = object.pin();
+    let cached = how
+        .cache
+        .and_then(|c| c.lookup_gz_access(&path, encoding, &pin, MAX_ACCESS_FILE))
+        .and_then(|found| AccessIndex::decode(&found.payload, found.path, found.at));
+    let (rows, longest, lines) = if let Some(index) = cached {
+        let (rows, longest) = (index.rows(), index.longest_line());
+        if longest > how.max_record {
+            return Err(too_long(&path, encoding, 0, how.max_record));
+        }
+        let lines = Lines::Access(Arc::new(index));
+        if how.first_record && rows > 0 {
+            let mut reader = Reader::open(object, encoding, lines.clone(), longest)?;
+            let mut chunk = Chunk::padded(how.projection, 1);
+            reader.project_next(how.projection, &mut chunk, 0)?;
+        }
+        (rows, longest, lines)
+    } else {
+        let scan = gz_access::scan(&object, how.max_record, how.cache.is_some())?;
+        if let Some(line) = &scan.first_line {
+            let mut chunk = Chunk::padded(how.projection, 1);
+            project_line(line, how.projection, &mut chunk, 0, &path, encoding, 0)?;
+        }
+        // Without the cache (off, or not writable) the stream is read forward.
+        let payload = scan.encode();
+        let lines = how
+            .cache
+            .filter(|_| scan.has_points())
+            .and_then(|c| c.store_gz_access(&path, encoding, &pin, &payload))
+            .and_then(|(file, at)| AccessIndex::decode(&payload, file, at))
+            .map_or(Lines::Forward, |index| Lines::Access(Arc::new(index)));
+        (scan.rows, scan.longest_line, lines)
+    };
+    Ok(ShardMeta {
+        rows,
+        pin: Pin::default(),
+        scratch_bytes: longest + 2 * BUF_BYTES as u64 + INFLATER_BYTES,
+        longest_record: longest,
+        index: Arc::new(LineIndex { encoding, lines }),
     })
 }
 
@@ -755,6 +841,7 @@ mod tests {
             promise: None,
             first_record: true,
             seen: None,
+            cache: None,
         };
         let meta = inspect(&storage, uri, Encoding::JsonlGz, &p, 1 << 20, checks)?;
         let mut reader = open(&storage, uri, &meta, None)?;
@@ -886,7 +973,7 @@ mod tests {
         .unwrap();
         assert!(meta
             .index_as::<LineIndex>()
-            .is_some_and(|index| index.offsets.is_none()));
+            .is_some_and(|index| matches!(index.lines, Lines::Forward)));
         assert_eq!(meta.rows, 300);
         assert_eq!(read(&uri, 250..253).unwrap(), vec![250, 251, 252]);
     }

@@ -12,6 +12,8 @@ mod array_record;
 mod arrow_ipc;
 mod cursor;
 mod format;
+mod gz_access;
+pub(crate) use gz_access::MAGIC as GZ_ACCESS_MAGIC;
 mod gz_members;
 mod json_fast;
 mod jsonl;
@@ -130,6 +132,9 @@ pub struct Checks<'a> {
     /// The object as the stream already saw it, when open looked at it moments before: a
     /// remote one is then not asked for again ([`Storage::open_pinned`]).
     pub seen: Option<&'a Pin>,
+    /// The inspection cache, where a shard's format keeps more than its count (a gzip
+    /// stream's access index).
+    pub cache: Option<&'a crate::inspect_cache::InspectCache>,
 }
 
 /// Inspects a shard as a stage reads it: [`inspect`] for records, or, in a stage that packs or
@@ -199,6 +204,7 @@ pub fn inspect(
         projection,
         max_record,
         first_record: checks.first_record,
+        cache: checks.cache,
     };
     let mut meta = format_of(encoding).inspect(object, how)?;
     if let Some(promise) = promise {
