@@ -719,8 +719,11 @@ fn long_gzip_seed() -> (Vec<u8>, u64) {
     let mut text = Vec::new();
     let mut rows = 0u64;
     while text.len() < 5 << 20 {
-        let pad = "y".repeat((rows % 400) as usize);
-        writeln!(text, "{{\"v\": {rows}, \"t\": [1, 2], \"x\": \"{pad}\"}}").unwrap();
+        // Numbers that do not repeat, so deflate closes blocks often, as on real text.
+        let noise: Vec<u64> = (0..(rows % 60))
+            .map(|k| (rows * 2_654_435_761 + k * 40_503) % 1_000_003)
+            .collect();
+        writeln!(text, "{{\"v\": {rows}, \"t\": [1, 2], \"x\": {noise:?}}}").unwrap();
         rows += 1;
     }
     let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());

@@ -6,9 +6,12 @@
 //! included; a reader then starts at the point before its first row, primed with that history,
 //! instead of inflating the stream from its start.
 //!
-//! zlib reports where a block ends only as the bytes it took, some of whose last bits it may
-//! still hold, so each boundary's bit is found by decoding the bytes after it from each bit it
-//! can be at and keeping the one that reproduces the output the full pass made there.
+//! Points are kept only at boundaries that fall on a byte: a block that starts inside a byte
+//! could be read only by shifting every later byte, which breaks the byte alignment of stored
+//! blocks and trailers. zlib reports where a block ends only as the bytes it took, some of which
+//! it may still hold unread, so a boundary's byte is found by decoding from each byte it can be
+//! at and keeping the one that reproduces the output the full pass made there; a boundary inside
+//! a byte reproduces it from none, and the next boundary is tried.
 
 use std::io::{self, Read};
 use std::os::unix::fs::FileExt;
@@ -28,7 +31,7 @@ const WINDOW: usize = 32 << 10;
 const SPACING: u64 = 2 << 20;
 /// Access points one stream keeps at most.
 const MAX_POINTS: usize = 256;
-/// Output compared to find a boundary's bit.
+/// Output compared to find a boundary's byte.
 const CHECK_BYTES: usize = 1 << 10;
 /// Compressed bytes a trial decode of a boundary is given.
 const TRIAL_INPUT: usize = 8 << 10;
@@ -44,8 +47,8 @@ const POINT_BYTES: usize = 40;
 /// Where a reader can start: a deflate block boundary inside a member.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Point {
-    /// The boundary's offset in the file, in bits.
-    bit: u64,
+    /// The file offset of the byte the block after the boundary starts.
+    offset: u64,
     /// Output bytes from the boundary to the first line starting at or after it.
     skip: u64,
     /// The record number of that line.
@@ -135,7 +138,7 @@ impl AccessIndex {
         for entry in table.chunks_exact(POINT_BYTES) {
             let word = |k: usize| u64::from_le_bytes(entry[8 * k..8 * k + 8].try_into().unwrap());
             let point = Point {
-                bit: word(0),
+                offset: word(0),
                 skip: word(1),
                 row: word(2),
                 member_end: word(3),
@@ -145,12 +148,12 @@ impl AccessIndex {
             };
             let ordered = points
                 .last()
-                .is_none_or(|last| last.bit < point.bit && last.row < point.row);
+                .is_none_or(|last| last.offset < point.offset && last.row < point.row);
             if !ordered
                 || point.row >= rows
                 || point.skip > longest_line
                 || point.window_len as usize > WINDOW
-                || point.member_end.checked_mul(8)? <= point.bit
+                || point.member_end <= point.offset
             {
                 return None;
             }
@@ -190,7 +193,7 @@ impl Scan {
         out.extend_from_slice(&self.longest_line.to_le_bytes());
         out.extend_from_slice(&(self.points.len() as u32).to_le_bytes());
         for (p, window) in &self.points {
-            for word in [p.bit, p.skip, p.row, p.member_end] {
+            for word in [p.offset, p.skip, p.row, p.member_end] {
                 out.extend_from_slice(&word.to_le_bytes());
             }
             out.extend_from_slice(&(window.len() as u32).to_le_bytes());
@@ -223,31 +226,24 @@ fn bad_io(message: String) -> io::Error {
     io::Error::new(io::ErrorKind::InvalidData, message)
 }
 
-/// Compressed bytes from an offset, as they are or shifted down by `shift` bits, so that a
-/// deflate block starting inside a byte starts a byte of what is delivered.
+/// Compressed bytes from an offset, with the bytes before the next one kept as long as asked.
 struct Input {
     reader: Box<dyn Read + Send>,
     buf: Vec<u8>,
     /// Index in `buf` of the next byte to deliver.
     pos: usize,
-    /// The file offset of `buf[0]` (unshifted input only).
+    /// The file offset of `buf[0]`.
     start: u64,
-    shift: u32,
-    /// The last byte read and not yet delivered (shifted input): its low bits are the high
-    /// bits of the next byte delivered.
-    carry: Option<u8>,
     eof: bool,
 }
 
 impl Input {
-    fn open(object: &Object, offset: u64, shift: u32) -> Result<Self> {
+    fn open(object: &Object, offset: u64) -> Result<Self> {
         Ok(Input {
             reader: object.reader(offset)?,
             buf: Vec::new(),
             pos: 0,
             start: offset,
-            shift,
-            carry: None,
             eof: false,
         })
     }
@@ -284,34 +280,9 @@ impl Input {
                 }
             };
             self.buf.truncate(old + n);
-            if n == 0 {
-                self.eof = true;
-                if let Some(last) = self.carry.take() {
-                    self.buf.push(last >> self.shift);
-                }
-            } else if self.shift > 0 {
-                self.shift_from(old);
-            }
+            self.eof = n == 0;
         }
         Ok(())
-    }
-
-    /// Shifts the bytes read into `buf[old..]` in place, keeping the last as the carry.
-    fn shift_from(&mut self, old: usize) {
-        let s = self.shift;
-        let (mut prev, first) = match self.carry {
-            Some(c) => (c, old),
-            None => (self.buf[old], old + 1),
-        };
-        let mut w = old;
-        for i in first..self.buf.len() {
-            let cur = self.buf[i];
-            self.buf[w] = (prev >> s) | (cur << (8 - s));
-            prev = cur;
-            w += 1;
-        }
-        self.buf.truncate(w);
-        self.carry = Some(prev);
     }
 
     /// Reads one gzip member header. False where the input ends instead: at the start of an
@@ -432,20 +403,7 @@ fn inflate_error(e: zlib_rs::InflateError) -> io::Error {
     bad_io(format!("corrupt deflate data: {}", e.as_str()))
 }
 
-/// `raw` read from bit `shift` of its first byte on.
-fn shifted(raw: &[u8], shift: u32) -> Vec<u8> {
-    if shift == 0 {
-        return raw.to_vec();
-    }
-    let mut out: Vec<u8> = raw
-        .windows(2)
-        .map(|w| (w[0] >> shift) | (w[1] << (8 - shift)))
-        .collect();
-    out.extend(raw.last().map(|&b| b >> shift));
-    out
-}
-
-/// An access point found at a boundary but not yet settled: its bit is found once the output
+/// An access point found at a boundary but not yet settled: its byte is found once the output
 /// after it is known, its row once the line it is in ends.
 struct Pending {
     /// The input offset where the pass stopped at the boundary.
@@ -455,7 +413,8 @@ struct Pending {
     /// The output offset of the boundary.
     out: u64,
     window: Vec<u8>,
-    bit: Option<u64>,
+    /// The byte the next block starts, once found.
+    offset: Option<u64>,
     /// The first line starting at or after the boundary: its output offset and record number.
     line: Option<(u64, u64)>,
 }
@@ -492,7 +451,7 @@ pub fn scan(object: &Object, max_line: u64, points: bool) -> Result<Scan> {
     let mut scanner = Scanner {
         path,
         max_line,
-        input: Input::open(object, 0, 0)?,
+        input: Input::open(object, 0)?,
         inflate: Inflate::new(false, 15),
         trial: None,
         text: vec![0; 2 * READ_BYTES],
@@ -545,7 +504,7 @@ impl Scanner<'_> {
             let keep = self
                 .pending
                 .as_ref()
-                .filter(|p| p.bit.is_none())
+                .filter(|p| p.offset.is_none())
                 .map_or(self.input.offset().saturating_sub(8), |p| {
                     p.byte.saturating_sub(8)
                 });
@@ -694,18 +653,18 @@ impl Scanner<'_> {
             body,
             out,
             window,
-            bit: None,
+            offset: None,
             line: at_line_start.then_some((out, self.rows)),
         });
     }
 
-    /// Finds a pending point's bit once the output after it is known, and keeps the point
+    /// Finds a pending point's byte once the output after it is known, and keeps the point
     /// once its line is known too.
     fn settle(&mut self) {
         let Some(p) = self.pending.as_mut() else {
             return;
         };
-        if p.bit.is_none() {
+        if p.offset.is_none() {
             let after = self.text_at + self.end as u64 - p.out;
             if after < CHECK_BYTES as u64 {
                 return;
@@ -713,8 +672,8 @@ impl Scanner<'_> {
             let from = (p.out - self.text_at) as usize;
             let expected = &self.text[from..from + CHECK_BYTES];
             let trial = self.trial.get_or_insert_with(|| Inflate::new(false, 15));
-            p.bit = locate(trial, &self.input, p, expected);
-            if p.bit.is_none() {
+            p.offset = locate(trial, &self.input, p, expected);
+            if p.offset.is_none() {
                 self.pending = None;
                 return;
             }
@@ -725,7 +684,7 @@ impl Scanner<'_> {
         let p = self.pending.take().expect("pending");
         self.last_point = p.out;
         let point = Point {
-            bit: p.bit.expect("located"),
+            offset: p.offset.expect("located"),
             skip: line_out - p.out,
             row,
             member_end: 0,
@@ -749,23 +708,23 @@ impl Scanner<'_> {
     }
 }
 
-/// The bit where the block after pending point `p` starts: the one of the bits the stopped
-/// inflater may have taken whose decode, primed with the window, gives `expected`.
+/// The byte where the block after pending point `p` starts, if it starts a byte: the one of
+/// the bytes the stopped inflater may have taken (its bit buffer holds under 64 bits) whose
+/// decode, primed with the window, gives `expected`.
 fn locate(trial: &mut Inflate, input: &Input, p: &Pending, expected: &[u8]) -> Option<u64> {
     let mut out = vec![0; expected.len()];
-    for held in 0..64u64 {
-        let bit = (p.byte * 8).checked_sub(held)?;
-        if bit < p.body * 8 || bit / 8 < input.start {
+    for held in 0..8u64 {
+        let offset = p.byte.checked_sub(held)?;
+        if offset < p.body || offset < input.start {
             return None;
         }
-        let from = (bit / 8 - input.start) as usize;
-        let raw = &input.buf[from..input.buf.len().min(from + TRIAL_INPUT)];
-        let bytes = shifted(raw, (bit % 8) as u32);
+        let from = (offset - input.start) as usize;
+        let bytes = &input.buf[from..input.buf.len().min(from + TRIAL_INPUT)];
         trial.reset(false);
         trial.set_dictionary(&p.window).ok()?;
-        let decoded = trial.decompress(&bytes, &mut out, InflateFlush::NoFlush);
+        let decoded = trial.decompress(bytes, &mut out, InflateFlush::NoFlush);
         if decoded.is_ok() && trial.total_out() == out.len() as u64 && out == expected {
-            return Some(bit);
+            return Some(offset);
         }
     }
     None
@@ -784,11 +743,10 @@ enum Part {
 /// A gzip stream's output from its start or from an access point. From the start every
 /// member's CRC-32 and size are checked; from a point, those of the members after it.
 pub struct GzStream {
-    object: std::sync::Arc<Object>,
     input: Input,
     inflate: Inflate,
     part: Part,
-    /// Where the member a point started in ends: the input is shifted until then.
+    /// Where the member a point started in ends (its trailer), as the index gives it.
     member_end: Option<u64>,
     first: bool,
     done: bool,
@@ -796,10 +754,9 @@ pub struct GzStream {
 
 impl GzStream {
     /// The stream from its start.
-    pub fn from_start(object: std::sync::Arc<Object>) -> Result<Self> {
+    pub fn from_start(object: &Object) -> Result<Self> {
         Ok(GzStream {
-            input: Input::open(&object, 0, 0)?,
-            object,
+            input: Input::open(object, 0)?,
             inflate: Inflate::new(false, 15),
             part: Part::Header,
             member_end: None,
@@ -810,11 +767,7 @@ impl GzStream {
 
     /// The stream from `point` of `index`, or from its start when the point's window is gone
     /// from the cache (with false: the caller then reads from row 0).
-    pub fn at(
-        object: std::sync::Arc<Object>,
-        index: &AccessIndex,
-        point: &Point,
-    ) -> Result<(Self, bool)> {
+    pub fn at(object: &Object, index: &AccessIndex, point: &Point) -> Result<(Self, bool)> {
         let Some(window) = index.window(point) else {
             return Ok((Self::from_start(object)?, false));
         };
@@ -823,8 +776,7 @@ impl GzStream {
             .set_dictionary(&window)
             .map_err(|e| bad(object.uri(), Some(point.row), e.as_str().to_owned()))?;
         let stream = GzStream {
-            input: Input::open(&object, point.bit / 8, (point.bit % 8) as u32)?,
-            object,
+            input: Input::open(object, point.offset)?,
             inflate,
             part: Part::Body(None),
             member_end: Some(point.member_end),
@@ -876,11 +828,13 @@ impl GzStream {
     }
 
     fn end_member(&mut self, check: Option<(u32, u64)>) -> io::Result<()> {
-        if let Some(end) = self.member_end.take() {
-            // The shifted input ends the member inside a byte; the trailer starts a byte.
-            self.input = Input::open(&self.object, end, 0).map_err(storage::carry)?;
-        }
         let at = self.input.offset();
+        if self.member_end.take().is_some_and(|end| end != at) {
+            return Err(bad_io(format!(
+                "the gzip member ends at byte {at}, not where the access index says; the file \
+                 changed since it was indexed"
+            )));
+        }
         let (crc, size) = self.input.trailer()?;
         if let Some((want_crc, want_size)) = check {
             if crc != want_crc || u64::from(size) != want_size & 0xffff_ffff {
@@ -959,7 +913,7 @@ mod tests {
     /// The records a reader starting at `row`'s point delivers, from `row` on (`n` of them).
     fn read_from(object: &Arc<Object>, index: &AccessIndex, row: u64, n: usize) -> Vec<Vec<u8>> {
         let point = index.point_before(row).expect("a point");
-        let (stream, primed) = GzStream::at(object.clone(), index, point).unwrap();
+        let (stream, primed) = GzStream::at(object, index, point).unwrap();
         assert!(primed, "the window is in the cache file");
         let mut lines = std::io::BufReader::new(stream);
         let mut skipped = vec![0; point.skip() as usize];
@@ -1014,11 +968,68 @@ mod tests {
             );
             // From the start, every record and every member check.
             let mut all = String::new();
-            GzStream::from_start(object.clone())
+            GzStream::from_start(&object)
                 .unwrap()
                 .read_to_string(&mut all)
                 .unwrap();
             assert_eq!(all.as_bytes(), &text[..]);
+        }
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+
+    /// One gzip member whose deflate stream holds compressed blocks, then stored blocks, then
+    /// compressed blocks again, so reads from points before the stored blocks cross them.
+    fn mixed_blocks(text: &[u8]) -> Vec<u8> {
+        let third = text.len() / 3;
+        let deflate = |part: &[u8], flush: flate2::FlushCompress| {
+            let mut c = flate2::Compress::new(flate2::Compression::new(6), false);
+            let mut out = Vec::with_capacity(part.len() + 1024);
+            c.compress_vec(part, &mut out, flush).unwrap();
+            assert_eq!(c.total_in(), part.len() as u64);
+            out
+        };
+        // A sync flush ends on a byte, where stored blocks may follow.
+        let mut body = deflate(&text[..third], flate2::FlushCompress::Sync);
+        for block in text[third..2 * third].chunks(65_535) {
+            let len = block.len() as u16;
+            body.push(0);
+            body.extend_from_slice(&len.to_le_bytes());
+            body.extend_from_slice(&(!len).to_le_bytes());
+            body.extend_from_slice(block);
+        }
+        body.extend(deflate(&text[2 * third..], flate2::FlushCompress::Finish));
+        let mut out = vec![0x1f, 0x8b, 8, 0, 0, 0, 0, 0, 0, 0xff];
+        out.extend_from_slice(&body);
+        out.extend_from_slice(&zlib_rs::crc32::crc32(0, text).to_le_bytes());
+        out.extend_from_slice(&(text.len() as u32).to_le_bytes());
+        out
+    }
+
+    #[test]
+    fn reads_from_points_cross_stored_blocks_and_reach_the_trailer() {
+        let dir = temp("stored");
+        let (text, records) = corpus(9_000);
+        let bytes = mixed_blocks(&text);
+        assert_eq!(
+            std::io::copy(
+                &mut flate2::read::GzDecoder::new(&bytes[..]),
+                &mut std::io::sink()
+            )
+            .unwrap(),
+            text.len() as u64,
+            "a plain gzip reader reads the whole text"
+        );
+        let object = object(&dir, "mixed.jsonl.gz", &bytes);
+        let scan = scan(&object, 1 << 20, true).unwrap();
+        assert_eq!(scan.rows, records.len() as u64);
+        let index = cached(&dir, &scan);
+        assert!(index.points.len() >= 4, "{} points", index.points.len());
+        for point in &index.points {
+            let row = point.row() as usize;
+            assert_eq!(
+                read_from(&object, &index, row as u64, usize::MAX),
+                records[row..]
+            );
         }
         std::fs::remove_dir_all(dir).unwrap();
     }

@@ -27,6 +27,8 @@ use crate::storage::{self, Object};
 use crate::storage::{Pin, Storage};
 
 const BUF_BYTES: usize = 1 << 20;
+/// The output a gzip stream's reader inflates at a time.
+const GZ_BUF_BYTES: usize = 64 << 10;
 
 /// JSON Lines, plain ([`JSONL`]) or gzip-compressed ([`JSONL_GZ`]).
 pub struct JsonLines(Encoding);
@@ -189,14 +191,16 @@ impl Reader {
             _ => None,
         };
         let (stream, first_row, skip) = match point {
-            Some((index, point)) => match GzStream::at(self.object.clone(), &index, &point)? {
+            Some((index, point)) => match GzStream::at(&self.object, &index, &point)? {
                 (stream, true) => (stream, point.row(), point.skip()),
                 // The window is gone from the cache: from the start, as without an index.
                 (stream, false) => (stream, 0, 0),
             },
-            None => (GzStream::from_start(self.object.clone())?, 0, 0),
+            None => (GzStream::from_start(&self.object)?, 0, 0),
         };
-        let mut lines = BufReader::with_capacity(BUF_BYTES, stream);
+        // Small reads: a job ends where its span does, and inflating a MiB past it for the
+        // buffer would inflate rows another thread reads.
+        let mut lines = BufReader::with_capacity(GZ_BUF_BYTES, stream);
         // From a point, the bytes before the first line that starts there.
         let skipped = std::io::copy(
             &mut std::io::Read::take(&mut lines, skip),
