@@ -109,7 +109,7 @@ const LENGTHS: Kind = Kind {
 
 const GZ_ACCESS: Kind = Kind {
     suffix: "gzindex",
-    magic: crate::formats::GZ_ACCESS_MAGIC,
+    magic: b"o41gzx01",
 };
 
 fn companion_path(dir: &std::path::Path, header: &[u8], kind: Kind) -> PathBuf {

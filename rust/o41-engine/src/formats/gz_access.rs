@@ -19,7 +19,7 @@ use std::path::PathBuf;
 
 use zlib_rs::{Inflate, InflateFlush, Status};
 
-use super::jsonl::{for_each_newline, is_blank, too_long};
+use super::lines::{for_each_newline, is_blank, too_long};
 use crate::encoding::Encoding;
 use crate::error::{Error, Result};
 use crate::storage::{self, Object};
@@ -39,8 +39,6 @@ const TRIAL_INPUT: usize = 8 << 10;
 const READ_BYTES: usize = 1 << 20;
 /// A gzip header longer than this (its file name or comment) is refused.
 const MAX_HEADER: usize = 1 << 20;
-/// The first bytes of a cached index's file, its layout's version included.
-pub const MAGIC: &[u8; 8] = b"o41gzx01";
 /// Bytes per access point in a cached index, its window aside.
 const POINT_BYTES: usize = 40;
 
@@ -184,7 +182,7 @@ pub struct Scan {
 }
 
 impl Scan {
-    /// The index a cache file keeps after its header ([`MAGIC`]): the counts and the points,
+    /// The index a cache file keeps after its header (`inspect_cache`'s): the counts and the points,
     /// their CRC-32, then the windows (each point holds its window's CRC-32).
     pub fn encode(&self) -> Vec<u8> {
         let windows: usize = self.points.iter().map(|(_, w)| w.len()).sum();
