@@ -105,6 +105,18 @@ fn value_into<T: Element>(s: &mut Scan, out: &mut [T], shape: &[usize], pad: T) 
                     out[j] = v;
                 }
                 j += 1;
+                // `, ` (Python's separator) or `,` (the compact one) between elements.
+                if s.peek() == Some(b',') {
+                    s.at += 1;
+                    if s.peek() == Some(b' ') {
+                        s.at += 1;
+                    }
+                    if let Some(b'0'..=b'9' | b'-' | b't' | b'f') = s.peek() {
+                        continue;
+                    }
+                    s.ws();
+                    continue;
+                }
                 s.ws();
                 match s.next()? {
                     b',' => s.ws(),
@@ -118,6 +130,29 @@ fn value_into<T: Element>(s: &mut Scan, out: &mut [T], shape: &[usize], pad: T) 
         }
         _ => None,
     }
+}
+
+/// The leading decimal digits of the eight bytes `word` (the first in its lowest byte) and
+/// their value, when there are between one and seven of them; None for none or eight.
+#[inline]
+fn short_integer(word: u64) -> Option<(usize, u64)> {
+    const ONES: u64 = 0x0101_0101_0101_0101;
+    // A byte is a digit exactly when it xors with '0' to at most 9.
+    let t = word ^ (0x30 * ONES);
+    // High bit of each byte over 9. Carries out of a byte over 9 can only reach the bytes after
+    // it, so the first flagged byte is exact.
+    let over = (t.wrapping_add(0x76 * ONES) | t) & (0x80 * ONES);
+    let digits = (over.trailing_zeros() / 8) as usize;
+    if digits == 0 || digits == 8 {
+        return None;
+    }
+    // The digits moved to the top bytes (the first the most significant), then combined in
+    // pairs, fours and eights.
+    let mut v = t << (8 * (8 - digits));
+    v = (v.wrapping_mul(10).wrapping_add(v >> 8)) & 0x00ff_00ff_00ff_00ff;
+    v = (v.wrapping_mul(100).wrapping_add(v >> 16)) & 0x0000_ffff_0000_ffff;
+    v = (v.wrapping_mul(10_000).wrapping_add(v >> 32)) & 0x0000_0000_ffff_ffff;
+    Some((digits, v))
 }
 
 struct Scan<'a> {
@@ -197,6 +232,21 @@ impl<'a> Scan<'a> {
         let b = self.b;
         let negative = b.get(self.at) == Some(&b'-');
         let start = self.at + usize::from(negative);
+        // Token ids and masks are short numbers: up to seven digits are read eight bytes at a
+        // time where eight bytes remain.
+        if let Some(word) = b.get(start..start + 8) {
+            let word = u64::from_le_bytes(word.try_into().expect("eight bytes"));
+            if let Some((digits, v)) = short_integer(word) {
+                if digits > 1 && b[start] == b'0' {
+                    return None;
+                }
+                if let b'.' | b'e' | b'E' = b[start + digits] {
+                    return None;
+                }
+                self.at = start + digits;
+                return Some((negative, v));
+            }
+        }
         let mut i = start;
         let mut v = 0u64;
         // Wrapping: a literal long enough to wrap is refused below by its digit count.
@@ -320,6 +370,68 @@ mod tests {
         ] {
             assert!(agrees(&p, line), "{line}");
         }
+    }
+
+    #[test]
+    fn short_integers_read_eight_bytes_at_a_time_as_byte_by_byte() {
+        let tails = [
+            "", ",", "]", " ", ".5", "e3", "x", "}", "\n", "/", ":", "\u{7f}",
+        ];
+        let mut numbers: Vec<String> = vec!["0".into(), "00".into(), "007".into(), "-0".into()];
+        for len in 1..=20 {
+            numbers.push("9".repeat(len));
+            numbers.push(format!("1{}", "0".repeat(len - 1)));
+            numbers.push(
+                (0..len)
+                    .map(|k| char::from(b'0' + ((k * 7 + 3) % 10) as u8))
+                    .collect(),
+            );
+        }
+        numbers.push(u64::MAX.to_string());
+        for n in &numbers {
+            for sign in ["", "-"] {
+                for tail in tails {
+                    for pad in ["", "        "] {
+                        let text = format!("{sign}{n}{tail}{pad}");
+                        let fast = Scan {
+                            b: text.as_bytes(),
+                            at: 0,
+                        }
+                        .integer();
+                        let mut slow = Scan {
+                            b: text.as_bytes(),
+                            at: 0,
+                        };
+                        // Byte by byte: the same text with nothing after it for a word to read.
+                        let bytewise = slow_integer(&mut slow);
+                        assert_eq!(fast, bytewise, "{text:?}");
+                    }
+                }
+            }
+        }
+    }
+
+    /// The byte-by-byte reading `integer` falls back to.
+    fn slow_integer(s: &mut Scan) -> Option<(bool, u64)> {
+        let text = s.b.to_vec();
+        let negative = text.first() == Some(&b'-');
+        let start = usize::from(negative);
+        let end = text[start..]
+            .iter()
+            .position(|c| !c.is_ascii_digit())
+            .map_or(text.len(), |p| p + start);
+        let digits = end - start;
+        if digits == 0 || digits > MAX_DIGITS || (digits > 1 && text[start] == b'0') {
+            return None;
+        }
+        if let Some(b'.' | b'e' | b'E') = text.get(end) {
+            return None;
+        }
+        let v = std::str::from_utf8(&text[start..end])
+            .unwrap()
+            .parse::<u64>()
+            .ok()?;
+        Some((negative, v))
     }
 
     #[test]
