@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from o41_testkit import collect, config_for, rows_of
+from o41_testkit import LocalS3Server, collect, config_for, data_for, rows_of, upload
 from o41_training_data import (
     FileSource,
     MalformedShardError,
@@ -233,3 +233,30 @@ def test_dolma_style_json_gz_names_are_gzipped_json_lines(tmp_path: Path, cache:
         config_for([ManifestSource(str(tmp_path / "data-manifest-v1.json"), "train")], [V], batch_size=BATCH)
     )
     assert rows_of(batches, "v").tolist() == whole
+
+
+def test_a_stream_in_s3_is_indexed_once_and_resumed_from_its_nearest_point(
+    tmp_path: Path, cache: Path, s3_server: LocalS3Server, boto3_client: Any, s3_prefix: str
+) -> None:
+    local = shard(tmp_path, "gzip-tool")
+    remote = upload(boto3_client, local, f"{s3_prefix}gzip-tool.jsonl.gz")
+    training_data = data_for(s3_server)
+    whole = range(ROWS // BATCH * BATCH)
+    with training_data.batch_stream(
+        config_for([FileSource(files=[remote])], [V, IDS], batch_size=BATCH)
+    ) as stream:
+        got = [b.arrays()["v"].copy() for b in stream]
+        checkpoint_rows = ROWS * 9 // 10 // BATCH * BATCH
+    assert np.concatenate(got).tolist() == list(whole)
+    assert len(indexes(cache)) == 1, "the index is keyed by the object's ETag"
+    remote_config = config_for([FileSource(files=[remote])], [V, IDS], batch_size=BATCH, threads=1)
+    with training_data.batch_stream(remote_config) as stream:
+        for _ in range(checkpoint_rows // BATCH):
+            next(stream)
+        checkpoint = stream.checkpoint()
+    with training_data.resume_batch_stream(checkpoint) as stream:
+        batch = next(stream)
+        deep = range(checkpoint_rows, checkpoint_rows + BATCH)
+        np.testing.assert_array_equal(batch.arrays()["ids"], expected(deep)["ids"])
+        read = stream.stats.sources[0].bytes_read
+    assert read < local.stat().st_size * 0.5, f"{read} of {local.stat().st_size} bytes fetched to resume"
