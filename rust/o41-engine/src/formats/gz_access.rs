@@ -436,6 +436,9 @@ struct Scanner<'a> {
     longest: u64,
     first_line: Option<Vec<u8>>,
     want_points: bool,
+    /// Points kept at most: [`MAX_POINTS`], fewer where their windows would take more than the
+    /// `max_line` bytes an inspection may hold for a line.
+    max_points: usize,
     spacing: u64,
     last_point: u64,
     points: Vec<(Point, Vec<u8>)>,
@@ -443,7 +446,8 @@ struct Scanner<'a> {
 }
 
 /// Inflates the gzip stream `object` once: counts its records and finds its longest line (a
-/// line longer than `max_line` is an error), and with `points` notes access points.
+/// line longer than `max_line` is an error), and with `points` notes access points, whose
+/// windows it holds until the end: at most `max_line` bytes of them.
 pub fn scan(object: &Object, max_line: u64, points: bool) -> Result<Scan> {
     let path = object.uri();
     let mut scanner = Scanner {
@@ -460,6 +464,9 @@ pub fn scan(object: &Object, max_line: u64, points: bool) -> Result<Scan> {
         longest: 0,
         first_line: None,
         want_points: points,
+        max_points: usize::try_from(max_line / WINDOW as u64)
+            .unwrap_or(MAX_POINTS)
+            .clamp(1, MAX_POINTS),
         spacing: SPACING,
         last_point: 0,
         points: Vec::new(),
@@ -695,7 +702,7 @@ impl Scanner<'_> {
             self.points.pop();
         }
         self.points.push((point, p.window));
-        if self.points.len() > MAX_POINTS {
+        if self.points.len() > self.max_points {
             let mut k = 0;
             self.points.retain(|_| {
                 k += 1;
@@ -1027,6 +1034,27 @@ mod tests {
             assert_eq!(
                 read_from(&object, &index, row as u64, usize::MAX),
                 records[row..]
+            );
+        }
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+
+    #[test]
+    fn the_windows_held_stay_within_what_a_line_may_take() {
+        let dir = temp("bounded");
+        let (text, records) = corpus(9_000);
+        let object = object(&dir, "b.jsonl.gz", &gzip(&text, 6));
+        let roomy = scan(&object, 1 << 20, true).unwrap();
+        let tight = scan(&object, 3 * WINDOW as u64, true).unwrap();
+        assert!(roomy.points.len() > 3, "{} points", roomy.points.len());
+        assert!(tight.points.len() <= 3, "{} points", tight.points.len());
+        assert!(tight.has_points());
+        let index = cached(&dir, &tight);
+        for point in &index.points {
+            let row = point.row() as usize;
+            assert_eq!(
+                read_from(&object, &index, row as u64, 4),
+                records[row..row + 4]
             );
         }
         std::fs::remove_dir_all(dir).unwrap();
