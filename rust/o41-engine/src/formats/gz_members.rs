@@ -499,40 +499,68 @@ pub fn inflate_member(
     Ok(())
 }
 
-/// The member's deflate data and 8-byte trailer, past its header (whatever optional header
-/// fields another writer set).
-fn gzip_body(member: &[u8]) -> std::result::Result<&[u8], &'static str> {
+/// Why bytes are not a gzip member header.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BadHeader {
+    /// No gzip magic and deflate method.
+    NotGzip,
+    /// FLG sets bits RFC 1952 reserves.
+    ReservedFlags,
+}
+
+/// The length of the gzip member header `bytes` start with, whatever optional fields (extra,
+/// name, comment, header CRC) its writer set; `Ok(None)` where `bytes` end inside it.
+pub fn header_len(bytes: &[u8]) -> std::result::Result<Option<usize>, BadHeader> {
     const FHCRC: u8 = 0x02;
     const FNAME: u8 = 0x08;
     const FCOMMENT: u8 = 0x10;
-    if member.len() < 18 || member[..3] != [0x1f, 0x8b, 8] {
-        return Err("the index points at bytes that are not a gzip member");
+    if bytes.len() < 4 {
+        return if [0x1f, 0x8b, 8].starts_with(bytes) {
+            Ok(None)
+        } else {
+            Err(BadHeader::NotGzip)
+        };
     }
-    let flags = member[3];
+    if bytes[..3] != [0x1f, 0x8b, 8] {
+        return Err(BadHeader::NotGzip);
+    }
+    let flags = bytes[3];
     if flags & 0xe0 != 0 {
-        return Err("a gzip member header with reserved flags set");
+        return Err(BadHeader::ReservedFlags);
     }
     let mut at = 10usize;
     if flags & FEXTRA != 0 {
-        let xlen = member
-            .get(at..at + 2)
-            .map(|b| usize::from(u16::from_le_bytes([b[0], b[1]])))
-            .ok_or("a truncated gzip member header")?;
-        at += 2 + xlen;
+        let Some(xlen) = bytes.get(at..at + 2) else {
+            return Ok(None);
+        };
+        at += 2 + usize::from(u16::from_le_bytes([xlen[0], xlen[1]]));
     }
     for flag in [FNAME, FCOMMENT] {
         if flags & flag != 0 {
-            let rest = member.get(at..).ok_or("a truncated gzip member header")?;
-            at += rest
-                .iter()
-                .position(|&b| b == 0)
-                .ok_or("a truncated gzip member header")?
-                + 1;
+            let Some(end) = bytes.get(at..).and_then(|s| s.iter().position(|&b| b == 0)) else {
+                return Ok(None);
+            };
+            at += end + 1;
         }
     }
     if flags & FHCRC != 0 {
         at += 2;
     }
+    Ok((bytes.len() >= at).then_some(at))
+}
+
+/// The member's deflate data and 8-byte trailer, past its header.
+fn gzip_body(member: &[u8]) -> std::result::Result<&[u8], &'static str> {
+    let at = match header_len(member) {
+        Err(BadHeader::NotGzip) => {
+            return Err("the index points at bytes that are not a gzip member")
+        }
+        Err(BadHeader::ReservedFlags) => {
+            return Err("a gzip member header with reserved flags set")
+        }
+        Ok(None) => return Err("a truncated gzip member header"),
+        Ok(Some(at)) => at,
+    };
     match member.get(at..) {
         Some(body) if body.len() >= 8 => Ok(body),
         _ => Err("a truncated gzip member header"),

@@ -184,11 +184,13 @@ impl Reader {
 
     fn rewind_gzip(&mut self, row: u64) -> Result<()> {
         let point = match &self.index {
-            Lines::Access(index) => index.point_before(row).map(|point| (index.clone(), *point)),
+            Lines::Access(index) => index
+                .point_before(row)
+                .map(|(k, point)| (index.clone(), k, *point)),
             _ => None,
         };
         let (stream, first_row, skip) = match point {
-            Some((index, point)) => match GzStream::at(&self.object, &index, &point)? {
+            Some((index, k, point)) => match GzStream::at(&self.object, &index, k)? {
                 (stream, true) => (stream, point.row(), point.skip()),
                 // The window is gone from the cache: from the start, as without an index.
                 (stream, false) => (stream, 0, 0),
@@ -293,7 +295,7 @@ impl Reader {
             Lines::Offsets(_) => row / INDEX_STRIDE > self.next_row / INDEX_STRIDE,
             Lines::Access(index) => index
                 .point_before(row)
-                .is_some_and(|point| point.row() > self.next_row),
+                .is_some_and(|(_, point)| point.row() > self.next_row),
             Lines::Forward => false,
         };
         if row < self.next_row || jump_helps {
@@ -469,12 +471,14 @@ fn inspect_stream(object: Arc<Object>, how: &RecordInspection<'_>) -> Result<Sha
             project_line(line, how.projection, &mut chunk, 0, &path, encoding, 0)?;
         }
         // Without the cache (off, or not writable) the stream is read forward.
-        let payload = scan.encode();
         let lines = how
             .cache
             .filter(|_| scan.has_points())
-            .and_then(|c| c.store_gz_access(&path, encoding, &pin, &payload))
-            .and_then(|(file, at)| AccessIndex::decode(&payload, file, at))
+            .and_then(|c| {
+                let payload = scan.encode();
+                let (file, at) = c.store_gz_access(&path, encoding, &pin, &payload)?;
+                AccessIndex::decode(&payload, file, at)
+            })
             .map_or(Lines::Forward, |index| Lines::Access(Arc::new(index)));
         (scan.rows, scan.longest_line, lines)
     };
