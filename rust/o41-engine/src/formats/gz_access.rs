@@ -1025,6 +1025,34 @@ mod tests {
     }
 
     #[test]
+    fn a_member_that_does_not_end_where_the_index_says_fails_closed() {
+        let dir = temp("moved");
+        let (text, _) = corpus(6_000);
+        let object = object(&dir, "m.jsonl.gz", &gzip(&text, 6));
+        let mut payload = scan(&object, 1 << 20, true).unwrap().encode();
+        // Point 0's member_end one byte on, the points' CRC-32 made to match: the index is
+        // well-formed, and wrong about the file.
+        let count = u32::from_le_bytes(payload[16..20].try_into().unwrap()) as usize;
+        let end = 20 + 24;
+        let moved = u64::from_le_bytes(payload[end..end + 8].try_into().unwrap()) + 1;
+        payload[end..end + 8].copy_from_slice(&moved.to_le_bytes());
+        let table_end = 20 + count * POINT_BYTES;
+        let crc = zlib_rs::crc32::crc32(0, &payload[..table_end]);
+        payload[table_end..table_end + 4].copy_from_slice(&crc.to_le_bytes());
+        let file = dir.join("index");
+        std::fs::write(&file, &payload).unwrap();
+        let index = AccessIndex::decode(&payload, file, 0).expect("well-formed");
+        let (mut stream, primed) = GzStream::at(&object, &index, 0).unwrap();
+        assert!(primed);
+        let err = std::io::copy(&mut stream, &mut std::io::sink()).unwrap_err();
+        assert!(
+            err.to_string().contains("not where the access index says"),
+            "{err}"
+        );
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+
+    #[test]
     fn members_padding_and_a_last_line_without_newline_are_read_as_gzip_does() {
         let dir = temp("members");
         let (text, records) = corpus(3_000);
