@@ -26,7 +26,7 @@ from etils import epath
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 from jax_train import ADVANCE_AFTER, BATCH, train_config, validation_config
-from o41_testkit import ShardWriter
+from o41_testkit import ShardWriter, copy_without_times
 from o41_training_data import (
     BatchStreamConfig,
     Checkpoint,
@@ -187,6 +187,21 @@ def test_the_state_resumes_exactly(config: BatchStreamConfig, sharding: NamedSha
         restored.set_state(state)
         restored.start_prefetch()
         assert values(restored, 10) == rest
+    with O41JaxIterator(Checkpoint.from_json(state.decode()), sharding) as resumed:
+        assert values(resumed, 10) == rest
+
+
+def test_the_state_resumes_over_shards_copied_without_their_times(
+    config: BatchStreamConfig, sharding: NamedSharding
+) -> None:
+    with O41JaxIterator(config, sharding) as iterator:
+        values(iterator, 7)
+        state = iterator.get_state()
+        rest = values(iterator, 10)
+    for stage in config.stages:
+        for source in stage.sources:
+            for path in source.files:
+                copy_without_times(path)
     with O41JaxIterator(Checkpoint.from_json(state.decode()), sharding) as resumed:
         assert values(resumed, 10) == rest
 

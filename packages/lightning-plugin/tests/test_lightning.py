@@ -20,7 +20,7 @@ from lightning.pytorch import LightningModule, Trainer
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 from lightning.pytorch.strategies import SingleDeviceStrategy
-from o41_testkit import write_shard
+from o41_testkit import copy_without_times, write_shard
 from o41_training_data import (
     BatchStream,
     BatchStreamConfig,
@@ -203,6 +203,20 @@ def test_a_mid_epoch_resume_trains_on_exactly_the_batches_of_an_uninterrupted_ru
     entry = state["O41DataModule"]
     assert (entry["format"], entry["version"], entry["world_size"]) == (FORMAT, STATE_VERSION, 1)
     assert Position.from_json(entry["ranks"][0]["position"]).batches_yielded == 4  # consumed, not fetched
+
+
+@RESUMING
+def test_a_resume_over_shards_copied_without_their_times_trains_on_the_same_batches(
+    data: Path, tmp_path: Path
+) -> None:
+    straight = fit(O41DataModule(make_config(data)), tmp_path / "s", 10)
+    fit(O41DataModule(make_config(data)), tmp_path / "r", 6, callbacks=[checkpoints(tmp_path / "r")])
+    for path in data.iterdir():
+        copy_without_times(path)
+    options = {"callbacks": [checkpoints(tmp_path / "r")]}
+    saved = tmp_path / "r" / "epoch=0-step=4.ckpt"
+    resumed = fit(O41DataModule(make_config(data)), tmp_path / "r", 10, ckpt_path=saved, **options)
+    assert resumed.trained == straight.trained[4:]
 
 
 class Scoring(Recorder):

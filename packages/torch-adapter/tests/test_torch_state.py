@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from o41_testkit import ShardWriter
+from o41_testkit import ShardWriter, copy_without_times
 from o41_training_data import (
     BatchStreamConfig,
     CheckpointError,
@@ -41,6 +41,19 @@ def test_a_state_continues_exactly(shard: ShardWriter) -> None:
         b["v"].tolist() for _, b in zip(range(6), iter(O41IterableDataset(config)), strict=False)
     ]
     expected = uninterrupted[3:]
+    resumed = O41IterableDataset(config)
+    resumed.load_state_dict(state)
+    assert [b["v"].tolist() for _, b in zip(range(3), iter(resumed), strict=False)] == expected
+
+
+def test_a_state_resumes_over_shards_copied_without_their_times(shard: ShardWriter) -> None:
+    config = config_of(shard)
+    state = state_after(O41IterableDataset(config), 3)
+    expected = [b["v"].tolist() for _, b in zip(range(6), iter(O41IterableDataset(config)), strict=False)][3:]
+    for stage in config.stages:
+        for source in stage.sources:
+            for path in source.files:
+                copy_without_times(path)
     resumed = O41IterableDataset(config)
     resumed.load_state_dict(state)
     assert [b["v"].tolist() for _, b in zip(range(3), iter(resumed), strict=False)] == expected

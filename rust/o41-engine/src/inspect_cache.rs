@@ -112,6 +112,17 @@ const GZ_ACCESS: Kind = Kind {
     magic: b"o41gzx01",
 };
 
+/// A local file's content identity (`formats::identity`). Its header's column is the file's
+/// status-change time, which no copy or `touch` keeps: a file rewritten with its size,
+/// modification time and inode kept misses this entry and is hashed again.
+const CONTENT: Kind = Kind {
+    suffix: "content",
+    magic: b"o41cid01",
+};
+
+/// The longest content identity an entry may hold.
+const MAX_CONTENT_ID: u64 = 256;
+
 fn companion_path(dir: &std::path::Path, header: &[u8], kind: Kind) -> PathBuf {
     let digest = ring::digest::digest(&ring::digest::SHA256, header);
     dir.join(format!(
@@ -290,6 +301,41 @@ impl InspectCache {
         payload: &[u8],
     ) -> Option<(PathBuf, u64)> {
         self.store_companion(GZ_ACCESS, (location, encoding, pin, ""), payload)
+    }
+
+    /// The content identity stored for the local file `pin` describes, whose status changed
+    /// last at `ctime_ns`.
+    pub fn lookup_content(
+        &self,
+        location: &str,
+        encoding: Encoding,
+        pin: &Pin,
+        ctime_ns: i128,
+    ) -> Option<String> {
+        let column = format!("ctime:{ctime_ns}");
+        let found =
+            self.lookup_companion(CONTENT, (location, encoding, pin, &column), MAX_ENTRY_BYTES)?;
+        String::from_utf8(found.payload)
+            .ok()
+            .filter(|id| id.len() as u64 <= MAX_CONTENT_ID)
+    }
+
+    /// Records the content identity of the local file `pin` and `ctime_ns` describe. Best
+    /// effort, like [`InspectCache::store`].
+    pub fn store_content(
+        &self,
+        location: &str,
+        encoding: Encoding,
+        pin: &Pin,
+        ctime_ns: i128,
+        identity: &str,
+    ) {
+        let column = format!("ctime:{ctime_ns}");
+        let _ = self.store_companion(
+            CONTENT,
+            (location, encoding, pin, &column),
+            identity.as_bytes(),
+        );
     }
 
     fn lookup_companion(

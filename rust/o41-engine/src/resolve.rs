@@ -19,6 +19,7 @@ use crate::config::{
 use crate::encoding::Encoding;
 use crate::error::{Error, Result};
 use crate::fields::Projection;
+use crate::formats::identity;
 use crate::formats::{self, format_of, Promise, PromiseOrigin, ShardMeta};
 use crate::inspect_cache::{Cached, InspectCache};
 use crate::manifest::{Manifest, ShardLocations};
@@ -120,6 +121,10 @@ struct Settled {
     /// The decode scratch known.
     scratch: KnownScratch,
 }
+
+/// What open saw of a listed shard: its pin, its cached inspection, and a local file's
+/// content identity.
+type Probe = (Pin, Option<Cached>, Option<String>);
 
 /// What open learnt about one shard it looked at.
 struct SettledShard {
@@ -382,9 +387,12 @@ fn settle(storage: &Storage, jobs: &[Job], setup: &Setup<'_>) -> Result<Settled>
     let probes = parallel(&listed, threads, |&i| {
         let job = &jobs[i];
         storage.cancel().check(&job.path)?;
-        let pin = storage.open(&job.path)?.pin();
+        let object = storage.open(&job.path)?;
+        let pin = object.pin();
+        // A local file is pinned by its content, so that a copy of it resumes.
+        let content = identity::of(&object, job.encoding, cache.as_ref())?;
         if let Some(promise) = &job.promise {
-            promise.check_pin(&job.path, job.encoding, &pin)?;
+            promise.check_pin(&job.path, job.encoding, &pin, || Ok(content.clone()))?;
         }
         // A token shard's rows are its windows, which the cache does not know.
         let cached = cache
@@ -394,15 +402,15 @@ fn settle(storage: &Storage, jobs: &[Job], setup: &Setup<'_>) -> Result<Settled>
         if let (Some(promise), Some(cached)) = (&job.promise, &cached) {
             promise.check_rows(&job.path, job.encoding, cached.rows)?;
         }
-        Ok((pin, cached))
+        Ok((pin, cached, content))
     });
     // Keyed by job: a manifest's or checkpoint's shards are not looked at, and a million of
     // them should not cost an entry each.
-    let mut seen: HashMap<usize, (Pin, Option<Cached>)> = HashMap::with_capacity(listed.len());
+    let mut seen: HashMap<usize, Probe> = HashMap::with_capacity(listed.len());
     for (&i, probe) in listed.iter().zip(probes) {
         seen.insert(i, probe?);
     }
-    let known_rows = |i: usize| match (seen.get(&i), &jobs[i].promise) {
+    let known_rows = |i: usize| match (seen.get(&i).map(|p| (&p.0, &p.1)), &jobs[i].promise) {
         // Every token shard is inspected: its windows and their plan are needed at open.
         _ if jobs[i].layout.is_some() => None,
         (Some((_, Some(cached))), _) => Some(cached.rows),
@@ -455,7 +463,7 @@ fn settle(storage: &Storage, jobs: &[Job], setup: &Setup<'_>) -> Result<Settled>
             formats::Checks {
                 promise: job.promise.as_ref(),
                 first_record: true,
-                seen: seen.get(&i).map(|(pin, _)| pin),
+                seen: seen.get(&i).map(|(pin, _, _)| pin),
                 cache: cache.as_ref(),
             },
         )
@@ -486,8 +494,8 @@ fn settle(storage: &Storage, jobs: &[Job], setup: &Setup<'_>) -> Result<Settled>
         .map(|i| {
             let job = &jobs[i];
             let meta = metas.remove(&i);
-            let (pin, cached) = seen.remove(&i).unzip();
-            let cached = cached.flatten();
+            let probe = seen.remove(&i);
+            let cached = probe.as_ref().and_then(|(_, cached, _)| *cached);
             match meta
                 .as_ref()
                 .map(|m| m.scratch_bytes)
@@ -496,7 +504,6 @@ fn settle(storage: &Storage, jobs: &[Job], setup: &Setup<'_>) -> Result<Settled>
                 Some(bytes) => scratch.largest = scratch.largest.max(bytes),
                 None => scratch.complete = false,
             }
-            let pin = meta.as_ref().map(|m| &m.pin).or(pin.as_ref());
             let shard = SettledShard {
                 rows: meta
                     .as_ref()
@@ -504,9 +511,11 @@ fn settle(storage: &Storage, jobs: &[Job], setup: &Setup<'_>) -> Result<Settled>
                     .or(cached.map(|c| c.rows))
                     .or(job.promise.as_ref().map(|p| p.rows))
                     .expect("every shard is inspected, cached or promised"),
-                seen: pin
+                // Every listed shard was probed: pinned as the probe saw it, a local file
+                // by its content.
+                seen: probe
                     .filter(|_| job.listed)
-                    .map(|p| (p.version.clone(), p.size)),
+                    .map(|(pin, _, content)| (content.or(pin.version), pin.size)),
                 meta,
             };
             (i, shard)

@@ -8,7 +8,7 @@ names below are for tests to import.
 from ._local_s3 import LocalS3Server, weed_binary
 from .fault_proxy import Fault, FaultProxy, RequestRecord
 from .fixtures import ENCODINGS, S3_BUCKET, SUFFIX, Records, ShardWriter, boto3_client_for, write_shard
-from .helpers import QUICK, collect, config_for, data_for, rows_of, upload
+from .helpers import QUICK, collect, config_for, copy_without_times, data_for, rows_of, upload
 
 __all__ = [
     "ENCODINGS",
@@ -24,6 +24,7 @@ __all__ = [
     "boto3_client_for",
     "collect",
     "config_for",
+    "copy_without_times",
     "data_for",
     "rows_of",
     "upload",

@@ -14,6 +14,7 @@ mod cursor;
 mod format;
 mod gz_access;
 mod gz_members;
+pub mod identity;
 mod json_fast;
 mod jsonl;
 mod lines;
@@ -153,12 +154,7 @@ pub fn inspect_shard(
         return inspect(storage, path, encoding, projection, max_record, checks);
     };
     let promise = checks.promise;
-    let object = Arc::new(open_promised(storage, path, checks)?);
-    let pin = object.pin();
-    if let Some(promise) = promise {
-        promise.check_pin(path, encoding, &pin)?;
-        promise.check_stored_sha256(path, encoding, object.stored_sha256())?;
-    }
+    let (object, pin) = open_held(storage, path, encoding, checks)?;
     if !format_of(encoding).reads_tokens() {
         return Err(Error::config(
             "encoding",
@@ -193,12 +189,7 @@ pub fn inspect(
     checks: Checks<'_>,
 ) -> Result<ShardMeta> {
     let promise = checks.promise;
-    let object = Arc::new(open_promised(storage, path, checks)?);
-    let pin = object.pin();
-    if let Some(promise) = promise {
-        promise.check_pin(path, encoding, &pin)?;
-        promise.check_stored_sha256(path, encoding, object.stored_sha256())?;
-    }
+    let (object, pin) = open_held(storage, path, encoding, checks)?;
     let how = RecordInspection {
         storage,
         projection,
@@ -220,6 +211,25 @@ pub fn inspect(
 pub fn count_ids(storage: &Storage, path: &str, encoding: Encoding) -> Result<(u64, Pin)> {
     let object = storage.open(path)?;
     Ok((tokens::count_ids(storage, &object, encoding)?, object.pin()))
+}
+
+/// Opens a shard held to its promise: its size, version (a local file's content identity) and
+/// stored checksum are checked before any of its bytes is read for records.
+fn open_held(
+    storage: &Storage,
+    path: &str,
+    encoding: Encoding,
+    checks: Checks<'_>,
+) -> Result<(Arc<Object>, Pin)> {
+    let object = Arc::new(open_promised(storage, path, checks)?);
+    let pin = object.pin();
+    if let Some(promise) = checks.promise {
+        promise.check_pin(path, encoding, &pin, || {
+            identity::of(&object, encoding, checks.cache)
+        })?;
+        promise.check_stored_sha256(path, encoding, object.stored_sha256())?;
+    }
+    Ok((object, pin))
 }
 
 /// Opens a shard to inspect it. A remote object this stream has already seen (just now at open,

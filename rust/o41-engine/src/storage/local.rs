@@ -63,6 +63,12 @@ pub struct LocalFile {
     pub inode: u64,
 }
 
+/// The open file's status-change time in nanoseconds since the epoch.
+pub fn ctime_ns(path: &str, file: &File) -> Result<i128> {
+    let metadata = file.metadata().map_err(|e| Error::io(path, e))?;
+    Ok(i128::from(metadata.ctime()) * 1_000_000_000 + i128::from(metadata.ctime_nsec()))
+}
+
 /// Modification time in nanoseconds since the epoch (negative before it).
 fn mtime_ns(metadata: &std::fs::Metadata) -> i128 {
     i128::from(metadata.mtime()) * 1_000_000_000 + i128::from(metadata.mtime_nsec())

@@ -470,6 +470,15 @@ impl Object {
         }
     }
 
+    /// When a local file's status last changed (`ctime`, in nanoseconds): a write, a rename or
+    /// a `touch` moves it, and no copy keeps it. None for remote objects.
+    pub fn local_ctime_ns(&self) -> Result<Option<i128>> {
+        match &self.source {
+            Source::Local(file) => local::ctime_ns(&self.uri, &file.file).map(Some),
+            Source::Remote(_) => Ok(None),
+        }
+    }
+
     /// Fails closed when the object is no longer the one `pin` describes.
     pub fn expect(&self, pin: &Pin) -> Result<()> {
         compare_pins(&self.uri, pin, &self.pin())

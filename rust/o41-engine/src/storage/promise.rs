@@ -9,6 +9,10 @@ use super::Pin;
 use crate::encoding::Encoding;
 use crate::error::{Error, Result};
 
+/// What a local shard's content identity starts with (`formats::identity`): a resolved
+/// document's version of a local file, compared by content rather than by time.
+pub const CONTENT_PREFIX: &str = "content:";
+
 /// What a stream was told about a shard before reading it: by a manifest (rows, size) or by a
 /// checkpoint (rows, and the version or size it pinned). The shard is held to it when it is
 /// first inspected, and fails closed there, naming the shard and the promise it broke. Its
@@ -42,8 +46,17 @@ pub enum PromiseOrigin {
 }
 
 impl Promise<'_> {
-    /// Refuses an object whose size or version is not the promised one, before reading it.
-    pub fn check_pin(&self, path: &str, encoding: Encoding, pin: &Pin) -> Result<()> {
+    /// Refuses an object whose size or version is not the promised one, before reading it. A
+    /// promised content identity ([`CONTENT_PREFIX`]) is held against `content`, the local
+    /// file's identity now (called only then; None for a remote object), so that a copy with
+    /// the same bytes and other times is the same shard.
+    pub fn check_pin(
+        &self,
+        path: &str,
+        encoding: Encoding,
+        pin: &Pin,
+        content: impl FnOnce() -> Result<Option<String>>,
+    ) -> Result<()> {
         if let Some(bytes) = self.bytes.filter(|&b| b != pin.size) {
             let now = pin.size;
             let message = match self.origin {
@@ -61,13 +74,30 @@ impl Promise<'_> {
             };
             return Err(self.broken(path, encoding, message));
         }
-        if let (Some(then), Some(now)) = (self.version.as_deref(), pin.version.as_deref()) {
+        let Some(then) = self.version.as_deref() else {
+            return Ok(());
+        };
+        let identity = if then.starts_with(CONTENT_PREFIX) {
+            content()?
+        } else {
+            None
+        };
+        if let Some(now) = identity.as_deref().or(pin.version.as_deref()) {
             if then != now {
                 let message = match self.origin {
+                    PromiseOrigin::Checkpoint if identity.is_some() => format!(
+                        "{path} changed since the checkpoint was taken (its content was {then}, \
+                         now {now}); a resumed stream must read the bytes the original read"
+                    ),
                     PromiseOrigin::Checkpoint => format!(
                         "{path} changed since the checkpoint was taken (version {then}, now \
-                         {now}); a resumed stream must read the bytes the original read. Copies \
-                         of local shards must keep their modification times (cp -p, rsync -t)"
+                         {now}); a resumed stream must read the bytes the original read{}",
+                        if then.starts_with("mtime:") {
+                            " (this checkpoint was taken by a release that knew local files by \
+                             their modification time only)"
+                        } else {
+                            ""
+                        }
                     ),
                     PromiseOrigin::Manifest => format!(
                         "{path} changed since the manifest was read (version {then}, now {now})"
@@ -156,5 +186,58 @@ impl Promise<'_> {
                 message,
             },
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn promise(version: &str) -> Promise<'_> {
+        Promise {
+            origin: PromiseOrigin::Checkpoint,
+            rows: 1,
+            bytes: Some(10),
+            version: Some(Cow::Borrowed(version)),
+            sha256: None,
+        }
+    }
+
+    fn local(mtime: &str) -> Pin {
+        Pin {
+            size: 10,
+            version: Some(mtime.to_owned()),
+            inode: Some(3),
+        }
+    }
+
+    #[test]
+    fn a_content_promise_is_held_to_the_content_not_the_times() {
+        let pinned = promise("content:highway128:00ff");
+        let now = local("mtime:2");
+        let same = || Ok(Some("content:highway128:00ff".to_owned()));
+        assert!(pinned
+            .check_pin("/d/a", Encoding::Jsonl, &now, same)
+            .is_ok());
+        let other = || Ok(Some("content:highway128:0100".to_owned()));
+        let refused = pinned.check_pin("/d/a", Encoding::Jsonl, &now, other);
+        let message = refused.unwrap_err().to_string();
+        assert!(
+            message.contains("/d/a changed since the checkpoint was taken"),
+            "{message}"
+        );
+        assert!(!message.contains("cp -p"), "{message}");
+    }
+
+    #[test]
+    fn an_older_time_promise_is_held_to_the_time_without_hashing() {
+        let pinned = promise("mtime:1");
+        let hashed = || -> Result<Option<String>> { panic!("a time promise needs no hash") };
+        assert!(pinned
+            .check_pin("/d/a", Encoding::Jsonl, &local("mtime:1"), hashed)
+            .is_ok());
+        let refused = pinned.check_pin("/d/a", Encoding::Jsonl, &local("mtime:2"), hashed);
+        let message = refused.unwrap_err().to_string();
+        assert!(message.contains("modification time only"), "{message}");
     }
 }
