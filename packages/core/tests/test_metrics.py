@@ -294,3 +294,83 @@ def test_since_subtracts_counters_and_keeps_gauges(tmp_path: Path) -> None:
     assert window.consumer_seconds == pytest.approx(second.consumer_seconds - first.consumer_seconds)
     assert window.prefetch_capacity == second.prefetch_capacity
     assert window.sources[0].rows_read == second.sources[0].rows_read - first.sources[0].rows_read
+
+
+# -- Mixture shares: delivered rows and tokens per source and stage against the weights.
+
+
+def test_the_mixture_counts_every_delivered_row_by_source_against_its_weight(tmp_path: Path) -> None:
+    a = write_shard(tmp_path / "a.jsonl", "jsonl", records(0, 300))
+    b = write_shard(tmp_path / "b.parquet", "parquet", records(1, 300))
+    config = single_stage(
+        [FileSource([str(a)], weight=3.0), FileSource([str(b)], weight=1.0)], batch_size=8, infinite=True
+    )
+    seen = [0, 0]
+    with open_batch_stream(config) as stream:
+        for _ in range(3):
+            next(stream)
+        before = stream.stats
+        for _ in range(60):
+            for value in next(stream).arrays()["v"].tolist():
+                seen[value // 10_000] += 1
+        after = stream.stats
+    window = after.since(before)
+    assert [s.rows_delivered for s in window.sources] == seen
+    assert [s.rows_delivered for s in after.sources] == [
+        s.rows_delivered + n for s, n in zip(before.sources, seen, strict=True)
+    ]
+    assert sum(s.rows_delivered for s in after.sources) == after.rows_yielded == 63 * 8
+    shares = window.mixture
+    assert [(m.stage, m.source, m.weight_share) for m in shares] == [(0, 0, 0.75), (0, 1, 0.25)]
+    assert [m.row_share for m in shares] == [seen[0] / sum(seen), seen[1] / sum(seen)]
+    assert abs(shares[0].row_share - 0.75) < 0.02  # exact mixtures hold the weights closely
+    assert [(m.tokens_delivered, m.token_share) for m in shares] == [(0, 0.0), (0, 0.0)]
+    assert [(s.stage, s.rows_delivered, s.tokens_delivered) for s in window.stages] == [(0, 480, 0)]
+    scalars = window.scalars("d/")
+    assert scalars["d/source0.1/rows_delivered"] == seen[1]
+    assert scalars["d/source0.0/weight_share"] == 0.75
+    assert scalars["d/stage0/rows_delivered"] == 480
+    assert "d/source0.0/tokens_delivered" not in scalars
+
+
+def test_a_token_stage_counts_the_tokens_it_delivers_padding_excluded(tmp_path: Path) -> None:
+    from o41_testkit.corpora import token_corpus, write_token_lists
+    from o41_training_data import Packing
+
+    short = write_token_lists(tmp_path / "short.parquet", token_corpus([3, 5, 2, 7] * 10))
+    long = write_token_lists(tmp_path / "long.parquet", token_corpus([11, 9, 13] * 10, first=100_000))
+    config = BatchStreamConfig(
+        fields=[
+            ProjectedField("tokens", "tokens", "i64", length=16),
+            ProjectedField("segments", "@segment_ids", "i32", length=16),
+        ],
+        stages=[
+            Stage(
+                sources=[FileSource([str(short)]), FileSource([str(long)], weight=2.0)],
+                batch_size=4,
+                packing=Packing(field="tokens", seq_len=16),
+                infinite=True,
+            )
+        ],
+        seed=4,
+        threads=1,
+    )
+    tokens = [0, 0]
+    rows = [0, 0]
+    with open_batch_stream(config) as stream:
+        for _ in range(20):
+            arrays = next(stream).arrays()
+            for ids, segments in zip(arrays["tokens"], arrays["segments"], strict=True):
+                real = ids[segments > 0]
+                source = int(real[0] >= 100_000)
+                assert all((t >= 100_000) == bool(source) for t in real)
+                tokens[source] += len(real)
+                rows[source] += 1
+        stats = stream.stats
+    assert [s.tokens_delivered for s in stats.sources] == tokens
+    assert [s.rows_delivered for s in stats.sources] == rows
+    mixture = stats.mixture
+    assert [m.token_share for m in mixture] == [tokens[0] / sum(tokens), tokens[1] / sum(tokens)]
+    assert [m.weight_share for m in mixture] == pytest.approx([1 / 3, 2 / 3])
+    assert stats.stages[0].tokens_delivered == sum(tokens)
+    assert stats.scalars()["source0.1/tokens_delivered"] == tokens[1]

@@ -73,6 +73,9 @@ def test_the_lightning_callback_logs_every_n_steps_through_the_trainers_loggers(
         assert float(row["data/step_seconds"]) >= 3 * 0.05
         assert float(row["data/fetch_fraction"]) < 0.5
         assert "data/source0.0/rows_read" in row
+        # The mixture: the window's delivered rows, and the one source's share of them.
+        assert float(row["data/source0.0/rows_delivered"]) == float(row["data/stage0/rows_delivered"]) > 0
+        assert float(row["data/source0.0/row_share"]) == float(row["data/source0.0/weight_share"]) == 1.0
         assert "data/retries/throttled" in row
     assert callback.last_metrics["data/step_seconds"] == pytest.approx(float(rows[-1]["data/step_seconds"]))
     assert sum(float(row["data/rows_read"]) for row in rows) > 0

@@ -27,7 +27,7 @@ use crate::formats::{self, ReadFailure, ShardReader};
 use crate::memory::READERS_PER_WORKER;
 use crate::metrics;
 use crate::order::Segment;
-use crate::plan::{Dest, Job, Pending, Plan, Planner};
+use crate::plan::{Dest, Job, MixCount, Pending, Plan, Planner};
 use crate::storage::Storage;
 
 /// How often the assembler looks at the stop flag while it waits for decoded rows.
@@ -45,6 +45,8 @@ pub struct Assembled {
     pub local_index: u64,
     /// The segment the batch was cut from.
     pub segment: Segment,
+    /// What the batch holds of each source it draws from.
+    pub mix: Vec<MixCount>,
 }
 
 /// The running threads of one pipeline run.
@@ -366,6 +368,7 @@ impl Assembler {
                     batch_index: done.global,
                     local_index: done.local,
                     segment: self.planner.segment,
+                    mix: done.mix,
                 };
                 if self.out.send(Ok(batch)).is_err() {
                     return Ok(());

@@ -304,6 +304,35 @@ pub struct Pending {
     pub buffer: Chunk,
     /// Slots still waiting for a decoded row.
     pub missing: usize,
+    /// What the batch holds of each source it draws from.
+    pub mix: Vec<MixCount>,
+}
+
+/// The rows (and, in a token stage, the tokens) a batch holds of one source.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct MixCount {
+    /// The source's flat index over every stage's sources ([`Shards::source_index`]).
+    pub source: usize,
+    /// Rows of the batch drawn from it.
+    pub rows: u64,
+    /// Tokens of a token stage's windows drawn from it (padding excluded); 0 for records.
+    pub tokens: u64,
+}
+
+/// Counts one row of `source` holding `tokens` tokens into `mix`.
+fn count_row(mix: &mut Vec<MixCount>, source: usize, tokens: u64) {
+    // A batch draws from few sources: a scan beats a map.
+    match mix.iter_mut().find(|m| m.source == source) {
+        Some(count) => {
+            count.rows += 1;
+            count.tokens += tokens;
+        }
+        None => mix.push(MixCount {
+            source,
+            rows: 1,
+            tokens,
+        }),
+    }
 }
 
 /// Decides the rows of this stream's batches, group by group.
@@ -394,6 +423,7 @@ impl Planner {
             let rows = order.rank_rows(&self.segment, global, plan.rank(), plan.world());
             let mut buffer = Self::batch_buffer(&plan, (rows.end - rows.start) as usize);
             let mut missing = 0;
+            let mut mix = Vec::new();
             for (slot, t) in rows.clone().enumerate() {
                 if order.padding(&self.segment, t) {
                     buffer.zero_row(&plan.projection, slot);
@@ -408,6 +438,12 @@ impl Planner {
                     (slot, shard, at.row.at.row),
                     &mut pieces,
                 );
+                let tokens = window_tokens(&plan, shard, at.row.at.row, &mut pieces);
+                count_row(
+                    &mut mix,
+                    plan.shards.source_index(at.stage, at.row.source),
+                    tokens,
+                );
                 wanted.push((shard, at.row.at.row, seq, slot as u32));
                 missing += usize::from(reads);
             }
@@ -417,6 +453,7 @@ impl Planner {
                 global,
                 buffer,
                 missing,
+                mix,
             });
             self.next_seq += 1;
             self.next_local += self.stride;
@@ -502,6 +539,18 @@ fn split_jobs(
 /// (`Chunk` of a batch, [`Planner::batch_buffer`]). Token shards are inspected at open and
 /// their windows checked against the columns there ([`check_window_columns`]), so this
 /// cannot fail; a shard without its plan would get padding.
+/// The tokens window `window` of token shard `shard` holds (0 for a shard of records).
+fn window_tokens(
+    plan: &Plan,
+    shard: usize,
+    window: u64,
+    pieces: &mut Vec<crate::order::pack::Piece>,
+) -> u64 {
+    plan.inspected(shard)
+        .and_then(ShardMeta::tokens)
+        .map_or(0, |index| index.window_tokens(window, pieces))
+}
+
 fn fill_windows(
     plan: &Plan,
     buffer: &mut Chunk,

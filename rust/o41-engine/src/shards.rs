@@ -197,6 +197,12 @@ impl Shards {
         }
     }
 
+    /// The flat index of source `source` of stage `stage`, over every stage's sources in order
+    /// (the index of its [`Meter`] and of its delivery counters).
+    pub fn source_index(&self, stage: usize, source: usize) -> usize {
+        self.stage_sources[stage] + source
+    }
+
     /// The flat id of shard `shard` of source `source` of stage `stage`.
     pub fn id(&self, stage: usize, source: usize, shard: usize) -> usize {
         self.sources[self.stage_sources[stage] + source].first + shard

@@ -59,7 +59,7 @@ pub enum Next {
 /// Counters a stream exposes (`docs/metrics.md`). The first three belong to the run and
 /// continue from a checkpoint; the rest count this stream object's work since it was opened or
 /// resumed.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq)]
 pub struct StreamStats {
     /// Batches delivered to this rank over the whole run.
     pub batches_yielded: u64,
@@ -89,7 +89,7 @@ pub struct StreamStats {
 }
 
 /// What one source of a stream read.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct SourceStats {
     /// The stage it belongs to.
     pub stage: usize,
@@ -97,6 +97,12 @@ pub struct SourceStats {
     pub source: usize,
     /// Its counters.
     pub read: MeterReading,
+    /// Rows delivered from it since the stream was opened or resumed.
+    pub rows_delivered: u64,
+    /// Tokens a token stage's windows delivered from it (padding excluded); 0 for records.
+    pub tokens_delivered: u64,
+    /// Its configured share of its stage's rows: its weight over the stage's weights.
+    pub weight_share: f64,
 }
 
 /// The delivery timings, added to by `next`.
@@ -208,6 +214,8 @@ struct State {
     last_delivered: Option<Instant>,
     /// The batch `next` is waiting for was not ready when first asked for.
     waiting: bool,
+    /// Rows and tokens delivered since open or resume, by flat source index.
+    delivered: Vec<(u64, u64)>,
 }
 
 /// An open stream.
@@ -285,6 +293,7 @@ impl BatchStream {
         let end_batch = plan
             .order
             .end_batch(&start.segment, start.origin, plan.world());
+        let sources = plan.shards.meters.len();
         let stream = BatchStream {
             plan,
             start,
@@ -305,6 +314,7 @@ impl BatchStream {
                 closed: false,
                 last_delivered: None,
                 waiting: false,
+                delivered: vec![(0, 0); sources],
             }),
             open_meter,
             delivery: Delivery::default(),
@@ -394,6 +404,11 @@ impl BatchStream {
                 state.last_delivered = Some(Instant::now());
                 state.next_local = batch.local_index + self.start.share.stride;
                 state.consumed = batch.local_index + 1;
+                for count in &batch.mix {
+                    let (rows, tokens) = &mut state.delivered[count.source];
+                    *rows += count.rows;
+                    *tokens += count.tokens;
+                }
                 let position = self.position_in(&state, batch.local_index + 1, batch.segment);
                 Ok(Next::Batch(Box::new(deliver(batch, position))))
             }
@@ -649,7 +664,7 @@ impl BatchStream {
 
     /// Delivery counters, timings and what the stream read (`docs/metrics.md`).
     pub fn stats(&self) -> StreamStats {
-        let (batches_yielded, rows_yielded, dropped_rows, prefetch_depth) = {
+        let (batches_yielded, rows_yielded, dropped_rows, prefetch_depth, delivered) = {
             let state = lock(&self.state);
             (
                 self.start.batches_base + state.consumed,
@@ -661,16 +676,22 @@ impl BatchStream {
                     .pipeline
                     .as_ref()
                     .map_or(0, |p| p.ready.load(Ordering::Relaxed).max(0) as u64),
+                state.delivered.clone(),
             )
         };
         let plan = &self.plan;
         let mut sources = Vec::with_capacity(plan.shards.meters.len());
         for (stage, config) in plan.resolved.stages.iter().enumerate() {
-            for source in 0..config.sources.len() {
+            let weights: f64 = config.sources.iter().map(|s| s.weight).sum();
+            for (source, resolved) in config.sources.iter().enumerate() {
+                let (rows_delivered, tokens_delivered) = delivered[sources.len()];
                 sources.push(SourceStats {
                     stage,
                     source,
                     read: plan.shards.meters[sources.len()].reading(),
+                    rows_delivered,
+                    tokens_delivered,
+                    weight_share: resolved.weight / weights,
                 });
             }
         }

@@ -219,6 +219,9 @@ impl Stream {
             let s = meter_dict(py, &source.read)?;
             s.set_item("stage", source.stage)?;
             s.set_item("source", source.source)?;
+            s.set_item("rows_delivered", source.rows_delivered)?;
+            s.set_item("tokens_delivered", source.tokens_delivered)?;
+            s.set_item("weight_share", source.weight_share)?;
             sources.append(s)?;
         }
         d.set_item("sources", sources)?;

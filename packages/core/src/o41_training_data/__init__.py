@@ -70,7 +70,7 @@ from ._rules import (
     write_rank_file,
 )
 from ._saver import DatasetSaver, SavedShard
-from ._stats import RETRY_CAUSES, DecodeStats, ReadStats, SourceStats
+from ._stats import RETRY_CAUSES, DecodeStats, MixShare, ReadStats, SourceStats, StageDelivered
 from ._stats_log import log_stats_every
 from ._storage import RetryPolicy, StorageConfig
 from ._stream import (
@@ -118,6 +118,7 @@ __all__ = [
     "ManifestSource",
     "ManifestSplit",
     "MemoryBound",
+    "MixShare",
     "O41Error",
     "ObjectConflictError",
     "ObjectNotFoundError",
@@ -134,6 +135,7 @@ __all__ = [
     "SourceStats",
     "Stage",
     "StageBatches",
+    "StageDelivered",
     "StorageConfig",
     "StorageError",
     "StreamClosedError",

@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["RETRY_CAUSES", "DecodeStats", "ReadStats", "SourceStats"]
+__all__ = ["RETRY_CAUSES", "DecodeStats", "MixShare", "ReadStats", "SourceStats", "StageDelivered"]
 
 RETRY_CAUSES = ("throttled", "server_error", "timeout", "connection", "interrupted")
 """Why a remote request was retried: the service throttled (429, S3's 503 ``SlowDown``), failed
@@ -59,12 +59,25 @@ class ReadStats:
 
 @dataclass(frozen=True)
 class SourceStats(ReadStats):
-    """What one source read; ``stage`` and ``source`` index the config's stages and sources."""
+    """What one source read and delivered.
+
+    ``stage`` and ``source`` index the config's stages and sources. The delivered counts are this
+    rank's, since the stream was opened or resumed; :attr:`StreamStats.mixture` sets them
+    against the configured weights.
+    """
 
     stage: int = 0
     """The stage the source belongs to."""
     source: int = 0
     """The source's index within its stage."""
+    rows_delivered: int = 0
+    """Rows of the batches delivered that came from this source (a validation pass's padding
+    rows excluded)."""
+    tokens_delivered: int = 0
+    """In a stage that packs or windows tokens, the tokens of those rows (padding excluded);
+    0 in a stage of records."""
+    weight_share: float = 0.0
+    """The source's configured share of its stage: its weight over the sum of the stage's."""
 
     @classmethod
     def _from_core(cls, raw: Mapping[str, Any]) -> SourceStats:
@@ -77,7 +90,74 @@ class SourceStats(ReadStats):
             retries=read.retries,
             stage=int(raw["stage"]),
             source=int(raw["source"]),
+            rows_delivered=int(raw["rows_delivered"]),
+            tokens_delivered=int(raw["tokens_delivered"]),
+            weight_share=float(raw["weight_share"]),
         )
+
+
+@dataclass(frozen=True)
+class MixShare:
+    """One source's realised share of its stage against its configured weight.
+
+    Examples:
+        >>> for share in stream.stats.mixture:  # doctest: +SKIP
+        ...     print(share.stage, share.source, share.row_share, share.weight_share)
+        0 0 0.7002 0.7
+
+    """
+
+    stage: int
+    """The stage."""
+    source: int
+    """The source's index within the stage."""
+    weight_share: float
+    """The configured share: the source's weight over the stage's weights."""
+    rows_delivered: int
+    """Rows delivered from the source."""
+    tokens_delivered: int
+    """Tokens delivered from the source (token stages; 0 for records)."""
+    row_share: float
+    """Its rows over the rows the stage delivered (0.0 before the stage delivered any)."""
+    token_share: float
+    """Its tokens over the tokens the stage delivered (0.0 in a stage of records)."""
+
+
+@dataclass(frozen=True)
+class StageDelivered:
+    """What one stage delivered to this rank since the stream was opened or resumed."""
+
+    stage: int
+    """The stage."""
+    rows_delivered: int
+    """Rows, every source of the stage together."""
+    tokens_delivered: int
+    """Tokens (a token stage's; 0 for records)."""
+
+
+def _stages(sources: tuple[SourceStats, ...]) -> tuple[StageDelivered, ...]:
+    totals: dict[int, tuple[int, int]] = {}
+    for s in sources:
+        rows, tokens = totals.get(s.stage, (0, 0))
+        totals[s.stage] = (rows + s.rows_delivered, tokens + s.tokens_delivered)
+    return tuple(StageDelivered(stage, rows, tokens) for stage, (rows, tokens) in sorted(totals.items()))
+
+
+def _mixture(sources: tuple[SourceStats, ...]) -> tuple[MixShare, ...]:
+    stages = {s.stage: s for s in _stages(sources)}
+    return tuple(
+        MixShare(
+            stage=s.stage,
+            source=s.source,
+            weight_share=s.weight_share,
+            rows_delivered=s.rows_delivered,
+            tokens_delivered=s.tokens_delivered,
+            row_share=s.rows_delivered / total.rows_delivered if total.rows_delivered else 0.0,
+            token_share=s.tokens_delivered / total.tokens_delivered if total.tokens_delivered else 0.0,
+        )
+        for s in sources
+        for total in (stages[s.stage],)
+    )
 
 
 @dataclass(frozen=True)

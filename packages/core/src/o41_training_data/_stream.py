@@ -16,7 +16,16 @@ from . import _core
 from ._config import BatchStreamConfig, config_json
 from ._core import Checkpoint, Drain, Position, Segment
 from ._errors import ConfigError, StreamClosedError
-from ._stats import DecodeStats, ReadStats, SourceStats, _minus_read
+from ._stats import (
+    DecodeStats,
+    MixShare,
+    ReadStats,
+    SourceStats,
+    StageDelivered,
+    _minus_read,
+    _mixture,
+    _stages,
+)
 from ._storage import StorageConfig
 
 __all__ = [
@@ -207,6 +216,20 @@ class StreamStats:
                 total[cause] = total.get(cause, 0) + count
         return total
 
+    @property
+    def mixture(self) -> tuple[MixShare, ...]:
+        """Each source's delivered rows and tokens, and their share of its stage.
+
+        Set beside the configured weight share: how the realised mix compares with the
+        configured one.
+        """
+        return _mixture(self.sources)
+
+    @property
+    def stages(self) -> tuple[StageDelivered, ...]:
+        """Rows and tokens delivered per stage, in stage order."""
+        return _stages(self.sources)
+
     def since(self, earlier: StreamStats) -> StreamStats:
         """The counters of the window after ``earlier`` (a reading of the same stream).
 
@@ -218,7 +241,14 @@ class StreamStats:
 
         """
         sources = tuple(
-            SourceStats(stage=now.stage, source=now.source, **_minus_read(now, then))
+            SourceStats(
+                stage=now.stage,
+                source=now.source,
+                rows_delivered=now.rows_delivered - then.rows_delivered,
+                tokens_delivered=now.tokens_delivered - then.tokens_delivered,
+                weight_share=now.weight_share,
+                **_minus_read(now, then),
+            )
             for now, then in zip(self.sources, earlier.sources, strict=True)
         )
         decode = {
@@ -249,7 +279,10 @@ class StreamStats:
         Keys: ``loader_bound_fraction``, ``consumer_wait_seconds``, ``consumer_seconds``,
         ``batches_delivered``, ``batches_waited``, ``prefetch_depth``, ``rows_read``,
         ``bytes_read``, ``shards_opened``, ``retries`` and ``retries/<cause>``,
-        ``source<stage>.<source>/rows_read`` and ``/bytes_read``, and ``decode_seconds/<format>``.
+        ``source<stage>.<source>/rows_read``, ``/bytes_read``, ``/rows_delivered``,
+        ``/row_share`` and ``/weight_share`` (and, in a token stage, ``/tokens_delivered`` and
+        ``/token_share``), ``stage<stage>/rows_delivered`` (and ``/tokens_delivered``), and
+        ``decode_seconds/<format>``.
 
         Examples:
             >>> pl_module.log_dict(stream.stats.scalars("data/"))  # doctest: +SKIP
@@ -273,6 +306,18 @@ class StreamStats:
         for s in self.sources:
             out[f"source{s.stage}.{s.source}/rows_read"] = float(s.rows_read)
             out[f"source{s.stage}.{s.source}/bytes_read"] = float(s.bytes_read)
+        for share in self.mixture:
+            key = f"source{share.stage}.{share.source}"
+            out[f"{key}/rows_delivered"] = float(share.rows_delivered)
+            out[f"{key}/row_share"] = share.row_share
+            out[f"{key}/weight_share"] = share.weight_share
+            if share.tokens_delivered:
+                out[f"{key}/tokens_delivered"] = float(share.tokens_delivered)
+                out[f"{key}/token_share"] = share.token_share
+        for stage in self.stages:
+            out[f"stage{stage.stage}/rows_delivered"] = float(stage.rows_delivered)
+            if stage.tokens_delivered:
+                out[f"stage{stage.stage}/tokens_delivered"] = float(stage.tokens_delivered)
         for name, decode in self.decode.items():
             out[f"decode_seconds/{name}"] = decode.seconds
         return {prefix + key: value for key, value in out.items()}

@@ -177,6 +177,13 @@ impl TokenIndex {
         self.layout.row_tokens() - 1
     }
 
+    /// The tokens window `w` holds (its padding excluded); `scratch` holds its pieces after.
+    pub fn window_tokens(&self, w: u64, scratch: &mut Vec<Piece>) -> u64 {
+        scratch.clear();
+        self.pieces(w, scratch);
+        scratch.iter().map(|p| u64::from(p.len)).sum()
+    }
+
     /// Window `w`'s pieces, appended to `out`. A stream window is cut where a document starts
     /// inside it ([`TokenIndex::documents`]); a `.bin` stream not cut at an eos id has no
     /// documents known, and its window is one piece.
