@@ -71,10 +71,12 @@ def test_binary_and_deeply_nested_documents_are_refused(tmp_path: Path) -> None:
         with pytest.raises(ConfigError, match=f"{name}: nests deeper than 64 levels"):
             BatchStreamConfig.from_file(path)
     checkpoint = tmp_path / "deep-checkpoint.json"
-    checkpoint.write_text('{"a":' * 10_000 + "1" + "}" * 10_000)
+    # Deep where a checkpoint holds free JSON (a field's pad value): the engine's parser stops.
+    deep = "[" * 10_000 + "]" * 10_000
+    checkpoint.write_text(f'{{"version": 1, "resolved": {{"fields": [{{"pad": {deep}}}]}}}}')
     from o41_training_data._checkpoint_files import read_checkpoint
 
-    with pytest.raises(CheckpointError, match="nests deeper than 64 levels"):
+    with pytest.raises(CheckpointError, match=r"deep-checkpoint\.json: .*nests too deep \(recursion limit"):
         read_checkpoint(checkpoint)
 
 

@@ -28,6 +28,7 @@ pub mod resolve;
 pub mod shards;
 pub mod storage;
 pub mod stream;
+pub mod trace;
 
 pub use config::{ResolvedConfig, StreamConfig};
 pub use error::{Error, Result};

@@ -14,6 +14,7 @@ mod records;
 mod rules;
 mod storage;
 mod stream;
+mod trace;
 
 use pyo3::prelude::*;
 
@@ -36,6 +37,8 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<objects::StorageObject>()?;
     m.add_class::<records::ShardRecords>()?;
     m.add_function(wrap_pyfunction!(stream::resolve_config, m)?)?;
+    m.add_function(wrap_pyfunction!(trace::trace_config, m)?)?;
+    m.add_function(wrap_pyfunction!(trace::trace_checkpoint, m)?)?;
     m.add_function(wrap_pyfunction!(rules::limits, m)?)?;
     m.add_function(wrap_pyfunction!(rules::stream_rules, m)?)?;
     m.add_function(wrap_pyfunction!(records::write_shard, m)?)?;

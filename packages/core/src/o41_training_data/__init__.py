@@ -88,6 +88,7 @@ from ._stream import (
     resume_batch_stream,
 )
 from ._tokenize import TextTokenizer, TokenizedDataset, TokenizerIdentity, tokenize_dataset
+from ._trace import TracedRow, read_traced_rows, trace_batches
 from ._training_data import TrainingData
 
 __all__ = [
@@ -147,6 +148,7 @@ __all__ = [
     "TokenWindows",
     "TokenizedDataset",
     "TokenizerIdentity",
+    "TracedRow",
     "TrainingData",
     "UnsupportedFormatError",
     "__version__",
@@ -164,10 +166,12 @@ __all__ = [
     "process_ranks",
     "rank_file_name",
     "rank_files_among",
+    "read_traced_rows",
     "resolve_batch_stream_config",
     "resume_batch_stream",
     "save_manifest",
     "switch_point",
     "tokenize_dataset",
+    "trace_batches",
     "write_rank_file",
 ]

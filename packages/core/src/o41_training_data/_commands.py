@@ -9,6 +9,7 @@ storage settings of the standard ``AWS_*`` environment variables.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import subprocess
@@ -33,7 +34,8 @@ from ._manifest import load_manifest
 from ._manifest_check import diff_manifests, manifest_summary, verify_manifest
 from ._rules import RANK_FILE
 from ._storage import StorageConfig, normalize
-from ._stream import resolve_batch_stream_config
+from ._stream import Checkpoint, resolve_batch_stream_config
+from ._trace import read_traced_rows, trace_batches
 
 __all__ = ["run"]
 
@@ -461,6 +463,75 @@ def reshard_command(
     for path in written:
         click.echo(f"wrote {path}")
     return EXIT_OK
+
+
+# --- trace ------------------------------------------------------------------------------------
+
+
+def _trace_source(file: Path) -> BatchStreamConfig | Checkpoint:
+    """A checkpoint file or a config file.
+
+    A checkpoint document opens with its version, fingerprint and cursor (the resolved document,
+    which can be a hundred megabytes, comes last), so its first bytes tell.
+    """
+    if file.suffix == ".json":
+        with file.open("rb") as f:
+            head = f.read(4096)
+        if b'"fingerprint"' in head and b'"cursor"' in head:
+            return read_checkpoint(file)
+    return BatchStreamConfig.from_file(file)
+
+
+@cli.command(name="trace")
+@click.argument("file", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.option("--global-batch", type=click.IntRange(min=0), required=True, help="The global batch to trace.")
+@click.option(
+    "--to",
+    "to",
+    type=click.IntRange(min=0),
+    default=None,
+    help="Trace every global batch from --global-batch up to and including this one.",
+)
+@click.option(
+    "--world-size",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Ranks that receive the rows (default: the config's or checkpoint's).",
+)
+@click.option("--rows", "with_rows", is_flag=True, help="Read and print each row's record as well.")
+def trace(file: Path, global_batch: int, to: int | None, world_size: int | None, with_rows: bool) -> int:
+    """Print which rows global batch --global-batch of a run holds, one JSON object a line.
+
+    FILE is the run's config (its stream from the start) or one of its checkpoints (batches
+    from its position's segment on; nothing is read). Each line names the global batch, the
+    rank that receives the row, its slot there, the stage, source, shard (index and path) and
+    row; --rows adds the record, read from its shard.
+    """
+    last = global_batch if to is None else to
+    if last < global_batch:
+        raise click.BadParameter(f"{last} is before --global-batch {global_batch}", param_hint="'--to'")
+    source = _trace_source(file)
+    storage = StorageConfig.resolve()
+    traced = trace_batches(source, range(global_batch, last + 1), world_size=world_size, storage=storage)
+    records = read_traced_rows(traced, storage=storage) if with_rows else None
+    for k, row in enumerate(traced):
+        line: dict[str, Any] = dataclasses.asdict(row)
+        if records is not None:
+            line["record"] = records[k]
+        click.echo(json.dumps(line, default=_jsonable))
+    return EXIT_OK
+
+
+def _jsonable(value: Any) -> Any:
+    """Values a record may hold that JSON does not: bytes as text or hex, NumPy scalars, lists."""
+    if isinstance(value, bytes):
+        try:
+            return value.decode()
+        except UnicodeDecodeError:
+            return value.hex()
+    if hasattr(value, "tolist"):
+        return value.tolist()
+    return str(value)
 
 
 # --- bench ------------------------------------------------------------------------------------

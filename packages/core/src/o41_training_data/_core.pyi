@@ -13,6 +13,20 @@ __version__: str
 def resolve_config(config_json: str, storage: Storage | None = None) -> str:
     """Resolves a stream config (JSON) and returns the resolved document (JSON)."""
 
+_TracedRow = tuple[int, int, int, int, int, int, str, str, int, bool, bool]
+
+def trace_config(
+    config_json: str, start: int, end: int, world_size: int, storage: Storage | None = None
+) -> list[_TracedRow]:
+    """Rows of global batches ``start..end`` of a stream over a config (JSON), resolved as open does.
+
+    Each row: global batch, rank, slot, stage, source, shard index, shard path and encoding,
+    row, padding, and whether the row is a token stage's window.
+    """
+
+def trace_checkpoint(checkpoint: Checkpoint, start: int, end: int, world_size: int) -> list[_TracedRow]:
+    """Rows of global batches ``start..end`` of a checkpoint's stream, from its segment on."""
+
 def load_manifest(uri: str, storage: Storage | None = None) -> str:
     """Reads and checks a data manifest (local, or ``s3://`` given ``storage``); returns it as JSON."""
 

@@ -273,6 +273,10 @@ impl Checkpoint {
         // straight into its types. Only a document that does not parse is scanned again, for
         // its version, so that one of another release is refused as that, not as malformed.
         let checkpoint: Checkpoint = serde_json::from_str(text).map_err(|e| {
+            // A document nested past serde_json's limit is refused for that, whatever else.
+            if e.to_string().starts_with("recursion limit exceeded") {
+                return refuse(format!("malformed: it nests too deep ({e})"));
+            }
             check_version(text)
                 .err()
                 .unwrap_or_else(|| refuse(format!("malformed: {e}")))

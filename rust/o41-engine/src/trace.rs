@@ -1,0 +1,148 @@
+//! Provenance (`docs/order.md`, "Provenance"): the rows a global batch holds, from the order
+//! function alone. The order is a pure function of the resolved document and the position, so
+//! which source, shard and row fed a step is answered without reading any shard.
+
+use std::ops::Range;
+
+use crate::config::ResolvedConfig;
+use crate::error::{Error, Result};
+use crate::order::{LayoutCache, Order, Segment};
+
+/// Most rows one trace returns: a trace is for a step or a range of steps, not an epoch.
+pub const MAX_TRACE_ROWS: u64 = 1 << 24;
+
+/// One row of a traced global batch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TracedRow {
+    /// The global batch.
+    pub global_batch: u64,
+    /// The rank that receives the row, for the world size traced.
+    pub rank: u64,
+    /// The row's place in that rank's batch.
+    pub slot: u64,
+    /// The stage the row comes from (a drained row's is the stage it was drawn in).
+    pub stage: usize,
+    /// The source within that stage.
+    pub source: usize,
+    /// The shard within that source.
+    pub shard: usize,
+    /// The record (or, in a token stage, the window) within that shard.
+    pub row: u64,
+    /// A validation pass's padding row: no data.
+    pub padding: bool,
+}
+
+/// Where a trace starts: the segment the batches are in, and the global batch its rounds of
+/// `world_size` batches are counted from (0 for a stream from its start, a checkpoint's next
+/// batch for one resumed from it).
+#[derive(Debug, Clone, Copy)]
+pub struct TraceFrom {
+    /// The active segment.
+    pub segment: Segment,
+    /// The first global batch of a round.
+    pub origin: u64,
+}
+
+/// The rows of global batches `batches` of the stream `config` describes, in global order (rank
+/// by rank in a ramped stage, whose every batch is shared), for `world_size` ranks.
+pub fn trace(
+    config: &ResolvedConfig,
+    from: TraceFrom,
+    batches: Range<u64>,
+    world_size: u64,
+) -> Result<Vec<TracedRow>> {
+    if world_size == 0 || world_size > crate::limits::MAX_WORLD_SIZE {
+        return Err(Error::config(
+            "world_size",
+            format!(
+                "{world_size}: a world has 1 to {} ranks",
+                crate::limits::MAX_WORLD_SIZE
+            ),
+        ));
+    }
+    let order = Order::new(config)?;
+    let segment = from.segment;
+    if segment.stage >= order.stages().len() {
+        return Err(Error::config(
+            "segment",
+            format!(
+                "stage {} is not one of the stream's {} stages",
+                segment.stage,
+                order.stages().len()
+            ),
+        ));
+    }
+    if batches.start < segment.start_batch {
+        return Err(Error::config(
+            "global_batch",
+            format!(
+                "{} is before the segment this position is in (stage {} from global batch {}); \
+                 trace it from the config or an earlier checkpoint",
+                batches.start, segment.stage, segment.start_batch
+            ),
+        ));
+    }
+    let end = order.end_batch(&segment, from.origin, world_size);
+    if let Some(end) = end.filter(|&end| batches.end > end) {
+        return Err(Error::config(
+            "global_batch",
+            format!(
+                "{}: the stream's stage {} ends before global batch {end} for {world_size} ranks",
+                batches.end - 1,
+                segment.stage
+            ),
+        ));
+    }
+    let rows = order
+        .first_row(&segment, batches.end)
+        .saturating_sub(order.first_row(&segment, batches.start));
+    if rows > MAX_TRACE_ROWS {
+        return Err(Error::config(
+            "global_batch",
+            format!(
+                "{} batches hold {rows} rows, more than the {MAX_TRACE_ROWS} one trace returns; \
+                 trace fewer batches",
+                batches.end - batches.start
+            ),
+        ));
+    }
+    let split = order.split(&segment);
+    let mut cache = LayoutCache::default();
+    let mut out = Vec::with_capacity(rows as usize);
+    for g in batches {
+        // Whole batches go to the ranks in turn; a ramped stage shares every batch.
+        let ranks = if split {
+            0..world_size
+        } else {
+            let owner = (g - from.origin.min(g)) % world_size;
+            owner..owner + 1
+        };
+        for rank in ranks {
+            for (slot, t) in order.rank_rows(&segment, g, rank, world_size).enumerate() {
+                let (stage, source, shard, row, padding) = if order.padding(&segment, t) {
+                    (segment.stage, 0, 0, 0, true)
+                } else {
+                    let at = order.slot_at(&segment, t, &mut cache);
+                    (
+                        at.stage,
+                        at.row.source,
+                        at.row.at.shard,
+                        at.row.at.row,
+                        false,
+                    )
+                };
+                out.push(TracedRow {
+                    global_batch: g,
+                    rank,
+                    slot: slot as u64,
+                    stage,
+                    source,
+                    shard,
+                    row,
+                    padding,
+                });
+            }
+        }
+    }
+    Ok(out)
+}

@@ -1,0 +1,114 @@
+//! `_core.trace_config` and `_core.trace_checkpoint`: provenance of global batches, from the
+//! order function alone (`o41_engine::trace`).
+
+use o41_engine::config::ResolvedConfig;
+use o41_engine::order::Segment;
+use o41_engine::resolve::resolve;
+use o41_engine::trace::{trace, TraceFrom, TracedRow};
+use o41_engine::StreamConfig;
+use pyo3::prelude::*;
+
+use crate::blocking::blocking;
+use crate::checkpoint::Checkpoint;
+use crate::errors::to_py;
+use crate::storage::{engine, Storage};
+
+/// One traced row: global batch, rank, slot, stage, source, shard index, shard path and
+/// encoding, row, whether it is a validation pass's padding, and whether it is a window of a
+/// token stage rather than a record.
+type Row = (
+    u64,
+    u64,
+    u64,
+    usize,
+    usize,
+    usize,
+    String,
+    String,
+    u64,
+    bool,
+    bool,
+);
+
+fn rows(config: &ResolvedConfig, traced: Vec<TracedRow>) -> Vec<Row> {
+    traced
+        .into_iter()
+        .map(|r| {
+            let (path, encoding) = if r.padding {
+                (String::new(), String::new())
+            } else {
+                let shard = &config.stages[r.stage].sources[r.source].shards[r.shard];
+                (shard.path.clone(), shard.encoding.name().to_owned())
+            };
+            let TracedRow {
+                global_batch,
+                rank,
+                slot,
+                stage,
+                source,
+                shard,
+                row,
+                padding,
+            } = r;
+            (
+                global_batch,
+                rank,
+                slot,
+                stage,
+                source,
+                shard,
+                path,
+                encoding,
+                row,
+                padding,
+                config.stages[stage].token_layout().is_some(),
+            )
+        })
+        .collect()
+}
+
+/// The rows of global batches `start..end` of a stream over a config (JSON), resolved as open
+/// resolves it, for `world_size` ranks.
+#[pyfunction]
+#[pyo3(signature = (config_json, start, end, world_size, storage=None))]
+pub fn trace_config(
+    py: Python<'_>,
+    config_json: &str,
+    start: u64,
+    end: u64,
+    world_size: u64,
+    storage: Option<&Storage>,
+) -> PyResult<Vec<Row>> {
+    let storage = engine(storage);
+    blocking(py, |cancel| {
+        let config = StreamConfig::from_json(config_json)?;
+        let resolved = resolve(&config, &storage.with_cancel(cancel.clone()))?.config;
+        let from = TraceFrom {
+            segment: Segment::first(),
+            origin: 0,
+        };
+        let traced = trace(&resolved, from, start..end, world_size)?;
+        Ok(rows(&resolved, traced))
+    })
+}
+
+/// The rows of global batches `start..end` of the stream a checkpoint is in, from its
+/// position's segment on, for `world_size` ranks. Reads nothing.
+#[pyfunction]
+pub fn trace_checkpoint(
+    py: Python<'_>,
+    checkpoint: &Checkpoint,
+    start: u64,
+    end: u64,
+    world_size: u64,
+) -> PyResult<Vec<Row>> {
+    let inner = &checkpoint.inner;
+    let from = TraceFrom {
+        segment: inner.position.cursor.segment,
+        origin: inner.position.cursor.next_batch,
+    };
+    py.detach(|| {
+        trace(&inner.resolved, from, start..end, world_size).map(|t| rows(&inner.resolved, t))
+    })
+    .map_err(|e| to_py(py, &e))
+}
