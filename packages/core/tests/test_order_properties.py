@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections import Counter
 
 import numpy as np
@@ -122,3 +123,21 @@ def test_drained_rows_are_neither_lost_nor_repeated(case: Case, data: st.DataObj
         assert len(stage0) == expected or len(batches) < at + 40
         assert all(stage == 1 for _, stage, _ in batches[at:])
         assert Counter(stage for _, stage, _ in batches[:at]) == Counter({0: min(at, len(batches))})
+
+
+@given(case=cases(max_stages=1), data=st.data())
+def test_skipped_batches_reach_no_rank_and_every_other_batch_stays(case: Case, data: st.DataObject) -> None:
+    with materialise(case):
+        world = case.world_size
+        # Whole rounds where ranks take batches in turn; any range where a ramp shares them.
+        unit = 1 if case.stages[0].ramp else world
+        first = data.draw(st.integers(0, LIMIT // unit))
+        skip = (first * unit, (first + data.draw(st.integers(1, 3))) * unit)
+        for rank in range(world):
+            config = case.config(rank=rank)
+            plain = run(config, LIMIT)
+            skipping = run(dataclasses.replace(config, skip_batches=[skip]), LIMIT)
+            expected = [b for b in plain if not skip[0] <= b[0] < skip[1]]
+            assert all(not skip[0] <= index < skip[1] for index, _, _ in skipping)
+            assert len(skipping) >= len(expected)
+            assert skipping[: len(expected)] == expected

@@ -3,12 +3,14 @@ a tampered share of the rank's batches, and malformed states, each as a Checkpoi
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
 from o41_testkit import ShardWriter, copy_without_times
 from o41_training_data import (
     BatchStreamConfig,
+    Checkpoint,
     CheckpointError,
     FileSource,
     ProjectedField,
@@ -57,6 +59,21 @@ def test_a_state_resumes_over_shards_copied_without_their_times(shard: ShardWrit
     resumed = O41IterableDataset(config)
     resumed.load_state_dict(state)
     assert [b["v"].tolist() for _, b in zip(range(3), iter(resumed), strict=False)] == expected
+
+
+def test_a_config_that_adds_skipped_batches_resumes_the_state_without_them(shard: ShardWriter) -> None:
+    import dataclasses
+
+    config = config_of(shard)
+    state = state_after(O41IterableDataset(config), 3)
+    straight = [b["v"].tolist() for _, b in zip(range(10), iter(O41IterableDataset(config)), strict=False)]
+    skipping = O41IterableDataset(dataclasses.replace(config, skip_batches=[(5, 8)]))
+    skipping.load_state_dict(state)
+    resumed = [b["v"].tolist() for _, b in zip(range(4), iter(skipping), strict=False)]
+    assert resumed == straight[3:5] + straight[8:10]
+    # The state it saves now carries the skips, so a later resume keeps them.
+    saved = Checkpoint.from_json(skipping.state_dict()["checkpoint"])
+    assert json.loads(saved.resolved_json())["skip_batches"] == [[5, 8]]
 
 
 def test_the_state_of_another_stream_is_refused(shard: ShardWriter) -> None:

@@ -26,6 +26,7 @@ pub mod pool;
 pub mod record;
 pub mod resolve;
 pub mod shards;
+pub mod skips;
 pub mod storage;
 pub mod stream;
 pub mod trace;

@@ -419,6 +419,13 @@ impl Planner {
             if self.end_batch.is_some_and(|end| global >= end) {
                 break;
             }
+            if let Some([_, end]) = crate::skips::holding(&plan.resolved.skip_batches, global) {
+                // Passed by whole: the first of this stream's local batches at or after `end`.
+                let per_local = if split { 1 } else { plan.world() };
+                let steps = (end - global).div_ceil(per_local * self.stride);
+                self.next_local += steps * self.stride;
+                continue;
+            }
             let seq = self.next_seq;
             let rows = order.rank_rows(&self.segment, global, plan.rank(), plan.world());
             let mut buffer = Self::batch_buffer(&plan, (rows.end - rows.start) as usize);

@@ -68,6 +68,11 @@ pub struct StreamStats {
     /// Rows of the active finite stage that no rank will receive (the final unfillable round of
     /// `world_size` batches and any partial batch).
     pub dropped_rows: u64,
+    /// This rank's batches in skipped ranges that the stream passed by since it was opened or
+    /// resumed (`crate::skips`).
+    pub skipped_batches: u64,
+    /// The rows those batches would have held.
+    pub skipped_rows: u64,
     /// Batches this stream delivered since it was opened or resumed.
     pub batches_delivered: u64,
     /// Of those, the ones that were not ready when `next` was called.
@@ -263,6 +268,16 @@ impl BatchStream {
     ) -> Result<Self> {
         share.check()?;
         checkpoint.check_process(expect.rank, expect.world_size)?;
+        // A config may add skipped ranges ahead of the checkpoint: the stream it resumes is
+        // the checkpoint's with those skips (and their fingerprint).
+        let skipping;
+        let checkpoint = match expect.config {
+            Some(config) if config.skip_batches != checkpoint.resolved.skip_batches => {
+                skipping = checkpoint.with_skips(&config.skip_batches)?;
+                &skipping
+            }
+            _ => checkpoint,
+        };
         if let Some(config) = expect.config {
             check_config(&checkpoint.resolved, config)?;
         }
@@ -290,6 +305,12 @@ impl BatchStream {
                 ),
             });
         }
+        crate::skips::check_rounds(
+            &plan.resolved.skip_batches,
+            start.origin,
+            plan.world(),
+            plan.order.split(&start.segment),
+        )?;
         let end_batch = plan
             .order
             .end_batch(&start.segment, start.origin, plan.world());
@@ -573,10 +594,45 @@ impl BatchStream {
         rows
     }
 
+    /// The rank's local batches in `[0, local)` since the origin that fell in skipped ranges,
+    /// and the rows they would have held: never delivered, so not counted as received.
+    fn skipped_before(&self, state: &State, local: u64) -> (u64, u64) {
+        let skips = &self.plan.resolved.skip_batches;
+        if skips.is_empty() {
+            return (0, 0);
+        }
+        let (mut batches, mut rows) = (0, 0);
+        for (i, span) in state.spans.iter().enumerate() {
+            let to = state
+                .spans
+                .get(i + 1)
+                .map_or(local, |next| next.local.min(local));
+            let count = to.saturating_sub(span.local);
+            let split = self.plan.order.split(&span.segment);
+            let first = if split {
+                span.round
+            } else {
+                span.round + self.plan.rank()
+            };
+            let step = self.per_local(&span.segment);
+            for (from, n) in crate::skips::runs_in(skips, first, step, count) {
+                batches += n;
+                rows += self.plan.order.rows_received(
+                    &span.segment,
+                    first + from * step,
+                    n,
+                    self.plan.world(),
+                );
+            }
+        }
+        (batches, rows)
+    }
+
     /// The position after the rank's first `consumed` local batches since the origin, with
     /// `segment` active.
     fn position_in(&self, state: &State, consumed: u64, segment: Segment) -> Position {
         let next_batch = self.round_of(state, consumed);
+        let (skipped_batches, skipped_rows) = self.skipped_before(state, consumed);
         Position {
             fingerprint: self.plan.fingerprint().to_owned(),
             rank: self.plan.resolved.rank,
@@ -586,8 +642,8 @@ impl BatchStream {
                 next_batch,
             },
             stage: segment.stage,
-            batches_yielded: self.start.batches_base + consumed,
-            rows_yielded: self.start.rows_base + self.rows_before(state, consumed),
+            batches_yielded: self.start.batches_base + consumed - skipped_batches,
+            rows_yielded: self.start.rows_base + self.rows_before(state, consumed) - skipped_rows,
             epochs: self.plan.order.epochs(&segment, next_batch),
         }
     }
@@ -664,11 +720,12 @@ impl BatchStream {
 
     /// Delivery counters, timings and what the stream read (`docs/metrics.md`).
     pub fn stats(&self) -> StreamStats {
-        let (batches_yielded, rows_yielded, dropped_rows, prefetch_depth, delivered) = {
+        let (batches_yielded, rows_yielded, dropped_rows, prefetch_depth, delivered, skipped) = {
             let state = lock(&self.state);
+            let skipped = self.skipped_before(&state, state.consumed);
             (
-                self.start.batches_base + state.consumed,
-                self.start.rows_base + self.rows_before(&state, state.consumed),
+                self.start.batches_base + state.consumed - skipped.0,
+                self.start.rows_base + self.rows_before(&state, state.consumed) - skipped.1,
                 state
                     .end_batch
                     .map_or(0, |end| self.plan.order.dropped_rows(&state.segment, end)),
@@ -677,6 +734,7 @@ impl BatchStream {
                     .as_ref()
                     .map_or(0, |p| p.ready.load(Ordering::Relaxed).max(0) as u64),
                 state.delivered.clone(),
+                skipped,
             )
         };
         let plan = &self.plan;
@@ -700,6 +758,8 @@ impl BatchStream {
             batches_yielded,
             rows_yielded,
             dropped_rows,
+            skipped_batches: skipped.0,
+            skipped_rows: skipped.1,
             batches_delivered: self.delivery.delivered.load(Ordering::Relaxed),
             batches_waited: self.delivery.waited.load(Ordering::Relaxed),
             consumer_wait: nanos(&self.delivery.wait_nanos),

@@ -30,6 +30,8 @@ pub struct TracedRow {
     pub row: u64,
     /// A validation pass's padding row: no data.
     pub padding: bool,
+    /// The batch is in a skipped range (`crate::skips`): no rank receives the row.
+    pub skipped: bool,
 }
 
 /// Where a trace starts: the segment the batches are in, and the global batch its rounds of
@@ -110,6 +112,7 @@ pub fn trace(
     let mut cache = LayoutCache::default();
     let mut out = Vec::with_capacity(rows as usize);
     for g in batches {
+        let skipped = crate::skips::holding(&config.skip_batches, g).is_some();
         // Whole batches go to the ranks in turn; a ramped stage shares every batch.
         let ranks = if split {
             0..world_size
@@ -140,6 +143,7 @@ pub fn trace(
                     shard,
                     row,
                     padding,
+                    skipped,
                 });
             }
         }

@@ -61,6 +61,7 @@ fn config(stages: Vec<ResolvedStage>, seed: u64) -> ResolvedConfig {
         world_size: 1,
         memory_limit_bytes: None,
         validation_pass: false,
+        skip_batches: Vec::new(),
     }
 }
 

@@ -123,9 +123,48 @@ impl Checkpoint {
             .map_err(|e| to_py(py, &e))?;
         if let Some(config) = config {
             let config = config_of(py, config)?;
-            check_config(&self.inner.resolved, &config).map_err(|e| to_py(py, &e))?;
+            let skipping = self
+                .inner
+                .with_skips(&config.skip_batches)
+                .map_err(|e| to_py(py, &e))?;
+            check_config(&skipping.resolved, &config).map_err(|e| to_py(py, &e))?;
         }
         Ok(())
+    }
+
+    /// This checkpoint with `ranges` (pairs `(start, end)` or `range` objects) as the global
+    /// batches its stream skips: every range it already skips kept, new ones at or after its
+    /// next global batch. The skips join the fingerprint, so the result belongs to the stream
+    /// with them; `resume_batch_stream(..., skip_batches=...)` calls it.
+    fn with_skipped_batches(
+        &self,
+        py: Python<'_>,
+        ranges: &Bound<'_, PyAny>,
+    ) -> PyResult<Py<Self>> {
+        let mut skips = Vec::new();
+        for (i, item) in ranges.try_iter()?.enumerate() {
+            let item = item?;
+            let pair = if let Ok(range) = item.cast::<pyo3::types::PyRange>() {
+                (range.getattr("step")?.extract::<i64>()? == 1)
+                    .then(|| -> PyResult<[u64; 2]> {
+                        Ok([
+                            range.getattr("start")?.extract()?,
+                            range.getattr("stop")?.extract()?,
+                        ])
+                    })
+                    .transpose()?
+            } else {
+                item.extract::<(u64, u64)>().ok().map(|(a, b)| [a, b])
+            };
+            let Some(pair) = pair else {
+                let message = format!("expected a (start, end) pair or a range, got {item}");
+                let error = Error::config(format!("skip_batches[{i}]"), message);
+                return Err(to_py(py, &error));
+            };
+            skips.push(pair);
+        }
+        let inner = self.inner.with_skips(&skips).map_err(|e| to_py(py, &e))?;
+        Self::wrap(py, inner)
     }
 
     /// The checkpoint as a JSON document.

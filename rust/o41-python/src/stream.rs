@@ -208,6 +208,8 @@ impl Stream {
         d.set_item("batches_yielded", stats.batches_yielded)?;
         d.set_item("rows_yielded", stats.rows_yielded)?;
         d.set_item("dropped_rows", stats.dropped_rows)?;
+        d.set_item("skipped_batches", stats.skipped_batches)?;
+        d.set_item("skipped_rows", stats.skipped_rows)?;
         d.set_item("batches_delivered", stats.batches_delivered)?;
         d.set_item("batches_waited", stats.batches_waited)?;
         d.set_item("consumer_wait_seconds", stats.consumer_wait.as_secs_f64())?;

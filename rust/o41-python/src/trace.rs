@@ -14,8 +14,8 @@ use crate::errors::to_py;
 use crate::storage::{engine, Storage};
 
 /// One traced row: global batch, rank, slot, stage, source, shard index, shard path and
-/// encoding, row, whether it is a validation pass's padding, and whether it is a window of a
-/// token stage rather than a record.
+/// encoding, row, whether it is a validation pass's padding, whether it is a window of a
+/// token stage rather than a record, and whether its batch is skipped.
 type Row = (
     u64,
     u64,
@@ -26,6 +26,7 @@ type Row = (
     String,
     String,
     u64,
+    bool,
     bool,
     bool,
 );
@@ -49,6 +50,7 @@ fn rows(config: &ResolvedConfig, traced: Vec<TracedRow>) -> Vec<Row> {
                 shard,
                 row,
                 padding,
+                skipped,
             } = r;
             (
                 global_batch,
@@ -62,6 +64,7 @@ fn rows(config: &ResolvedConfig, traced: Vec<TracedRow>) -> Vec<Row> {
                 row,
                 padding,
                 config.stages[stage].token_layout().is_some(),
+                skipped,
             )
         })
         .collect()

@@ -66,6 +66,7 @@ from ._rules import (
     process_ranks,
     rank_file_name,
     rank_files_among,
+    resume_point,
     switch_point,
     write_rank_file,
 )
@@ -169,6 +170,7 @@ __all__ = [
     "read_traced_rows",
     "resolve_batch_stream_config",
     "resume_batch_stream",
+    "resume_point",
     "save_manifest",
     "switch_point",
     "tokenize_dataset",

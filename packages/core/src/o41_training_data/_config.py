@@ -546,6 +546,11 @@ class BatchStreamConfig:
     delivered as ``uint8``) that is 1 for a row of data and 0 for padding, so a score covers
     the whole split. ``stream.stats().dropped_rows`` is then 0.
 
+    ``skip_batches`` lists ranges ``(start, end)`` (or ``range(start, end)``) of global batches
+    no rank receives, for recovering from a loss spike (docs/order.md, "Skipping batches");
+    every other batch keeps its rows and its place. A resumed stream may add ranges that start
+    at or after its position.
+
     Examples:
         >>> config = BatchStreamConfig(
         ...     fields=[ProjectedField(name="x", source="x", dtype="f32")],
@@ -565,6 +570,7 @@ class BatchStreamConfig:
     world_size: int = 1
     memory_limit_bytes: int | None = None
     validation_pass: bool = False
+    skip_batches: Sequence[tuple[int, int]] = ()
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "fields", tuple(_sequence("fields", self.fields)))
@@ -580,6 +586,7 @@ class BatchStreamConfig:
             _integer("memory_limit_bytes", self.memory_limit_bytes, minimum=1)
         if not isinstance(self.validation_pass, bool):
             raise _invalid("validation_pass", f"expected a bool, got {self.validation_pass!r}")
+        object.__setattr__(self, "skip_batches", _skip_ranges(self.skip_batches))
         if not self.fields:
             raise _invalid("fields", "at least one projected field is required")
         for i, field in enumerate(self.fields):
@@ -601,6 +608,7 @@ class BatchStreamConfig:
             "world_size": self.world_size,
             "memory_limit_bytes": self.memory_limit_bytes,
             **({"validation_pass": True} if self.validation_pass else {}),
+            **({"skip_batches": [list(r) for r in self.skip_batches]} if self.skip_batches else {}),
         }
 
     def to_json(self) -> str:
@@ -665,6 +673,23 @@ class BatchStreamConfig:
             return cls.from_dict(document, base_dir=Path(normalize(file)).parent)
         except ConfigError as error:
             raise _in_file(file, error) from None
+
+
+def _skip_ranges(value: Any) -> tuple[tuple[int, int], ...]:
+    """``skip_batches`` as pairs of whole numbers (``range`` objects of step 1 too).
+
+    The engine checks their order and overlap.
+    """
+    ranges = [
+        (r.start, r.stop) if isinstance(r, range) and r.step == 1 else r
+        for r in _sequence("skip_batches", value)
+    ]
+    for i, item in enumerate(ranges):
+        if isinstance(item, str | bytes) or not isinstance(item, Sequence) or len(item) != 2:
+            raise _invalid(f"skip_batches[{i}]", f"expected a (start, end) pair, got {item!r}")
+        for bound in item:
+            _integer(f"skip_batches[{i}]", bound, minimum=0)
+    return tuple((int(start), int(end)) for start, end in ranges)
 
 
 _CONFIG_KEYS = tuple(f.name for f in fields(BatchStreamConfig))

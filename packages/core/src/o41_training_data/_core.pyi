@@ -13,7 +13,7 @@ __version__: str
 def resolve_config(config_json: str, storage: Storage | None = None) -> str:
     """Resolves a stream config (JSON) and returns the resolved document (JSON)."""
 
-_TracedRow = tuple[int, int, int, int, int, int, str, str, int, bool, bool]
+_TracedRow = tuple[int, int, int, int, int, int, str, str, int, bool, bool, bool]
 
 def trace_config(
     config_json: str, start: int, end: int, world_size: int, storage: Storage | None = None
@@ -21,7 +21,7 @@ def trace_config(
     """Rows of global batches ``start..end`` of a stream over a config (JSON), resolved as open does.
 
     Each row: global batch, rank, slot, stage, source, shard index, shard path and encoding,
-    row, padding, and whether the row is a token stage's window.
+    row, padding, whether the row is a token stage's window, and whether its batch is skipped.
     """
 
 def trace_checkpoint(checkpoint: Checkpoint, start: int, end: int, world_size: int) -> list[_TracedRow]:
@@ -126,6 +126,11 @@ class Checkpoint(Position):
         """The checkpoint as a JSON document."""
     def for_world(self, rank: int, world_size: int) -> Checkpoint:
         """The same position for another rank and world size (elastic resume)."""
+    def with_skipped_batches(self, ranges: Iterable[tuple[int, int] | range]) -> Checkpoint:
+        """This checkpoint with ``ranges`` as the global batches its stream skips.
+
+        Every range it already skips is kept; new ones start at or after its next global batch.
+        """
     @property
     def version(self) -> int:
         """Document version."""

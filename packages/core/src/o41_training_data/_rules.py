@@ -45,6 +45,7 @@ __all__ = [
     "process_ranks",
     "rank_file_name",
     "rank_files_among",
+    "resume_point",
     "switch_point",
     "write_rank_file",
 ]
@@ -303,6 +304,24 @@ def _segment(stop: Position | Checkpoint) -> Segment:
 
 def _where(stop: Position | Checkpoint) -> str:
     return f"global batch {stop.next_batch} (stage {_segment(stop).stage})"
+
+
+def resume_point(checkpoint: Checkpoint, config: BatchStreamConfig | None) -> Checkpoint:
+    """The checkpoint a stream over ``config`` resumes from: the rule every adapter applies.
+
+    ``config`` must describe ``checkpoint``'s stream (:meth:`Checkpoint.check` names the first
+    difference), and its ``skip_batches`` become the stream's: ranges the checkpoint skips are
+    kept, ranges it adds start at or after its position (docs/order.md, "Skipping batches").
+    ``None`` (a stream rebuilt from a checkpoint alone) resumes the checkpoint as it is.
+
+    Examples:
+        >>> stream = resume_batch_stream(resume_point(checkpoint, config))  # doctest: +SKIP
+
+    """
+    if config is None:
+        return checkpoint
+    checkpoint.check(config=config)
+    return checkpoint.with_skipped_batches(config.skip_batches)
 
 
 def check_same_stream(stops: Mapping[str, Position | Checkpoint | None]) -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any
@@ -162,6 +162,11 @@ class StreamStats:
     """Rows of the active finite stage that no rank receives: the final round of
     ``world_size`` global batches that cannot be filled, and any partial batch (in a ramped
     stage, the final partial global batch). Always 0 in a validation pass, which pads instead."""
+    skipped_batches: int = 0
+    """This rank's batches in ``skip_batches`` ranges that the stream passed by since it was
+    opened or resumed (never delivered, not counted in :attr:`batches_yielded`)."""
+    skipped_rows: int = 0
+    """The rows those batches would have held."""
     batches_delivered: int = 0
     """Batches this stream delivered since it was opened or resumed."""
     batches_waited: int = 0
@@ -262,6 +267,8 @@ class StreamStats:
             batches_yielded=self.batches_yielded - earlier.batches_yielded,
             rows_yielded=self.rows_yielded - earlier.rows_yielded,
             dropped_rows=self.dropped_rows,
+            skipped_batches=self.skipped_batches - earlier.skipped_batches,
+            skipped_rows=self.skipped_rows - earlier.skipped_rows,
             batches_delivered=self.batches_delivered - earlier.batches_delivered,
             batches_waited=self.batches_waited - earlier.batches_waited,
             consumer_wait_seconds=self.consumer_wait_seconds - earlier.consumer_wait_seconds,
@@ -341,6 +348,8 @@ class StreamStats:
             batches_yielded=int(raw["batches_yielded"]),
             rows_yielded=int(raw["rows_yielded"]),
             dropped_rows=int(raw["dropped_rows"]),
+            skipped_batches=int(raw["skipped_batches"]),
+            skipped_rows=int(raw["skipped_rows"]),
             batches_delivered=int(raw["batches_delivered"]),
             batches_waited=int(raw["batches_waited"]),
             consumer_wait_seconds=float(raw["consumer_wait_seconds"]),
@@ -598,6 +607,7 @@ def resume_batch_stream(
     config: BatchStreamConfig | None = None,
     share: tuple[int, int] = (0, 1),
     storage: StorageConfig | None = None,
+    skip_batches: Sequence[tuple[int, int] | range] | None = None,
 ) -> BatchStream:
     """Re-opens the stream ``checkpoint`` was taken from, eagerly, right after its last batch.
 
@@ -612,12 +622,19 @@ def resume_batch_stream(
     :func:`open_batch_stream`, counted from the checkpoint's position. The checkpoint holds no
     credentials: pass ``storage`` again to re-open ``s3://`` shards.
 
+    ``skip_batches`` (or a ``config`` that lists them) adds ranges of global batches no rank
+    receives, at or after the checkpoint's position: the loss-spike recovery of
+    docs/order.md, "Skipping batches". They join the stream's fingerprint, and every later
+    checkpoint keeps them.
+
     Examples:
         >>> checkpoint = Checkpoint.from_json(path.read_text())  # doctest: +SKIP
         >>> stream = resume_batch_stream(checkpoint, rank=0, world_size=2)  # doctest: +SKIP
 
     """
     offset, stride = _share(share)
+    if skip_batches is not None:
+        checkpoint = checkpoint.with_skipped_batches(skip_batches)
     if rank is not None:
         _whole("rank", rank)
     if world_size is not None and _whole("world_size", world_size) < 1:

@@ -55,6 +55,8 @@ class TracedRow:
     """A validation pass's padding row, which holds no data."""
     window: bool
     """The row is a window of a stage that packs or windows tokens, not a record."""
+    skipped: bool
+    """The batch is in one of the stream's ``skip_batches`` ranges: no rank receives the row."""
 
 
 def _batches(global_batches: int | range) -> tuple[int, int]:

@@ -25,6 +25,7 @@ from o41_training_data import (
     TrainingData,
     open_batch_stream,
     resume_batch_stream,
+    resume_point,
     switch_point,
 )
 
@@ -315,6 +316,8 @@ class O41JaxIterator(Iterator[dict[str, jax.Array]]):
         checkpoint = Checkpoint.from_json(text)
         self._check_stream(checkpoint)
         checkpoint.check(rank=self.rank, world_size=self.world_size)
+        # A config's skip_batches apply from here on (the core's rule for every adapter).
+        checkpoint = resume_point(checkpoint, self._config)
         self._install(resume_batch_stream(checkpoint, storage=self._storage))
 
     def _check_stream(self, checkpoint: Checkpoint) -> None:

@@ -24,7 +24,14 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from o41_training_data import BatchStreamConfig, Checkpoint, CheckpointError, Position, check_same_place
+from o41_training_data import (
+    BatchStreamConfig,
+    Checkpoint,
+    CheckpointError,
+    Position,
+    check_same_place,
+    resume_point,
+)
 
 FORMAT = "o41-training-data-lightning"
 """The ``format`` marker of the state (and of the sidecar index), so it is found among other keys."""
@@ -133,7 +140,9 @@ class StreamState:
             done = checkpoint.batches_yielded if checkpoint is not None else 0
             switches = tuple(Switch(stage=stage, at=done + after) for stage, after in ahead)
         if checkpoint is not None:
-            checkpoint.check(rank=rank, world_size=world_size, config=config)
+            checkpoint.check(rank=rank, world_size=world_size)
+            # The config's skip_batches apply from here on (the core's rule for every adapter).
+            checkpoint = resume_point(checkpoint, config)
         return checkpoint, switches
 
     def _moved(

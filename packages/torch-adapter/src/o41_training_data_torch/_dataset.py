@@ -29,6 +29,7 @@ from o41_training_data import (
     process_ranks,
     resolve_batch_stream_config,
     resume_batch_stream,
+    resume_point,
     switch_point,
 )
 from torch.utils.data import IterableDataset, get_worker_info
@@ -556,7 +557,10 @@ class O41IterableDataset(IterableDataset[O41Batch]):
             checkpoint = Checkpoint.from_json(state["checkpoint"])
             checkpoint.check(rank=self.rank, world_size=self.world_size)
             self._check_same_stream(checkpoint)
-            self._loaded = {"checkpoint": state["checkpoint"], **share}
+            # A config's skip_batches apply from here on (the core's rule for every adapter).
+            resumed = resume_point(checkpoint, self._config)
+            text = state["checkpoint"] if resumed.fingerprint == checkpoint.fingerprint else resumed.to_json()
+            self._loaded = {"checkpoint": text, **share}
         else:
             if "config" not in state:
                 raise CheckpointError("state refused: it has neither a 'checkpoint' nor a 'config'")

@@ -334,6 +334,30 @@ impl Checkpoint {
         Ok(())
     }
 
+    /// This checkpoint with `skips` as its stream's skipped ranges (`crate::skips`): every
+    /// range it skipped is kept, and added ones start at or after its next global batch. The
+    /// skips are part of the fingerprint, so the checkpoint gets the new stream's; a later
+    /// checkpoint of the resumed stream keeps them.
+    pub fn with_skips(&self, skips: &[crate::skips::SkipRange]) -> Result<Self> {
+        if skips == self.resolved.skip_batches.as_slice() {
+            return Ok(self.clone());
+        }
+        let next_batch = self.position.cursor.next_batch;
+        crate::skips::check_extends(&self.resolved.skip_batches, skips, next_batch)?;
+        let mut resolved = (*self.resolved).clone();
+        resolved.skip_batches = skips.to_vec();
+        let resolved = Arc::new(resolved);
+        let position = Position {
+            fingerprint: resolved.fingerprint(),
+            ..self.position.clone()
+        };
+        Ok(Checkpoint {
+            version: self.version,
+            position,
+            resolved,
+        })
+    }
+
     /// The position part of the checkpoint.
     pub fn position(&self) -> Position {
         self.position.clone()

@@ -39,6 +39,9 @@ impl ResolvedConfig {
         if self.validation_pass {
             doc["validation_pass"] = serde_json::Value::Bool(true);
         }
+        if !self.skip_batches.is_empty() {
+            doc["skip_batches"] = serde_json::json!(self.skip_batches);
+        }
         for (s, stage) in doc["stages"]
             .as_array_mut()
             .expect("stages serialise as an array")

@@ -108,6 +108,9 @@ pub struct ResolvedConfig {
     /// Every row once, the final round padded and masked.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub validation_pass: bool,
+    /// Ranges `[start, end)` of global batches no rank receives (`crate::skips`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub skip_batches: Vec<crate::skips::SkipRange>,
 }
 
 impl ResolvedConfig {

@@ -326,6 +326,9 @@ pub struct StreamConfig {
     /// final round and marking real rows in a `valid` column instead of dropping it.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub validation_pass: bool,
+    /// Ranges `[start, end)` of global batches no rank receives (`crate::skips`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub skip_batches: Vec<crate::skips::SkipRange>,
 }
 
 /// A stage of the config users write.

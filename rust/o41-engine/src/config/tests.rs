@@ -20,6 +20,9 @@ fn reference_fingerprint(config: &ResolvedConfig) -> String {
     if config.validation_pass {
         doc["validation_pass"] = serde_json::Value::Bool(true);
     }
+    if !config.skip_batches.is_empty() {
+        doc["skip_batches"] = serde_json::json!(config.skip_batches);
+    }
     let mut hash = Fnv1a::default();
     hash.update(doc.to_string().as_bytes());
     format!("fnv1a64:{:016x}", hash.value())
@@ -90,12 +93,17 @@ fn streamed_fingerprint_equals_the_canonical_document_hash() {
         world_size: 1,
         memory_limit_bytes: None,
         validation_pass: false,
+        skip_batches: Vec::new(),
     };
     assert_eq!(config.fingerprint(), reference_fingerprint(&config));
     let mut validation = config.clone();
     validation.validation_pass = true;
     assert_eq!(validation.fingerprint(), reference_fingerprint(&validation));
     assert_ne!(validation.fingerprint(), config.fingerprint());
+    let mut skipping = config.clone();
+    skipping.skip_batches = vec![[8, 16], [40, 41]];
+    assert_eq!(skipping.fingerprint(), reference_fingerprint(&skipping));
+    assert_ne!(skipping.fingerprint(), config.fingerprint());
     let mut other = config.clone();
     other.stages[0].sources[0].shards[3].rows += 1;
     assert_ne!(other.fingerprint(), config.fingerprint());

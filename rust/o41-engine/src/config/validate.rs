@@ -410,6 +410,7 @@ pub(super) fn validate_resources(threads: usize, rank: usize, world_size: usize)
 impl StreamConfig {
     /// Checks everything that can be checked without touching storage.
     pub fn validate(&self) -> Result<()> {
+        crate::skips::validate(&self.skip_batches)?;
         let resources = (self.threads, self.rank, self.world_size);
         let (fields, stages) = (&self.fields, &self.stages);
         validate_document(
@@ -461,6 +462,7 @@ impl ResolvedConfig {
     /// Checks the rules a resolved document keeps, as [`StreamConfig::validate`] does for a
     /// config: a checkpoint's document is read from a file and trusted no further than that.
     pub fn validate(&self) -> Result<()> {
+        crate::skips::validate(&self.skip_batches)?;
         let resources = (self.threads, self.rank, self.world_size);
         let (fields, stages) = (&self.fields, &self.stages);
         validate_document(
