@@ -3,6 +3,12 @@ checkpoint every few steps, a curriculum switch, a validation stream, a fingerpr
 training batch per rank, and an optional SIGKILL of the whole job.
 
     python tests/lightning_train.py --data DIR --out DIR [--die-at STEP] [--resume]
+        [--die-after-save STEP] [--resume-newest] [--renamed]
+
+``--die-after-save`` kills the job inside the save of step STEP's checkpoint, right after the
+model checkpoint file is written; ``--resume-newest`` resumes from the newest ``.ckpt`` on disk
+(what a restart script that lists the directory does), with ``--renamed`` through a datamodule
+subclass whose state Lightning does not find in the checkpoint (so the sidecars are read).
 
 Lightning's DDP launcher starts rank 1 as a child of this process, in its process group, so
 killing the group kills the job.
@@ -20,6 +26,7 @@ from typing import Any
 import torch
 from lightning.pytorch import LightningModule, Trainer
 from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.plugins.io import TorchCheckpointIO
 from o41_training_data import BatchStreamConfig, FileSource, ProjectedField, Shuffle, Stage
 from o41_training_data_lightning import O41Curriculum, O41DataModule
 
@@ -56,13 +63,40 @@ class TinyModel(LightningModule):
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
 
 
+class Renamed(O41DataModule):
+    """Lightning keys datamodule state by class name: this one finds none in the checkpoint."""
+
+
+def die_after_saving(step: int) -> None:
+    """Kills the job inside the save of step ``step``: after the model checkpoint is written."""
+    save = TorchCheckpointIO.save_checkpoint
+
+    def saving(
+        self: TorchCheckpointIO, checkpoint: dict[str, Any], path: Any, storage_options: Any = None
+    ) -> None:
+        save(self, checkpoint, path, storage_options=storage_options)
+        if str(path).endswith(f"-step={step}.ckpt"):
+            os.killpg(os.getpgid(0), signal.SIGKILL)
+
+    TorchCheckpointIO.save_checkpoint = saving  # type: ignore[method-assign]
+
+
+def newest_checkpoint(directory: Path) -> Path:
+    return max(directory.glob("epoch=*-step=*.ckpt"), key=lambda p: int(p.stem.rsplit("=", 1)[1]))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--data", type=Path, required=True)
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--die-at", type=int, default=-1)
     parser.add_argument("--resume", action="store_true")
+    parser.add_argument("--die-after-save", type=int, default=-1)
+    parser.add_argument("--resume-newest", action="store_true")
+    parser.add_argument("--renamed", action="store_true")
     args = parser.parse_args()
+    if args.die_after_save >= 0:
+        die_after_saving(args.die_after_save)
 
     fields = [ProjectedField("tokens", "input_ids", "i32", length=8), ProjectedField("id", "@row_id", "i64")]
     config = BatchStreamConfig(
@@ -118,8 +152,11 @@ def main() -> None:
         ],
     )
     model = TinyModel(args.out, args.die_at)
-    datamodule = O41DataModule(config, val_config=val_config)
-    trainer.fit(model, datamodule=datamodule, ckpt_path="last" if args.resume else None)
+    datamodule = (Renamed if args.renamed else O41DataModule)(config, val_config=val_config)
+    ckpt_path: Any = "last" if args.resume else None
+    if args.resume_newest:
+        ckpt_path = newest_checkpoint(args.out / "checkpoints")
+    trainer.fit(model, datamodule=datamodule, ckpt_path=ckpt_path)
 
 
 if __name__ == "__main__":

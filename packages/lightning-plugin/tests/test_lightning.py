@@ -785,3 +785,64 @@ def test_a_killed_ddp_job_restarts_each_rank_at_its_own_position(tmp_path: Path)
         (crashed / f"log-rank{rank}.txt").write_text("".join(line + "\n" for line in kept))
     assert job(crashed, "--resume") == 0
     assert logs(crashed) == straight
+
+
+def test_a_job_killed_inside_a_save_resumes_from_the_newest_checkpoint_on_disk(tmp_path: Path) -> None:
+    # The model checkpoint is the commit marker: the stream checkpoints beside it are written
+    # first, so a job killed right after the .ckpt of step 12 is written has a complete pair
+    # there, which a restart through the sidecars (a renamed datamodule) resumes exactly.
+    data = tmp_path / "data"
+    data.mkdir()
+    for k in range(2):
+        write_shard(
+            data / f"a-{k}.parquet", "parquet", [{"input_ids": [k * 1000 + i] * (i % 9)} for i in range(60)]
+        )
+    write_shard(data / "b-0.jsonl", "jsonl", [{"input_ids": [7, i]} for i in range(70)])
+    script = Path(__file__).with_name("lightning_train.py")
+
+    def job(out: Path, *arguments: str) -> int:
+        out.mkdir(exist_ok=True)
+        command = [sys.executable, str(script), "--data", str(data), "--out", str(out), *arguments]
+        env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
+        process = subprocess.Popen(command, env=env, start_new_session=True)
+        try:
+            return process.wait(timeout=300)
+        finally:
+            if process.poll() is None:
+                os.killpg(process.pid, signal.SIGKILL)
+
+    def logs(out: Path) -> list[list[str]]:
+        return [(out / f"log-rank{r}.txt").read_text().splitlines() for r in range(2)]
+
+    assert job(tmp_path / "straight") == 0
+    straight = logs(tmp_path / "straight")
+    crashed = tmp_path / "crashed"
+    assert job(crashed, "--die-after-save", "12") == -signal.SIGKILL
+    directory = crashed / "checkpoints"
+    newest = directory / "epoch=0-step=12.ckpt"
+    assert newest.exists()
+    assert os.readlink(directory / "last.ckpt") == "epoch=0-step=8.ckpt"  # the link was never moved
+    index = json.loads((Path(sidecar_directory(newest)) / INDEX_FILE).read_text())
+    assert index["global_step"] == 12
+    for rank in range(2):
+        kept = [line for line in logs(crashed)[rank] if int(line.split()[0]) < 12]
+        (crashed / f"log-rank{rank}.txt").write_text("".join(line + "\n" for line in kept))
+    assert job(crashed, "--resume-newest", "--renamed") == 0
+    assert logs(crashed) == straight
+
+
+@RESUMING
+def test_sidecars_of_another_step_under_the_same_name_are_refused(data: Path, tmp_path: Path) -> None:
+    class Renamed(O41DataModule):
+        """Lightning keys datamodule state by class name: this one finds none in the checkpoint."""
+
+    fit(O41DataModule(make_config(data)), tmp_path, 8, callbacks=[checkpoints(tmp_path / "ck")])
+    at_4 = tmp_path / "ck" / "epoch=0-step=4.ckpt"
+    at_8 = Path(sidecar_directory(tmp_path / "ck" / "epoch=0-step=8.ckpt"))
+    # As if a save of step 8 under step 4's name had written its sidecars and died.
+    for name in os.listdir(at_8):
+        (Path(sidecar_directory(at_4)) / name).write_bytes((at_8 / name).read_bytes())
+    with pytest.raises(CheckpointError, match=r"written for global step 8, but .*step=4\.ckpt is at step 4"):
+        fit(
+            Renamed(make_config(data)), tmp_path, 10, callbacks=[checkpoints(tmp_path / "ck")], ckpt_path=at_4
+        )

@@ -7,7 +7,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from typing import Any, Literal
 
 import torch
-from lightning.pytorch import LightningDataModule
+from lightning.pytorch import LightningDataModule, Trainer
 from lightning.pytorch.utilities.model_helpers import is_overridden
 from lightning.pytorch.utilities.signature_utils import is_param_in_hook_signature
 from o41_training_data import (
@@ -71,6 +71,19 @@ class _EvalLoader:
     def __iter__(self) -> Iterator[O41Batch]:
         # A generator, so that Lightning's iterability check starts no stream and no worker.
         yield from self._loader
+
+
+def _checkpoint_step(trainer: Trainer) -> int:
+    """The global step of the checkpoint the trainer is restoring.
+
+    While Lightning restores (a train loader set up from ``configure_optimizers``), its loops
+    are not restored yet but the loaded checkpoint is at hand; afterwards the loops hold it.
+    """
+    connector = getattr(trainer, "_checkpoint_connector", None)
+    loaded = getattr(connector, "_loaded_checkpoint", None)
+    if isinstance(loaded, Mapping) and isinstance(loaded.get("global_step"), int):
+        return int(loaded["global_step"])
+    return int(trainer.global_step)
 
 
 class O41DataModule(LightningDataModule):
@@ -193,9 +206,9 @@ class O41DataModule(LightningDataModule):
             ckpt_path = trainer.ckpt_path
             if ckpt_path and ckpt_path != self._restored_from:
                 rank, world_size = self._rank_world()
-                self._restore(
-                    _sidecar.read_sidecars(ckpt_path, rank, world_size), f"the sidecars of {ckpt_path}"
-                )
+                step = _checkpoint_step(trainer)
+                sidecars = _sidecar.read_sidecars(ckpt_path, rank, world_size, step)
+                self._restore(sidecars, f"the sidecars of {ckpt_path}")
                 self._restored_from = ckpt_path
         self._loader = _TrainLoader(self)
         return self._loader

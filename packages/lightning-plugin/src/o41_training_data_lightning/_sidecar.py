@@ -2,8 +2,8 @@
 
 Lightning tells no state hook where a checkpoint goes, but every save and every removal by
 ``ModelCheckpoint`` (``save_top_k``) or ``trainer.save_checkpoint`` reaches the strategy's
-``CheckpointIO`` with the path, on rank 0. :class:`SidecarCheckpointIO` wraps it: after the
-model checkpoint ``<name>.ckpt`` is written it writes, from the datamodule state inside it,
+``CheckpointIO`` with the path, on rank 0. :class:`SidecarCheckpointIO` wraps it: before the
+model checkpoint ``<name>.ckpt`` is written it writes, from the datamodule state going into it,
 
 ```text
 <name>.ckpt.o41/stream-rank{r}-of-{n}.json   rank r's core checkpoint (Checkpoint.from_json), named
@@ -13,8 +13,13 @@ model checkpoint ``<name>.ckpt`` is written it writes, from the datamodule state
 ```
 
 each file atomically (a temporary file renamed over it; one ``PUT`` on object stores), and
-removes the directory with its checkpoint. The model checkpoint's own state is what a resume
-reads; these files are for tools, and for a resume whose model checkpoint carries no
+removes the directory with its checkpoint. The model checkpoint is the commit marker: it is
+written last (Lightning writes it atomically too), so a job killed at any point of a save leaves
+either a complete pair or no ``.ckpt`` of that name, and the newest ``.ckpt`` is always
+resumable; sidecars without their ``.ckpt`` are an interrupted save's, never read. The index
+records the global step, and a ``.ckpt`` whose sidecars hold another step (a save under a reused
+name that was interrupted) is refused naming both. The model checkpoint's own state is what a
+resume reads; these files are for tools, and for a resume whose model checkpoint carries no
 ``O41DataModule`` state (Lightning keys it by class name, so a renamed subclass misses it).
 """
 
@@ -142,12 +147,15 @@ def remove_sidecars(checkpoint_path: _PATH) -> None:
         fs.rm(directory, recursive=True)
 
 
-def read_sidecars(checkpoint_path: _PATH, rank: int, world_size: int) -> StreamState:
+def read_sidecars(
+    checkpoint_path: _PATH, rank: int, world_size: int, global_step: int | None = None
+) -> StreamState:
     """The state the sidecars of ``checkpoint_path`` hold, as far as rank ``rank`` of ``world_size`` needs it.
 
     With the world size that wrote them, only this rank's file is read; with another, every
     rank's (an elastic resume compares them). A missing index or rank file raises
-    :class:`CheckpointError` naming it.
+    :class:`CheckpointError` naming it, as does an index written for another ``global_step``
+    than the model checkpoint's (the sidecars of an interrupted save under the same name).
     """
     directory = sidecar_directory(checkpoint_path)
     fs = get_filesystem(directory)
@@ -163,6 +171,13 @@ def read_sidecars(checkpoint_path: _PATH, rank: int, world_size: int) -> StreamS
     except ValueError as e:
         raise CheckpointError(f"checkpoint refused: {index_path} is not JSON: {e}") from None
     old_world, listed = read_header(index, index_path)
+    written_at = index.get("global_step")
+    if global_step is not None and isinstance(written_at, int) and written_at != global_step:
+        raise CheckpointError(
+            f"checkpoint refused: {index_path} was written for global step {written_at}, but "
+            f"{os.fspath(checkpoint_path)} is at step {global_step}: a save under this name was "
+            "interrupted between them; resume from another checkpoint"
+        )
     # One file per rank: a rank file beside another name for the same rank is refused.
     rank_files_among(_entries(fs, directory), directory)
     needed = {rank} if old_world == world_size else set(range(old_world))
@@ -210,12 +225,12 @@ class SidecarCheckpointIO(CheckpointIO):
     def save_checkpoint(
         self, checkpoint: dict[str, Any], path: _PATH, storage_options: Any | None = None
     ) -> None:
-        """Saves the model checkpoint, then the stream checkpoints beside it."""
-        self.checkpoint_io.save_checkpoint(checkpoint, path, storage_options=storage_options)
+        """Saves the stream checkpoints, then the model checkpoint: the commit marker."""
         for key, value in checkpoint.items():
             if isinstance(value, Mapping) and value.get("format") == FORMAT:
                 state = StreamState.from_dict(value, f"the {key!r} state of {os.fspath(path)}")
                 write_sidecars(path, state, checkpoint.get("global_step"))
+        self.checkpoint_io.save_checkpoint(checkpoint, path, storage_options=storage_options)
 
     def load_checkpoint(
         self, path: _PATH, map_location: Any | None = None, weights_only: bool | None = None
