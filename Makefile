@@ -98,3 +98,4 @@ bench: bootstrap ## install the peers and run the benchmarks; rewrites benchmark
 	$(UV) run --group bench python benchmarks/corpora_bench.py
 	$(UV) run --group bench python benchmarks/tokenize_bench.py
 	$(UV) run --group bench python benchmarks/trace_bench.py
+	$(UV) run --group bench python benchmarks/checkpoint_bench.py

@@ -196,6 +196,27 @@ def simulated_manifest(root: Path, shards: int, seed: int = 1) -> tuple[Path, in
     return manifest, sum(rows)
 
 
+def simulated_config(manifest: Path, world_size: int, batch: int = BATCH) -> Any:
+    """One infinite stage over a manifest's train split, shuffled over 4,096 rows: rank 0 of
+    ``world_size``, one decode thread (the provenance and checkpoint benchmarks read no rows)."""
+    import o41_training_data as o41
+
+    return o41.BatchStreamConfig(
+        fields=[o41.ProjectedField("v", "v", "i64")],
+        stages=[
+            o41.Stage(
+                sources=[o41.ManifestSource(str(manifest), "train")],
+                batch_size=batch,
+                shuffle=o41.Shuffle(4096),
+                infinite=True,
+            )
+        ],
+        seed=7,
+        threads=1,
+        world_size=world_size,
+    )
+
+
 def run_s3(root: Path, counts: list[int], reps: int) -> list[list[str]]:
     import boto3
     from o41_testkit import LocalS3Server

@@ -27,7 +27,7 @@ from typing import Any
 HERE = Path(__file__).parent
 sys.path.insert(0, str(HERE))
 
-from scale_bench import simulated_manifest  # noqa: E402
+from scale_bench import simulated_config, simulated_manifest  # noqa: E402
 
 from report import preamble, run_child, write_section  # noqa: E402
 
@@ -60,20 +60,7 @@ def checkpoint_file(manifest: Path, out: Path) -> Path:
     """A world-64 rank-0 checkpoint after 100 batches, moved to global batch ``DEEP``."""
     import o41_training_data as o41
 
-    config = o41.BatchStreamConfig(
-        fields=[o41.ProjectedField("v", "v", "i64")],
-        stages=[
-            o41.Stage(
-                sources=[o41.ManifestSource(str(manifest), "train")],
-                batch_size=BATCH,
-                shuffle=o41.Shuffle(4096),
-                infinite=True,
-            )
-        ],
-        seed=7,
-        threads=1,
-        world_size=WORLD,
-    )
+    config = simulated_config(manifest, WORLD, BATCH)
     with o41.open_batch_stream(config) as stream:
         checkpoint = stream.checkpoint()
     document = json.loads(checkpoint.to_json())

@@ -25,6 +25,7 @@ from o41_training_data import (
     Stage,
     manifest_from_files,
     open_batch_stream,
+    read_checkpoint,
     resume_batch_stream,
 )
 from o41_training_data._cli import main
@@ -313,8 +314,10 @@ def test_checkpoint_reshard_continues_the_global_sequence_on_another_world_size(
     # The one per-rank name (docs/rules.md), read from files of the old default name.
     names = [f"stream-rank{r}-of-3.json" for r in range(3)]
     assert capsys.readouterr().out.splitlines() == [f"wrote {out / name}" for name in names]
-    assert sorted(p.name for p in out.iterdir()) == names  # no temporaries
-    new = [Checkpoint.from_json((out / name).read_text()) for name in names]
+    # No temporaries; the split form: the run's resolved document once, beside the rank files.
+    shared = old[0].to_split()[1]
+    assert sorted(p.name for p in out.iterdir()) == sorted([*names, shared])
+    new = [read_checkpoint(out / name) for name in names]
     assert [(c.rank, c.world_size) for c in new] == [(0, 3), (1, 3), (2, 3)]
     assert {c.fingerprint for c in new} == {old[0].fingerprint}
     assert global_batches(new, rounds=4) == global_batches(old, rounds=6)
@@ -326,7 +329,7 @@ def test_checkpoint_reshard_continues_the_global_sequence_on_another_world_size(
     assert f"{out / names[0]} exists; pass --overwrite" in capsys.readouterr().err
     assert (out / names[0]).read_text() == before
     assert main([*argv, "--overwrite"]) == 0
-    assert [Checkpoint.from_json((out / name).read_text()) for name in names] == new
+    assert [read_checkpoint(out / name) for name in names] == new
     assert (
         main(
             [*argv[:-2], "--output-dir", str(tmp_path / "one"), "--world-size", "1", "--name", "s{rank}.ckpt"]
@@ -339,7 +342,8 @@ def test_checkpoint_reshard_continues_the_global_sequence_on_another_world_size(
         assert "must contain {rank} and no other {field}" in capsys.readouterr().err
     # The earlier default name is still a name one may choose.
     assert main([*argv[:-2], "--output-dir", str(tmp_path / "old"), "--name", "stream-rank{rank}.json"]) == 0
-    assert sorted(p.name for p in (tmp_path / "old").iterdir()) == [f"stream-rank{r}.json" for r in range(3)]
+    written = sorted(p.name for p in (tmp_path / "old").iterdir() if p.name != shared)
+    assert written == [f"stream-rank{r}.json" for r in range(3)]
 
 
 def test_checkpoint_reshard_refuses_two_names_for_one_rank(
@@ -424,8 +428,8 @@ def test_checkpoint_reshard_writes_a_large_world_one_rank_at_a_time(
     assert main([*base, "--world-size", str(2**40)]) == 3
     assert f"must be between 1 and {2**32}, got {2**40}" in capsys.readouterr().err
     assert main([*base, "--world-size", "100000", "--rank", "99999"]) == 0
-    [written] = out.iterdir()
-    moved = Checkpoint.from_json(written.read_text())
+    [written] = [p for p in out.iterdir() if not p.name.startswith("resolved-")]
+    moved = read_checkpoint(written)
     assert (moved.rank, moved.world_size, moved.next_batch) == (99999, 100000, 4)
     assert main([*base, "--world-size", "4", "--rank", "4"]) == 3
     assert "invalid rank: must be between 0 and 3, got 4" in capsys.readouterr().err

@@ -40,6 +40,7 @@ from o41_training_data import (
     Stage,
     StreamClosedError,
     open_batch_stream,
+    read_checkpoint,
 )
 from o41_training_data_jax import O41CheckpointHandler, O41JaxIterator, O41Restore, O41Save
 
@@ -431,7 +432,7 @@ def save_and_restore(
         assert np.asarray(restored["state"]["w"]).tolist() == [0.0, 1.0, 2.0, 3.0]
         assert values(fresh, 8) == rest
     state_file = directory / "6" / "data" / "process_0-of-1.json"
-    assert Checkpoint.from_json(state_file.read_text()).batches_yielded == 6
+    assert read_checkpoint(state_file).batches_yielded == 6  # the split form, or grain's whole one
 
 
 @pytest.mark.parametrize(
@@ -489,6 +490,8 @@ def test_the_handler_refuses_an_inexact_move(
     (tmp_path / "streams" / "process_1-of-2.json").write_text(
         (tmp_path / "ours" / "process_0-of-1.json").read_text()
     )
+    for shared in (tmp_path / "ours").glob("resolved-*.json"):  # the split form's document with it
+        (tmp_path / "streams" / shared.name).write_text(shared.read_text())
     (tmp_path / "empty").mkdir()
     (tmp_path / "corrupt").mkdir()
     (tmp_path / "corrupt" / "process_0-of-1.json").write_text("{")

@@ -35,6 +35,7 @@ from o41_training_data import (
     Stage,
     open_batch_stream,
     rank_file_name,
+    read_checkpoint,
     resume_batch_stream,
 )
 from o41_training_data_lightning import (
@@ -85,6 +86,11 @@ def make_val_config(data: Path) -> BatchStreamConfig:
         stages=[Stage(sources=[FileSource(files=[str(data / "b.jsonl")])], batch_size=64)],
         threads=1,
     )
+
+
+def shared_name_of(checkpoint: Checkpoint) -> str:
+    """The split form's resolved document name of ``checkpoint``'s stream."""
+    return checkpoint.to_split()[1]
 
 
 def digest(x: torch.Tensor, ids: torch.Tensor) -> str:
@@ -421,13 +427,14 @@ def test_every_checkpoint_gets_its_stream_checkpoints_and_loses_them_with_it(
     ]:
         sidecars = Path(sidecar_directory(path))
         assert sidecars == path.with_name(path.name + ".o41")
-        assert sorted(p.name for p in sidecars.iterdir()) == [
-            INDEX_FILE,
-            rank_file(0, 1),
-        ]  # no temporary files
         state = torch.load(path, weights_only=True)
         entry = state["O41DataModule"]
-        written = Checkpoint.from_json((sidecars / rank_file(0, 1)).read_text())
+        written = read_checkpoint(sidecars / rank_file(0, 1))
+        assert sorted(p.name for p in sidecars.iterdir()) == [
+            INDEX_FILE,
+            shared_name_of(written),
+            rank_file(0, 1),
+        ]  # no temporary files
         assert written == Checkpoint.from_position(
             Position.from_json(entry["ranks"][0]["position"]), entry["resolved"]
         )
@@ -447,10 +454,7 @@ def test_every_checkpoint_gets_its_stream_checkpoints_and_loses_them_with_it(
         json.loads((directory / "epoch=0-step=6.ckpt.o41" / INDEX_FILE).read_text())["ranks"][0]["switches"]
         == []
     )
-    assert (
-        Checkpoint.from_json((tmp_path / "manual.ckpt.o41" / rank_file(0, 1)).read_text())
-        == datamodule.checkpoint()
-    )
+    assert read_checkpoint(tmp_path / "manual.ckpt.o41" / rank_file(0, 1)) == datamodule.checkpoint()
 
 
 def test_removing_a_last_link_keeps_the_stream_checkpoints_of_the_checkpoint_it_named(
@@ -533,7 +537,7 @@ def test_sidecars_have_the_one_rank_file_name_and_two_names_for_a_rank_are_refus
     saved = tmp_path / "ck" / "epoch=0-step=3.ckpt"
     sidecars = Path(sidecar_directory(saved))
     assert rank_file(0, 1) == rank_file_name(0, 1) == "stream-rank0-of-1.json"
-    assert sorted(p.name for p in sidecars.iterdir()) == [INDEX_FILE, "stream-rank0-of-1.json"]
+    assert sorted(p.name for p in sidecars.iterdir())[::2] == [INDEX_FILE, "stream-rank0-of-1.json"]
     # Another name for rank 0 of 1 (the JAX handler's of an earlier release) beside it.
     (sidecars / "process_0-of-1.json").write_text((sidecars / "stream-rank0-of-1.json").read_text())
     with pytest.raises(
@@ -740,7 +744,8 @@ def test_only_a_datamodule_with_a_validation_stream_offers_one(data: Path) -> No
 # -- A real DDP job on two CPU ranks, killed with SIGKILL and restarted.
 
 
-def test_a_killed_ddp_job_restarts_each_rank_at_its_own_position(tmp_path: Path) -> None:
+def ddp_data(tmp_path: Path) -> Path:
+    """The shards lightning_train.py reads."""
     data = tmp_path / "data"
     data.mkdir()
     for k in range(2):
@@ -748,87 +753,76 @@ def test_a_killed_ddp_job_restarts_each_rank_at_its_own_position(tmp_path: Path)
             data / f"a-{k}.parquet", "parquet", [{"input_ids": [k * 1000 + i] * (i % 9)} for i in range(60)]
         )
     write_shard(data / "b-0.jsonl", "jsonl", [{"input_ids": [7, i]} for i in range(70)])
+    return data
+
+
+def ddp_job(data: Path, out: Path, *arguments: str) -> int:
+    """Runs lightning_train.py (two DDP ranks) to its end or its death; its exit status."""
+    out.mkdir(exist_ok=True)
     script = Path(__file__).with_name("lightning_train.py")
+    command = [sys.executable, str(script), "--data", str(data), "--out", str(out), *arguments]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
+    process = subprocess.Popen(command, env=env, start_new_session=True)
+    try:
+        return process.wait(timeout=300)
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
 
-    def job(out: Path, *arguments: str) -> int:
-        out.mkdir(exist_ok=True)
-        command = [sys.executable, str(script), "--data", str(data), "--out", str(out), *arguments]
-        env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
-        process = subprocess.Popen(command, env=env, start_new_session=True)
-        try:
-            return process.wait(timeout=300)
-        finally:
-            if process.poll() is None:
-                os.killpg(process.pid, signal.SIGKILL)
 
-    def logs(out: Path) -> list[list[str]]:
-        return [(out / f"log-rank{r}.txt").read_text().splitlines() for r in range(2)]
+def ddp_logs(out: Path) -> list[list[str]]:
+    """Each rank's log of the batches its steps trained on."""
+    return [(out / f"log-rank{r}.txt").read_text().splitlines() for r in range(2)]
 
-    assert job(tmp_path / "straight") == 0
-    straight = logs(tmp_path / "straight")
+
+def keep_steps_before(out: Path, step: int) -> None:
+    """Drops the log lines of steps at or after ``step``: what a restart from it trains again."""
+    for rank, lines in enumerate(ddp_logs(out)):
+        kept = [line for line in lines if int(line.split()[0]) < step]
+        (out / f"log-rank{rank}.txt").write_text("".join(line + "\n" for line in kept))
+
+
+def test_a_killed_ddp_job_restarts_each_rank_at_its_own_position(tmp_path: Path) -> None:
+    data = ddp_data(tmp_path)
+    assert ddp_job(data, tmp_path / "straight") == 0
+    straight = ddp_logs(tmp_path / "straight")
     assert [len(lines) for lines in straight] == [16, 16]
     assert straight[0] != straight[1]  # each rank trains on its own batches
     assert [line.split()[2] for line in straight[0]] == ["0"] * 8 + ["1"] * 8  # the curriculum switch
 
     crashed = tmp_path / "crashed"
-    assert job(crashed, "--die-at", "10") == -signal.SIGKILL
+    assert ddp_job(data, crashed, "--die-at", "10") == -signal.SIGKILL
     last = crashed / "checkpoints" / "last.ckpt"
     assert os.readlink(last) == "epoch=0-step=8.ckpt"
     state = torch.load(last, weights_only=True)["O41DataModule"]
     assert state["world_size"] == 2
     for rank in range(2):
-        written = Checkpoint.from_json((Path(sidecar_directory(last)) / rank_file(rank, 2)).read_text())
+        written = read_checkpoint(Path(sidecar_directory(last)) / rank_file(rank, 2))
         assert written.position == Position.from_json(state["ranks"][rank]["position"])
         assert (written.rank, written.world_size, written.batches_yielded) == (rank, 2, 8)
-        # What each rank trained on after the checkpoint is trained on again after the restart.
-        kept = [line for line in logs(crashed)[rank] if int(line.split()[0]) < 8]
-        (crashed / f"log-rank{rank}.txt").write_text("".join(line + "\n" for line in kept))
-    assert job(crashed, "--resume") == 0
-    assert logs(crashed) == straight
+    # What each rank trained on after the checkpoint is trained on again after the restart.
+    keep_steps_before(crashed, 8)
+    assert ddp_job(data, crashed, "--resume") == 0
+    assert ddp_logs(crashed) == straight
 
 
 def test_a_job_killed_inside_a_save_resumes_from_the_newest_checkpoint_on_disk(tmp_path: Path) -> None:
     # The model checkpoint is the commit marker: the stream checkpoints beside it are written
     # first, so a job killed right after the .ckpt of step 12 is written has a complete pair
     # there, which a restart through the sidecars (a renamed datamodule) resumes exactly.
-    data = tmp_path / "data"
-    data.mkdir()
-    for k in range(2):
-        write_shard(
-            data / f"a-{k}.parquet", "parquet", [{"input_ids": [k * 1000 + i] * (i % 9)} for i in range(60)]
-        )
-    write_shard(data / "b-0.jsonl", "jsonl", [{"input_ids": [7, i]} for i in range(70)])
-    script = Path(__file__).with_name("lightning_train.py")
-
-    def job(out: Path, *arguments: str) -> int:
-        out.mkdir(exist_ok=True)
-        command = [sys.executable, str(script), "--data", str(data), "--out", str(out), *arguments]
-        env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
-        process = subprocess.Popen(command, env=env, start_new_session=True)
-        try:
-            return process.wait(timeout=300)
-        finally:
-            if process.poll() is None:
-                os.killpg(process.pid, signal.SIGKILL)
-
-    def logs(out: Path) -> list[list[str]]:
-        return [(out / f"log-rank{r}.txt").read_text().splitlines() for r in range(2)]
-
-    assert job(tmp_path / "straight") == 0
-    straight = logs(tmp_path / "straight")
+    data = ddp_data(tmp_path)
+    assert ddp_job(data, tmp_path / "straight") == 0
     crashed = tmp_path / "crashed"
-    assert job(crashed, "--die-after-save", "12") == -signal.SIGKILL
+    assert ddp_job(data, crashed, "--die-after-save", "12") == -signal.SIGKILL
     directory = crashed / "checkpoints"
     newest = directory / "epoch=0-step=12.ckpt"
     assert newest.exists()
     assert os.readlink(directory / "last.ckpt") == "epoch=0-step=8.ckpt"  # the link was never moved
     index = json.loads((Path(sidecar_directory(newest)) / INDEX_FILE).read_text())
     assert index["global_step"] == 12
-    for rank in range(2):
-        kept = [line for line in logs(crashed)[rank] if int(line.split()[0]) < 12]
-        (crashed / f"log-rank{rank}.txt").write_text("".join(line + "\n" for line in kept))
-    assert job(crashed, "--resume-newest", "--renamed") == 0
-    assert logs(crashed) == straight
+    keep_steps_before(crashed, 12)
+    assert ddp_job(data, crashed, "--resume-newest", "--renamed") == 0
+    assert ddp_logs(crashed) == ddp_logs(tmp_path / "straight")
 
 
 @RESUMING

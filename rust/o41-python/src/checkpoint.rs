@@ -61,6 +61,34 @@ impl Checkpoint {
         Self::wrap(py, inner)
     }
 
+    /// The checkpoint a rank file of the split form (version 2) and the resolved document it
+    /// names describe (see `to_split`); raises `CheckpointError` when either is corrupt or the
+    /// document is not the rank file's stream.
+    #[staticmethod]
+    fn from_split(py: Python<'_>, rank_text: &str, shared_text: &str) -> PyResult<Py<Self>> {
+        let inner = py
+            .detach(|| Error::catch(|| EngineCheckpoint::from_split(rank_text, shared_text)))
+            .map_err(|e| to_py(py, &e))?;
+        Self::wrap(py, inner)
+    }
+
+    /// The split form's rank file and the name of the shared document it names:
+    /// `(rank_json, shared_name)`. The rank file holds the position; the shared document
+    /// (`resolved-<fingerprint>.json`, `shared_json()`) holds the resolved document once for
+    /// every rank and checkpoint of the run.
+    fn to_split(&self) -> (String, String) {
+        let fingerprint = &self.inner.position.fingerprint;
+        (
+            self.inner.to_split_json(),
+            o41_engine::checkpoint::shared_name(fingerprint),
+        )
+    }
+
+    /// The split form's shared document: the resolved document, the same bytes from every rank.
+    fn shared_json(&self, py: Python<'_>) -> String {
+        py.detach(|| self.inner.shared_json())
+    }
+
     /// The checkpoint at `position` of the stream that `resolved` describes: a checkpoint of that
     /// stream (at any position) or its resolved config document (a dict or its JSON text, from
     /// `resolve_batch_stream_config` or `BatchStream.resolved_config()`). Raises
@@ -233,4 +261,12 @@ impl Checkpoint {
             self.inner.position.epochs
         )
     }
+}
+
+/// The resolved document a checkpoint file's text names, if it is a rank file of the split form
+/// (version 2); None for a self-contained checkpoint (or anything else, which `from_json`
+/// reports).
+#[pyfunction]
+pub fn split_reference(py: Python<'_>, text: &str) -> PyResult<Option<String>> {
+    o41_engine::checkpoint::shared_reference(text).map_err(|e| to_py(py, &e))
 }

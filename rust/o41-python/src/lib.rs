@@ -38,6 +38,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<records::ShardRecords>()?;
     m.add_function(wrap_pyfunction!(stream::resolve_config, m)?)?;
     m.add_function(wrap_pyfunction!(trace::trace_config, m)?)?;
+    m.add_function(wrap_pyfunction!(checkpoint::split_reference, m)?)?;
     m.add_function(wrap_pyfunction!(trace::trace_checkpoint, m)?)?;
     m.add_function(wrap_pyfunction!(rules::limits, m)?)?;
     m.add_function(wrap_pyfunction!(rules::stream_rules, m)?)?;

@@ -17,6 +17,7 @@ Examples:
 
 """
 
+from ._checkpoint_files import checkpoint_from_text, read_checkpoint, write_checkpoint
 from ._config import (
     DTYPES,
     ENCODINGS,
@@ -155,6 +156,7 @@ __all__ = [
     "__version__",
     "check_same_place",
     "check_same_stream",
+    "checkpoint_from_text",
     "find_rank_files",
     "iter_shard",
     "load_manifest",
@@ -167,6 +169,7 @@ __all__ = [
     "process_ranks",
     "rank_file_name",
     "rank_files_among",
+    "read_checkpoint",
     "read_traced_rows",
     "resolve_batch_stream_config",
     "resume_batch_stream",
@@ -175,5 +178,6 @@ __all__ = [
     "switch_point",
     "tokenize_dataset",
     "trace_batches",
+    "write_checkpoint",
     "write_rank_file",
 ]

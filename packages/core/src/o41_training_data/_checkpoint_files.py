@@ -10,9 +10,12 @@ world size, and the new ranks continue the same sequence partitioned over their 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import contextlib
+import os
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from . import _core
 from ._errors import CheckpointError, ConfigError
 from ._files import as_path, read_text
 from ._rules import (
@@ -25,7 +28,7 @@ from ._rules import (
 )
 from ._stream import Checkpoint
 
-__all__ = ["MAX_RESHARD_FILES", "read_checkpoint", "reshard"]
+__all__ = ["MAX_RESHARD_FILES", "checkpoint_from_text", "read_checkpoint", "reshard", "write_checkpoint"]
 
 
 def _located(path: Path, message: str) -> CheckpointError:
@@ -34,16 +37,82 @@ def _located(path: Path, message: str) -> CheckpointError:
     return error
 
 
-def read_checkpoint(path: Path) -> Checkpoint:
-    """The checkpoint in the file ``path``; :class:`CheckpointError` naming the file otherwise."""
+def read_checkpoint(path: str | os.PathLike[str]) -> Checkpoint:
+    """The checkpoint in the file ``path``, in either form (docs/checkpoint.md).
+
+    A self-contained checkpoint (version 1) is read alone; a rank file of the split form
+    (version 2) with the resolved document it names, ``resolved-<fingerprint>.json`` in the same
+    directory. :class:`CheckpointError` names the file at fault.
+
+    Examples:
+        >>> checkpoint = read_checkpoint("checkpoints/stream-rank0-of-8.json")  # doctest: +SKIP
+
+    """
     path = as_path(path)
     text = read_text(path, CheckpointError, "checkpoint")  # bounded, regular files only
     # No depth scan here: only the engine parses it, and serde_json refuses nesting past 128
     # levels itself (a Python scan of a million-shard document costs seconds).
+
+    def beside(name: str) -> str:
+        shared = path.parent / name
+        if not shared.exists():
+            raise CheckpointError(f"it names its resolved document {name}, which is not beside it ({shared})")
+        return read_text(shared, CheckpointError, "resolved document")
+
     try:
-        return Checkpoint.from_json(text)
+        return checkpoint_from_text(text, beside)
     except CheckpointError as error:
         raise _located(path, str(error)) from None
+
+
+def checkpoint_from_text(text: str, shared: Callable[[str], str]) -> Checkpoint:
+    """The checkpoint a file's ``text`` holds, in either form, wherever the file is.
+
+    A self-contained checkpoint (version 1) is parsed alone; for a rank file of the split form
+    (version 2), ``shared(name)`` returns the text of the resolved document it names (the file
+    ``name`` beside it, on whatever file system holds it). The name is checked first: one plain
+    file name, ``resolved-<fingerprint>.json``. Adapters that store checkpoints on other file
+    systems read them through this.
+
+    Examples:
+        >>> checkpoint = checkpoint_from_text(text, lambda n: (folder / n).read_text())  # doctest: +SKIP
+
+    """
+    name = _core.split_reference(text)
+    if name is None:
+        return Checkpoint.from_json(text)
+    return Checkpoint.from_split(text, shared(name))
+
+
+def write_checkpoint(
+    checkpoint: Checkpoint, path: str | os.PathLike[str], *, split: bool = True, overwrite: bool = True
+) -> Path:
+    """Writes ``checkpoint`` to the file ``path``, each file whole or not at all; returns ``path``.
+
+    The split form (default, version 2): ``path`` holds the rank's position and counters (a few
+    hundred bytes at any corpus size), and the run's resolved document goes once beside it, as
+    ``resolved-<fingerprint>.json``, written by whichever rank gets there first and never
+    rewritten (its name is the stream's fingerprint, so it always holds the same stream). With
+    ``split=False``, the self-contained form (version 1), as ``checkpoint.to_json()``.
+    :func:`read_checkpoint` reads both.
+
+    Examples:
+        >>> write_checkpoint(stream.checkpoint(), f"ckpt/{rank_file_name(rank, world)}")  # doctest: +SKIP
+
+    """
+    path = as_path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if not split:
+        write_rank_file(path, checkpoint.to_json(), overwrite=overwrite)
+        return path
+    rank_json, shared_name = checkpoint.to_split()
+    shared = path.parent / shared_name
+    if not shared.exists():
+        # Another rank may be writing it now: linking refuses to replace, and both wrote the same.
+        with contextlib.suppress(FileExistsError):
+            write_rank_file(shared, checkpoint.shared_json(), overwrite=False)
+    write_rank_file(path, rank_json, overwrite=overwrite)
+    return path
 
 
 MAX_RESHARD_FILES = 4096
@@ -93,7 +162,7 @@ def reshard(
             raise FileExistsError(f"{taken[0]} exists; pass --overwrite to replace it")
     output_dir.mkdir(parents=True, exist_ok=True)
     for r, target in targets.items():
-        write_rank_file(target, first.for_world(r, world_size).to_json(), overwrite=overwrite)
+        write_checkpoint(first.for_world(r, world_size), target, overwrite=overwrite)
     return list(targets.values())
 
 

@@ -27,6 +27,9 @@ def trace_config(
 def trace_checkpoint(checkpoint: Checkpoint, start: int, end: int, world_size: int) -> list[_TracedRow]:
     """Rows of global batches ``start..end`` of a checkpoint's stream, from its segment on."""
 
+def split_reference(text: str) -> str | None:
+    """The resolved document a split rank file names (``resolved-<fingerprint>.json``), else None."""
+
 def load_manifest(uri: str, storage: Storage | None = None) -> str:
     """Reads and checks a data manifest (local, or ``s3://`` given ``storage``); returns it as JSON."""
 
@@ -126,6 +129,13 @@ class Checkpoint(Position):
         """The checkpoint as a JSON document."""
     def for_world(self, rank: int, world_size: int) -> Checkpoint:
         """The same position for another rank and world size (elastic resume)."""
+    @staticmethod
+    def from_split(rank_text: str, shared_text: str) -> Checkpoint:
+        """The checkpoint a split rank file (version 2) and the resolved document it names describe."""
+    def to_split(self) -> tuple[str, str]:
+        """The split form's rank file and the shared document's name: ``(rank_json, shared_name)``."""
+    def shared_json(self) -> str:
+        """The split form's shared document: the resolved document, the same bytes from every rank."""
     def with_skipped_batches(self, ranges: Iterable[tuple[int, int] | range]) -> Checkpoint:
         """This checkpoint with ``ranges`` as the global batches its stream skips.
 

@@ -23,6 +23,7 @@ from o41_training_data import (
     StreamClosedError,
     StreamRules,
     TrainingData,
+    checkpoint_from_text,
     open_batch_stream,
     resume_batch_stream,
     resume_point,
@@ -313,7 +314,10 @@ class O41JaxIterator(Iterator[dict[str, jax.Array]]):
             text = bytes(state).decode()
         except UnicodeDecodeError:
             raise CheckpointError("state refused: not UTF-8 text; expected bytes from get_state()") from None
-        checkpoint = Checkpoint.from_json(text)
+        # A split-form process file (what O41Save writes, which grain's CheckpointRestore hands
+        # over as it is) names the stream's resolved document: this iterator's own stream's,
+        # when it is the same stream (the fingerprint decides).
+        checkpoint = checkpoint_from_text(text, lambda _name: self.checkpoint().shared_json())
         self._check_stream(checkpoint)
         checkpoint.check(rank=self.rank, world_size=self.world_size)
         # A config's skip_batches apply from here on (the core's rule for every adapter).

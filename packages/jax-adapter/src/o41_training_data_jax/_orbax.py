@@ -18,7 +18,13 @@ import jax
 
 # orbax-checkpoint ships no type information (no py.typed); its names are Any here.
 import orbax.checkpoint as ocp  # type: ignore[import-untyped]
-from o41_training_data import Checkpoint, CheckpointError, check_same_stream, move_to_world
+from o41_training_data import (
+    Checkpoint,
+    CheckpointError,
+    check_same_stream,
+    checkpoint_from_text,
+    move_to_world,
+)
 
 from ._iterator import O41JaxIterator
 
@@ -38,7 +44,10 @@ def _read_states(directory: Any) -> dict[tuple[int, int], Checkpoint]:
         if match is None:
             continue
         try:
-            states[int(match[1]), int(match[2])] = Checkpoint.from_json(path.read_text())
+            text = path.read_text()
+            states[int(match[1]), int(match[2])] = checkpoint_from_text(
+                text, lambda n: (directory / n).read_text()
+            )
         except CheckpointError as error:
             raise CheckpointError(f"{path}: {error}") from None
     return states
@@ -88,9 +97,20 @@ class O41CheckpointHandler(ocp.CheckpointHandler):  # type: ignore[misc]
     """
 
     def save(self, directory: Any, args: O41Save) -> None:
-        """Writes this process's state file; the state is read now, at the step being saved."""
+        """Writes this process's state file; the state is read now, at the step being saved.
+
+        In the split form (docs/checkpoint.md): each process's file holds its position, and the
+        stream's resolved document is written once into the step's directory, by whichever
+        process gets there first.
+        """
         name = STATE_FILE.format(index=jax.process_index(), count=jax.process_count())
-        (directory / name).write_text(args.item.get_state().decode())
+        checkpoint = args.item.checkpoint()
+        rank_json, shared_name = checkpoint.to_split()
+        shared = directory / shared_name
+        if not shared.exists():
+            # Every process writes the same bytes under this name: a race leaves one of them.
+            shared.write_text(checkpoint.shared_json())
+        (directory / name).write_text(rank_json)
 
     def restore(self, directory: Any, args: O41Restore) -> O41JaxIterator:
         """Sets the iterator to the saved position of its rank (moved, on another world size)."""

@@ -6,8 +6,9 @@ Lightning tells no state hook where a checkpoint goes, but every save and every 
 model checkpoint ``<name>.ckpt`` is written it writes, from the datamodule state going into it,
 
 ```text
-<name>.ckpt.o41/stream-rank{r}-of-{n}.json   rank r's core checkpoint (Checkpoint.from_json), named
-                                             as every per-rank file (the core's rank_file_name)
+<name>.ckpt.o41/stream-rank{r}-of-{n}.json   rank r's core checkpoint in the split form (read_checkpoint),
+                                             named as every per-rank file (the core's rank_file_name)
+<name>.ckpt.o41/resolved-<fingerprint>.json  the stream's resolved document, once for every rank
 <name>.ckpt.o41/datamodule.json              format, version, world size, global step, and
                                              each rank's file and pending curriculum switches
 ```
@@ -37,8 +38,8 @@ from lightning.pytorch.plugins.io import CheckpointIO
 from lightning.pytorch.strategies import Strategy
 from o41_training_data import (
     RANK_FILE,
-    Checkpoint,
     CheckpointError,
+    checkpoint_from_text,
     parse_rank_file_name,
     rank_file_name,
     rank_files_among,
@@ -108,13 +109,19 @@ def write_sidecars(checkpoint_path: _PATH, state: StreamState, global_step: Any 
     fs = get_filesystem(directory)
     fs.makedirs(directory, exist_ok=True)
     files: list[str | None] = []
+    shared: str | None = None
     for rank in range(state.world_size):
         checkpoint = state.checkpoint(rank)
         if checkpoint is None:  # at the beginning of the config: there is no checkpoint to write
             files.append(None)
             continue
+        # The split form: each rank's file holds its position, the resolved document goes once.
+        rank_json, shared_name = checkpoint.to_split()
+        if shared != shared_name:
+            _write(directory, shared_name, checkpoint.shared_json())
+            shared = shared_name
         files.append(rank_file(rank, state.world_size))
-        _write(directory, rank_file(rank, state.world_size), checkpoint.to_json())
+        _write(directory, rank_file(rank, state.world_size), rank_json)
     index = {
         "format": FORMAT,
         "version": STATE_VERSION,
@@ -126,9 +133,11 @@ def write_sidecars(checkpoint_path: _PATH, state: StreamState, global_step: Any 
         ],
     }
     _write(directory, INDEX_FILE, json.dumps(index) + "\n")
-    # A checkpoint name saved again by another world (last.ckpt) must not keep the old ranks' files.
+    # A checkpoint name saved again by another world (last.ckpt) must not keep the old ranks' files,
+    # nor another stream's resolved document.
     for name, entry in _entries(fs, directory).items():
-        if _is_rank_file(name) and name not in files:
+        stale_rank = _is_rank_file(name) and name not in files
+        if stale_rank or (name.startswith("resolved-") and name != shared):
             fs.rm(entry)
 
 
@@ -197,7 +206,8 @@ def read_sidecars(
                     f"{os.fspath(checkpoint_path)} needs its stream checkpoint there"
                 )
             try:
-                checkpoint = Checkpoint.from_json(fs.cat_file(path).decode())
+                text = fs.cat_file(path).decode()
+                checkpoint = checkpoint_from_text(text, lambda n: fs.cat_file(_join(directory, n)).decode())
             except CheckpointError as e:
                 raise CheckpointError(f"{path}: {e}") from None
             if (checkpoint.rank, checkpoint.world_size) != (old_rank, old_world):

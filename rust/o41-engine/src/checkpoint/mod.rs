@@ -15,8 +15,10 @@ use crate::limits::MAX_POSITION;
 use crate::order::Segment;
 
 mod diff;
+mod split;
 
 pub use diff::check_config;
+pub use split::{shared_name, shared_reference, SPLIT_VERSION};
 
 /// Version of the checkpoint document.
 pub const CHECKPOINT_VERSION: u32 = 1;
@@ -136,7 +138,8 @@ fn refuse(message: impl Into<String>) -> Error {
 
 fn unsupported(version: impl std::fmt::Display) -> Error {
     refuse(format!(
-        "version {version} is not supported (this release reads version {CHECKPOINT_VERSION})"
+        "version {version} is not supported (this release reads versions {CHECKPOINT_VERSION} \
+         and {SPLIT_VERSION})"
     ))
 }
 
@@ -151,6 +154,10 @@ fn check_version(text: &str) -> Result<()> {
         serde_json::from_str(text).map_err(|e| refuse(format!("not valid JSON: {e}")))?;
     match header.version {
         Some(v) if v.as_u64() == Some(u64::from(CHECKPOINT_VERSION)) => Ok(()),
+        Some(v) if v.as_u64() == Some(u64::from(SPLIT_VERSION)) => Err(refuse(
+            "it is a rank file of the split form (version 2), which names its resolved document \
+             beside it: read it with read_checkpoint(path) or Checkpoint.from_split",
+        )),
         Some(v) => Err(unsupported(v)),
         None => Err(refuse("it has no version field; is it a checkpoint?")),
     }
