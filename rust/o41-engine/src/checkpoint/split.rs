@@ -42,12 +42,20 @@ pub fn shared_name(fingerprint: &str) -> String {
     format!("resolved-{safe}.json")
 }
 
+/// The largest rank file of the split form: its position and one epoch count per source of a
+/// stage. A larger text is not one, and is not scanned for a version (a self-contained
+/// checkpoint of a million shards would be parsed twice).
+const MAX_RANK_FILE: usize = 1 << 20;
+
 /// The shared document a split rank file `text` names, if `text` is one (version 2).
 pub fn shared_reference(text: &str) -> Result<Option<String>> {
     #[derive(Deserialize)]
     struct Header {
         version: Option<serde_json::Value>,
         resolved: Option<serde_json::Value>,
+    }
+    if text.len() > MAX_RANK_FILE {
+        return Ok(None);
     }
     let Ok(header) = serde_json::from_str::<Header>(text) else {
         return Ok(None);
