@@ -541,6 +541,45 @@ fn checkpoint_documents() {
         .unwrap();
 }
 
+/// A split checkpoint (version 2): its rank file and its shared document are mutated in turn,
+/// and the other kept whole. Neither may panic or allocate past the bound; a pair that parses
+/// goes through what resuming does first.
+#[test]
+fn split_checkpoint_documents() {
+    let whole = Checkpoint::from_json(std::str::from_utf8(&checkpoint_seed()).unwrap()).unwrap();
+    let rank = whole.to_split_json();
+    let shared = whole.shared_json();
+    let mut runner = proptest::test_runner::TestRunner::new(ProptestConfig {
+        cases: cases(),
+        failure_persistence: None,
+        ..ProptestConfig::default()
+    });
+    for (seed, mutate_rank) in [(rank.clone(), true), (shared.clone(), false)] {
+        runner
+            .run(&mutations(seed.into_bytes()), |bytes| {
+                let Ok(text) = std::str::from_utf8(&bytes) else {
+                    return Ok(());
+                };
+                let (rank_text, shared_text) = if mutate_rank {
+                    (text, shared.as_str())
+                } else {
+                    (rank.as_str(), text)
+                };
+                let _ = o41_engine::checkpoint::shared_reference(rank_text);
+                if let Ok(checkpoint) = Checkpoint::from_split(rank_text, shared_text) {
+                    assert_eq!(
+                        checkpoint.position.fingerprint,
+                        checkpoint.resolved.fingerprint()
+                    );
+                    let _ = checkpoint.for_world(1, 3);
+                }
+                check_allocations();
+                Ok(())
+            })
+            .unwrap();
+    }
+}
+
 fn manifest_seed() -> Vec<u8> {
     serde_json::to_vec(&serde_json::json!({
         "format": "o41-data-manifest",
