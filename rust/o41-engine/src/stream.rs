@@ -572,67 +572,51 @@ impl BatchStream {
         span.local + (g.saturating_sub(span.round)).div_ceil(self.per_local(&span.segment))
     }
 
-    /// Rows in the rank's local batches `[0, local)` since the origin (padding excluded).
-    fn rows_before(&self, state: &State, local: u64) -> u64 {
-        let mut rows = 0;
-        for (i, span) in state.spans.iter().enumerate() {
+    /// The rank's local batches `[0, local)` since the origin, span by span: the span, the
+    /// global batch its first local batch reads, and how many local batches it holds.
+    fn span_runs<'a>(
+        &'a self,
+        state: &'a State,
+        local: u64,
+    ) -> impl Iterator<Item = (&'a Span, u64, u64)> + 'a {
+        state.spans.iter().enumerate().map(move |(i, span)| {
             let to = state
                 .spans
                 .get(i + 1)
                 .map_or(local, |next| next.local.min(local));
-            let count = to.saturating_sub(span.local);
             let first = if self.plan.order.split(&span.segment) {
                 span.round
             } else {
                 span.round + self.plan.rank()
             };
-            rows += self
-                .plan
-                .order
-                .rows_received(&span.segment, first, count, self.plan.world());
-        }
-        rows
+            (span, first, to.saturating_sub(span.local))
+        })
     }
 
-    /// The rank's local batches in `[0, local)` since the origin that fell in skipped ranges,
-    /// and the rows they would have held: never delivered, so not counted as received.
-    fn skipped_before(&self, state: &State, local: u64) -> (u64, u64) {
+    /// What the rank received in its local batches `[0, local)` since the origin, `(batches,
+    /// rows)` (padding excluded), and what it passed by in skipped ranges: skipped batches are
+    /// never delivered, so they are not counted as received.
+    fn received_before(&self, state: &State, local: u64) -> ((u64, u64), (u64, u64)) {
+        let world = self.plan.world();
+        let order = &self.plan.order;
         let skips = &self.plan.resolved.skip_batches;
-        if skips.is_empty() {
-            return (0, 0);
-        }
-        let (mut batches, mut rows) = (0, 0);
-        for (i, span) in state.spans.iter().enumerate() {
-            let to = state
-                .spans
-                .get(i + 1)
-                .map_or(local, |next| next.local.min(local));
-            let count = to.saturating_sub(span.local);
-            let split = self.plan.order.split(&span.segment);
-            let first = if split {
-                span.round
-            } else {
-                span.round + self.plan.rank()
-            };
+        let (mut rows, mut skipped) = (0, (0, 0));
+        for (span, first, count) in self.span_runs(state, local) {
+            rows += order.rows_received(&span.segment, first, count, world);
             let step = self.per_local(&span.segment);
             for (from, n) in crate::skips::runs_in(skips, first, step, count) {
-                batches += n;
-                rows += self.plan.order.rows_received(
-                    &span.segment,
-                    first + from * step,
-                    n,
-                    self.plan.world(),
-                );
+                skipped.0 += n;
+                skipped.1 += order.rows_received(&span.segment, first + from * step, n, world);
             }
         }
-        (batches, rows)
+        ((local - skipped.0, rows - skipped.1), skipped)
     }
 
     /// The position after the rank's first `consumed` local batches since the origin, with
     /// `segment` active.
     fn position_in(&self, state: &State, consumed: u64, segment: Segment) -> Position {
         let next_batch = self.round_of(state, consumed);
-        let (skipped_batches, skipped_rows) = self.skipped_before(state, consumed);
+        let ((batches, rows), _) = self.received_before(state, consumed);
         Position {
             fingerprint: self.plan.fingerprint().to_owned(),
             rank: self.plan.resolved.rank,
@@ -642,8 +626,8 @@ impl BatchStream {
                 next_batch,
             },
             stage: segment.stage,
-            batches_yielded: self.start.batches_base + consumed - skipped_batches,
-            rows_yielded: self.start.rows_base + self.rows_before(state, consumed) - skipped_rows,
+            batches_yielded: self.start.batches_base + batches,
+            rows_yielded: self.start.rows_base + rows,
             epochs: self.plan.order.epochs(&segment, next_batch),
         }
     }
@@ -722,10 +706,10 @@ impl BatchStream {
     pub fn stats(&self) -> StreamStats {
         let (batches_yielded, rows_yielded, dropped_rows, prefetch_depth, delivered, skipped) = {
             let state = lock(&self.state);
-            let skipped = self.skipped_before(&state, state.consumed);
+            let ((batches, rows), skipped) = self.received_before(&state, state.consumed);
             (
-                self.start.batches_base + state.consumed - skipped.0,
-                self.start.rows_base + self.rows_before(&state, state.consumed) - skipped.1,
+                self.start.batches_base + batches,
+                self.start.rows_base + rows,
                 state
                     .end_batch
                     .map_or(0, |end| self.plan.order.dropped_rows(&state.segment, end)),

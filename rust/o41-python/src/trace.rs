@@ -32,6 +32,12 @@ type Row = (
 );
 
 fn rows(config: &ResolvedConfig, traced: Vec<TracedRow>) -> Vec<Row> {
+    // Whether a stage's rows are token windows: once per stage, not per row.
+    let windows: Vec<bool> = config
+        .stages
+        .iter()
+        .map(|stage| stage.token_layout().is_some())
+        .collect();
     traced
         .into_iter()
         .map(|r| {
@@ -41,30 +47,19 @@ fn rows(config: &ResolvedConfig, traced: Vec<TracedRow>) -> Vec<Row> {
                 let shard = &config.stages[r.stage].sources[r.source].shards[r.shard];
                 (shard.path.clone(), shard.encoding.name().to_owned())
             };
-            let TracedRow {
-                global_batch,
-                rank,
-                slot,
-                stage,
-                source,
-                shard,
-                row,
-                padding,
-                skipped,
-            } = r;
             (
-                global_batch,
-                rank,
-                slot,
-                stage,
-                source,
-                shard,
+                r.global_batch,
+                r.rank,
+                r.slot,
+                r.stage,
+                r.source,
+                r.shard,
                 path,
                 encoding,
-                row,
-                padding,
-                config.stages[stage].token_layout().is_some(),
-                skipped,
+                r.row,
+                r.padding,
+                windows[r.stage],
+                r.skipped,
             )
         })
         .collect()
