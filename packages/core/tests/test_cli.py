@@ -27,6 +27,7 @@ from o41_training_data import (
     open_batch_stream,
     read_checkpoint,
     resume_batch_stream,
+    write_checkpoint,
 )
 from o41_training_data._cli import main
 
@@ -266,6 +267,14 @@ def test_checkpoint_show_prints_stage_counters_position_and_fingerprint(
     assert drain is not None  # rows of stage 0's shuffle window come first
     assert lines["drain"] == f"stage 0, positions {drain.start}..{drain.end}"
     assert lines["seed"] == "5"
+    assert lines["version"] == "1 (self-contained)"
+    # The split form: the rank file says so and names its resolved document.
+    split = tmp_path / "split"
+    write_checkpoint(checkpoint, split / "stream-rank0.json")
+    assert main(["checkpoint", "show", str(split / "stream-rank0.json")]) == 0
+    shown = capsys.readouterr().out
+    assert f"2 (split form: resolved document resolved-{checkpoint.fingerprint}.json" in shown
+    assert checkpoint.fingerprint in shown
 
 
 def test_checkpoint_show_refuses_a_corrupt_file_naming_it(

@@ -193,15 +193,17 @@ def test_save_manifest_copies_and_refuses_a_different_one(tmp_path: Path) -> Non
     assert not list((tmp_path / "run").glob(".tmp-*"))  # no temporary file left behind
 
 
-def test_training_data_needs_credentials_for_object_storage(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_training_data_checks_its_storage_settings(monkeypatch: pytest.MonkeyPatch) -> None:
     for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3"):
         monkeypatch.delenv(name, raising=False)
+    with pytest.raises(ConfigError, match="secret_access_key"):
+        TrainingData(s3_base_url="http://127.0.0.1:1", access_key_id="k")
     with pytest.raises(ConfigError, match="access_key_id"):
-        TrainingData(s3_base_url="http://127.0.0.1:1")
-    with pytest.raises(ConfigError, match="s3_base_url"):
-        TrainingData(region="auto")
+        TrainingData(region="auto", secret_access_key="s")
     with pytest.raises(ConfigError, match="s3_base_url"):
         TrainingData(s3_base_url="ftp://host", access_key_id="k", secret_access_key="s")
+    # Without keys the AWS chain is looked at on the first s3:// request, not here.
+    assert "AWS chain" in repr(TrainingData(s3_base_url="http://127.0.0.1:1"))
 
 
 def test_a_republished_manifest_does_not_change_a_resumed_stream(tmp_path: Path) -> None:

@@ -5,8 +5,12 @@ use std::time::Duration;
 
 use o41_engine::encoding::Encoding;
 use o41_engine::manifest::describe_shard;
+use std::sync::Arc;
+use std::time::SystemTime;
+
 use o41_engine::storage::{
-    sha256_hex, RetryPolicy, S3Settings, Storage as EngineStorage, WriteMode, Written,
+    sha256_hex, Credentials, FetchCredentials, RetryPolicy, S3Settings, Storage as EngineStorage,
+    TemporaryCredentials, WriteMode, Written,
 };
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
@@ -15,7 +19,7 @@ use crate::blocking::blocking;
 use crate::errors::to_py;
 use crate::objects::StorageObject;
 
-/// Local paths, plus `s3://` locations when an endpoint is given. Use
+/// Local paths, plus `s3://` locations when an endpoint is given or `aws` is set. Use
 /// `o41_training_data.TrainingData`, not this class.
 #[pyclass(module = "o41_training_data._core", frozen)]
 pub struct Storage {
@@ -34,12 +38,49 @@ fn seconds(option: &str, value: f64) -> PyResult<Duration> {
     })
 }
 
+/// A Python function returning `(access_key_id, secret_access_key, session_token or None,
+/// expiry as seconds since the epoch or None)`; `_storage.py` wraps the user's callable so that
+/// its answer is checked and put in this shape there.
+struct PyCredentials(Py<PyAny>);
+
+impl FetchCredentials for PyCredentials {
+    fn fetch(&self) -> o41_engine::Result<TemporaryCredentials> {
+        Python::attach(|py| {
+            let answer = self
+                .0
+                .call0(py)
+                .and_then(|a| a.extract::<(String, String, Option<String>, Option<f64>)>(py));
+            let (access_key_id, secret_access_key, session_token, expiry) = answer
+                .map_err(|e| o41_engine::Error::config("credential_provider", e.to_string()))?;
+            let expiry = expiry
+                .map(|seconds| {
+                    Duration::try_from_secs_f64(seconds)
+                        .map(|d| SystemTime::UNIX_EPOCH + d)
+                        .map_err(|_| {
+                            o41_engine::Error::config(
+                                "credential_provider",
+                                format!("expiry {seconds} is not a time after 1970"),
+                            )
+                        })
+                })
+                .transpose()?;
+            Ok(TemporaryCredentials {
+                access_key_id,
+                secret_access_key,
+                session_token,
+                expiry,
+            })
+        })
+    }
+}
+
 #[pymethods]
 impl Storage {
     #[new]
     #[pyo3(signature = (
         endpoint=None, region=None, access_key_id=None, secret_access_key=None, session_token=None,
-        *, max_consecutive_failures=64, no_progress_timeout_s=900.0, read_timeout_s=60.0,
+        *, aws=false, profile=None, credential_provider=None, ca_bundle=None,
+        max_consecutive_failures=64, no_progress_timeout_s=900.0, read_timeout_s=60.0,
         connect_timeout_s=10.0, initial_backoff_s=0.1, max_backoff_s=15.0
     ))]
     #[allow(clippy::too_many_arguments)]
@@ -50,6 +91,10 @@ impl Storage {
         access_key_id: Option<String>,
         secret_access_key: Option<String>,
         session_token: Option<String>,
+        aws: bool,
+        profile: Option<String>,
+        credential_provider: Option<Py<PyAny>>,
+        ca_bundle: Option<Vec<u8>>,
         max_consecutive_failures: u32,
         no_progress_timeout_s: f64,
         read_timeout_s: f64,
@@ -57,12 +102,12 @@ impl Storage {
         initial_backoff_s: f64,
         max_backoff_s: f64,
     ) -> PyResult<Self> {
-        let Some(endpoint) = endpoint else {
+        if endpoint.is_none() && !aws {
             return Ok(Storage {
                 inner: EngineStorage::local(),
                 endpoint: None,
             });
-        };
+        }
         let policy = RetryPolicy {
             max_consecutive_failures: max_consecutive_failures.max(1),
             no_progress_timeout: seconds("no_progress_timeout_s", no_progress_timeout_s)?,
@@ -71,17 +116,26 @@ impl Storage {
             initial_backoff: seconds("initial_backoff_s", initial_backoff_s)?,
             max_backoff: seconds("max_backoff_s", max_backoff_s)?,
         };
+        let credentials = match (credential_provider, access_key_id) {
+            (Some(provider), _) => Credentials::Provider(Arc::new(PyCredentials(provider))),
+            (None, Some(access_key_id)) => Credentials::Static(TemporaryCredentials {
+                access_key_id,
+                secret_access_key: secret_access_key.unwrap_or_default(),
+                session_token,
+                expiry: None,
+            }),
+            (None, None) => Credentials::Chain { profile },
+        };
         let settings = S3Settings {
             endpoint: endpoint.clone(),
-            region: region.unwrap_or_default(),
-            access_key_id: access_key_id.unwrap_or_default(),
-            secret_access_key: secret_access_key.unwrap_or_default(),
-            session_token,
+            region: region.unwrap_or_else(|| "us-east-1".to_owned()),
+            credentials,
+            ca_bundle,
         };
         let inner = EngineStorage::with_s3(settings, policy).map_err(|e| to_py(py, &e))?;
         Ok(Storage {
             inner,
-            endpoint: Some(endpoint),
+            endpoint: Some(endpoint.unwrap_or_else(|| "AWS".to_owned())),
         })
     }
 

@@ -74,7 +74,7 @@ from ._rules import (
 from ._saver import DatasetSaver, SavedShard
 from ._stats import RETRY_CAUSES, DecodeStats, MixShare, ReadStats, SourceStats, StageDelivered
 from ._stats_log import log_stats_every
-from ._storage import RetryPolicy, StorageConfig
+from ._storage import CredentialProvider, RetryPolicy, StorageConfig, TemporaryCredentials
 from ._stream import (
     Batch,
     BatchStream,
@@ -106,6 +106,7 @@ __all__ = [
     "Checkpoint",
     "CheckpointError",
     "ConfigError",
+    "CredentialProvider",
     "Curriculum",
     "DType",
     "DataError",
@@ -145,6 +146,7 @@ __all__ = [
     "StreamRules",
     "StreamStats",
     "SwitchPoint",
+    "TemporaryCredentials",
     "TextTokenizer",
     "TokenStats",
     "TokenWindows",

@@ -12,6 +12,7 @@ import contextlib
 import dataclasses
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -397,7 +398,7 @@ def show(file: Path) -> int:
     table = _table("", "")
     table.columns[1].justify = "left"
     rows: list[tuple[str, Any]] = [
-        ("version", loaded.version),
+        ("version", _file_form(file, loaded)),
         ("fingerprint", loaded.fingerprint),
         ("rank / world_size", f"{loaded.rank} / {loaded.world_size}"),
         ("stage", f"{loaded.stage} of {len(resolved['stages'])}"),
@@ -415,6 +416,20 @@ def show(file: Path) -> int:
     console.print(f"{file}: checkpoint")
     console.print(table)
     return EXIT_OK
+
+
+def _file_form(file: Path, loaded: Checkpoint) -> str:
+    """The format version of the file itself, and its form: a split rank file holds version 2.
+
+    The document opens with its version (docs/checkpoint.md), so the first bytes tell.
+    """
+    with file.open("rb") as f:
+        head = f.read(256).decode(errors="replace")
+    match = re.match(r'\s*\{\s*"version"\s*:\s*(\d+)', head)
+    version = int(match.group(1)) if match else loaded.version
+    if version == 2:
+        return f"2 (split form: resolved document resolved-{loaded.fingerprint}.json beside it)"
+    return f"{version} (self-contained)"
 
 
 @checkpoint.command(name="reshard")

@@ -1,6 +1,6 @@
 """Type stubs for the compiled engine module ``o41_training_data._core``."""
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Protocol
 
 import pyarrow as pa
@@ -226,7 +226,7 @@ class Stream:
         """The working-set bound computed at open, by term, in bytes."""
 
 class Storage:
-    """Local paths, plus ``s3://`` locations when an endpoint is given; holds credentials."""
+    """Local paths, plus ``s3://`` locations when an endpoint is given or ``aws`` is set."""
 
     def __new__(
         cls,
@@ -236,6 +236,10 @@ class Storage:
         secret_access_key: str | None = None,
         session_token: str | None = None,
         *,
+        aws: bool = False,
+        profile: str | None = None,
+        credential_provider: Callable[[], tuple[str, str, str | None, float | None]] | None = None,
+        ca_bundle: bytes | None = None,
         max_consecutive_failures: int = 64,
         no_progress_timeout_s: float = 900.0,
         read_timeout_s: float = 60.0,

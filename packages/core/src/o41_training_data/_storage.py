@@ -1,20 +1,23 @@
 """Storage settings: where ``s3://`` locations live and the credentials to reach them.
 
 Credentials stay in this process. A :class:`StorageConfig` never shows them in its repr, and
-its pickle (how a saver reaches ``ProcessPoolExecutor`` workers) carries only the endpoint and
-region plus a one-process token: a forked worker finds the parent's credentials under that
-token in its copy of the parent's memory; a spawned worker, which has no such copy, reads the
-standard ``AWS_*`` environment variables instead (docs/storage.md).
+its pickle (how a saver reaches ``ProcessPoolExecutor`` workers) carries only the endpoint,
+region and profile name plus a one-process token: a forked worker finds the parent's
+credentials (or credential provider) under that token in its copy of the parent's memory; a
+spawned worker, which has no such copy, looks at the AWS chain or the standard ``AWS_*``
+environment variables instead (docs/storage.md).
 """
 
 from __future__ import annotations
 
+import datetime
 import hashlib
 import ipaddress
 import os
 import posixpath
 import secrets
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -22,7 +25,7 @@ from typing import Any
 from . import _core
 from ._errors import ConfigError, invalid
 
-__all__ = ["RetryPolicy", "StorageConfig", "is_remote"]
+__all__ = ["CredentialProvider", "RetryPolicy", "StorageConfig", "TemporaryCredentials", "is_remote"]
 
 # Credentials registered by this process (and inherited by forked children), by token.
 _REGISTRY: dict[str, StorageConfig] = {}
@@ -195,13 +198,76 @@ def _env(*names: str) -> str | None:
 
 
 @dataclass(frozen=True, repr=False)
+class TemporaryCredentials:
+    """Credentials a ``credential_provider`` returns, with the time they stop working.
+
+    ``expiry`` is a timezone-aware time (or None for keys that do not expire). The engine asks
+    the provider again five minutes before it, or halfway through their lifetime when that is
+    sooner; never shown in a repr.
+
+    Examples:
+        >>> import datetime
+        >>> expiry = datetime.datetime(2030, 1, 1, tzinfo=datetime.timezone.utc)
+        >>> TemporaryCredentials("AKIA...", "...", "token", expiry=expiry)
+        TemporaryCredentials(<redacted>, expiry=2030-01-01T00:00:00+00:00)
+
+    """
+
+    access_key_id: str
+    secret_access_key: str
+    session_token: str | None = None
+    expiry: datetime.datetime | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("access_key_id", "secret_access_key", "session_token"):
+            value = getattr(self, name)
+            if value is None and name == "session_token":
+                continue
+            _check_setting(f"credential_provider.{name}", value)
+            if not value and name != "session_token":
+                raise invalid(f"credential_provider.{name}", "must not be empty")
+            object.__setattr__(self, name, _secret(value))
+        expiry = self.expiry
+        if expiry is not None and (not isinstance(expiry, datetime.datetime) or expiry.tzinfo is None):
+            raise invalid(
+                "credential_provider.expiry",
+                f"expected a timezone-aware datetime or None, got {expiry!r}",
+            )
+
+    def __repr__(self) -> str:
+        shown = "never" if self.expiry is None else self.expiry.isoformat()
+        return f"TemporaryCredentials(<redacted>, expiry={shown})"
+
+
+CredentialProvider = Callable[[], TemporaryCredentials]
+"""A function returning fresh :class:`TemporaryCredentials`; called from an engine thread."""
+
+
+def _provider_answer(
+    provider: CredentialProvider,
+) -> Callable[[], tuple[str, str, str | None, float | None]]:
+    """The provider as the engine calls it: the answer checked here and flattened to a tuple."""
+
+    def call() -> tuple[str, str, str | None, float | None]:
+        got = provider()
+        if not isinstance(got, TemporaryCredentials):
+            raise TypeError(f"it returned {type(got).__name__}, expected TemporaryCredentials")
+        expiry = None if got.expiry is None else got.expiry.timestamp()
+        return (got.access_key_id, got.secret_access_key, got.session_token, expiry)
+
+    return call
+
+
+@dataclass(frozen=True, repr=False)
 class StorageConfig:
     """Object storage settings; ``StorageConfig()`` with nothing set serves local paths only.
 
-    Build one through :class:`TrainingData` (``training_data.storage_config``); it fills
-    omitted settings from ``AWS_ENDPOINT_URL_S3``/``AWS_ENDPOINT_URL``, ``AWS_REGION``/
-    ``AWS_DEFAULT_REGION``, ``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY`` and
-    ``AWS_SESSION_TOKEN``.
+    Build one through :class:`TrainingData` (``training_data.storage_config``), which serves
+    ``s3://`` too: at ``s3_base_url`` (or ``AWS_ENDPOINT_URL_S3``/``AWS_ENDPOINT_URL``) when
+    given, else at AWS S3 itself in ``region`` (or ``AWS_REGION``/``AWS_DEFAULT_REGION``,
+    default ``us-east-1``). Credentials are static keys when given, a ``credential_provider``
+    when given, else the standard AWS chain (docs/storage.md, "Credentials"). ``ca_bundle`` (or
+    ``AWS_CA_BUNDLE``) names PEM certificates to trust besides the system's.
 
     Examples:
         >>> StorageConfig()
@@ -215,6 +281,10 @@ class StorageConfig:
     secret_access_key: str | None = field(default=None, compare=False)
     session_token: str | None = field(default=None, compare=False)
     retry: RetryPolicy = field(default_factory=RetryPolicy)
+    profile: str | None = None
+    credential_provider: CredentialProvider | None = field(default=None, compare=False)
+    ca_bundle: str | None = None
+    aws: bool = False
     # Set on a copy unpickled in a process that could not recover the credentials.
     _missing_credentials: str | None = field(default=None, compare=False)
 
@@ -224,7 +294,7 @@ class StorageConfig:
             object.__setattr__(self, "s3_base_url", Endpoint(self.s3_base_url))
         for name in ("access_key_id", "secret_access_key", "session_token"):
             object.__setattr__(self, name, _secret(getattr(self, name)))
-        if self.s3_base_url is not None and self.secret_access_key is not None:
+        if self.has_s3 and (self.secret_access_key is not None or self.credential_provider is not None):
             # Registered now, before any worker is forked, so forked workers inherit the entry.
             token = secrets.token_hex(16)
             object.__setattr__(self, "_token", token)
@@ -240,6 +310,10 @@ class StorageConfig:
         secret_access_key: str | None = None,
         session_token: str | None = None,
         retry: RetryPolicy | None = None,
+        *,
+        profile: str | None = None,
+        credential_provider: CredentialProvider | None = None,
+        ca_bundle: str | os.PathLike[str] | None = None,
     ) -> StorageConfig:
         """Settings from the arguments, falling back to the standard AWS environment variables."""
         endpoint = s3_base_url or _env("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL")
@@ -251,43 +325,46 @@ class StorageConfig:
             ("access_key_id", access_key_id),
             ("secret_access_key", secret_access_key),
             ("session_token", session_token),
+            ("profile", profile),
         ):
             if value is not None:
                 _check_setting(name, value)
         if endpoint is not None:
             _check_endpoint(endpoint)
-        if endpoint is None:
-            given = [
-                name
-                for name, value in (
-                    ("region", region),
-                    ("access_key_id", access_key_id),
-                    ("secret_access_key", secret_access_key),
-                    ("session_token", session_token),
-                )
-                if value is not None
-            ]
-            if given:
-                raise ConfigError(
-                    f"invalid {given[0]}: object storage settings need s3_base_url "
-                    "(or AWS_ENDPOINT_URL in the environment)"
-                )
-            return cls(retry=retry)
-        key = access_key_id or _env("AWS_ACCESS_KEY_ID")
-        secret = secret_access_key or _env("AWS_SECRET_ACCESS_KEY")
-        for name, value in (("access_key_id", key), ("secret_access_key", secret)):
-            if not value:
-                raise ConfigError(
-                    f"invalid {name}: object storage at {_shown_endpoint(endpoint)} needs credentials; "
-                    f"pass {name} or set AWS_{name.upper()}"
-                )
+        if (access_key_id is None) != (secret_access_key is None):
+            missing = "access_key_id" if access_key_id is None else "secret_access_key"
+            raise invalid(missing, "static keys need both access_key_id and secret_access_key")
+        if session_token is not None and access_key_id is None:
+            raise invalid("session_token", "it goes with access_key_id and secret_access_key")
+        chosen = [
+            name
+            for name, value in (
+                ("access_key_id", access_key_id),
+                ("profile", profile),
+                ("credential_provider", credential_provider),
+            )
+            if value is not None
+        ]
+        if len(chosen) > 1:
+            raise invalid(chosen[1], f"pass one source of credentials, not both {chosen[0]} and {chosen[1]}")
+        if credential_provider is not None and not callable(credential_provider):
+            raise invalid(
+                "credential_provider",
+                "expected a function returning TemporaryCredentials, got "
+                f"{type(credential_provider).__name__}",
+            )
+        bundle = _env("AWS_CA_BUNDLE") if ca_bundle is None else os.fspath(ca_bundle)
         config = cls(
             s3_base_url=endpoint,
             region=region or _env("AWS_REGION", "AWS_DEFAULT_REGION") or "us-east-1",
-            access_key_id=key,
-            secret_access_key=secret,
-            session_token=session_token or _env("AWS_SESSION_TOKEN"),
+            access_key_id=access_key_id,
+            secret_access_key=secret_access_key,
+            session_token=session_token,
             retry=retry,
+            profile=profile,
+            credential_provider=credential_provider,
+            ca_bundle=bundle,
+            aws=endpoint is None,
         )
         config.core()  # malformed settings fail here, not at the first read
         return config
@@ -295,7 +372,7 @@ class StorageConfig:
     @property
     def has_s3(self) -> bool:
         """Whether ``s3://`` locations can be served."""
-        return self.s3_base_url is not None
+        return self.s3_base_url is not None or self.aws
 
     def core(self) -> _core.Storage:
         """The engine's storage object for these settings (built once per process)."""
@@ -304,6 +381,13 @@ class StorageConfig:
         cached: _Held | None = self.__dict__.get("_core_storage")
         if cached is not None and cached.pid == os.getpid():
             return cached.storage
+        bundle = None
+        if self.ca_bundle is not None:
+            try:
+                bundle = Path(self.ca_bundle).read_bytes()
+            except OSError as err:
+                raise invalid("ca_bundle", f"cannot read {self.ca_bundle}: {err.strerror}") from None
+        provider = self.credential_provider
         r = self.retry
         storage = _core.Storage(
             self.s3_base_url,
@@ -311,6 +395,10 @@ class StorageConfig:
             self.access_key_id,
             self.secret_access_key,
             self.session_token,
+            aws=self.aws,
+            profile=self.profile,
+            credential_provider=None if provider is None else _provider_answer(provider),
+            ca_bundle=bundle,
             max_consecutive_failures=r.max_consecutive_failures,
             no_progress_timeout_s=r.no_progress_timeout_s,
             read_timeout_s=r.read_timeout_s,
@@ -321,36 +409,67 @@ class StorageConfig:
         object.__setattr__(self, "_core_storage", _Held(os.getpid(), storage))
         return storage
 
+    def _credential_kind(self) -> str:
+        if self.credential_provider is not None:
+            return "provider"
+        if self.secret_access_key is not None:
+            return "static"
+        return "chain"
+
     def __repr__(self) -> str:
-        if self.s3_base_url is None:
+        if not self.has_s3:
             return "StorageConfig(local)"
+        credentials = {
+            "provider": "<credential_provider>",
+            "static": "<redacted>",
+            "chain": "<AWS chain>" if self.profile is None else f"<AWS profile {self.profile!r}>",
+        }[self._credential_kind()]
+        if self.s3_base_url is None:
+            return f"StorageConfig(s3=AWS, region={self.region!r}, credentials={credentials})"
         endpoint = _shown_endpoint(self.s3_base_url)
-        return f"StorageConfig(s3_base_url={endpoint!r}, region={self.region!r}, credentials=<redacted>)"
+        return f"StorageConfig(s3_base_url={endpoint!r}, region={self.region!r}, credentials={credentials})"
 
     def __reduce__(self) -> tuple[Any, ...]:
-        if self.s3_base_url is None:
+        if not self.has_s3:
             return (_restore, (None, None, self.retry, None))
-        return (_restore, (self.s3_base_url, self.region, self.retry, self.__dict__.get("_token")))
+        settings = {
+            "s3_base_url": self.s3_base_url,
+            "region": self.region,
+            "profile": self.profile,
+            "ca_bundle": self.ca_bundle,
+            "kind": self._credential_kind(),
+        }
+        return (_restore, (settings, None, self.retry, self.__dict__.get("_token")))
 
 
 def _restore(
-    s3_base_url: str | None, region: str | None, retry: RetryPolicy, token: str | None
+    settings: dict[str, Any] | None, _unused: None, retry: RetryPolicy, token: str | None
 ) -> StorageConfig:
     """Unpickles a :class:`StorageConfig`: the registered original, or one from the environment."""
-    if s3_base_url is None:
+    if settings is None:
         return StorageConfig(retry=retry)
     with _REGISTRY_LOCK:
         original = _REGISTRY.get(token or "")
     if original is not None:
         return original
-    if _env("AWS_ACCESS_KEY_ID") and _env("AWS_SECRET_ACCESS_KEY"):
-        return StorageConfig.resolve(s3_base_url=s3_base_url, region=region, retry=retry)
+    endpoint, kind = settings["s3_base_url"], settings["kind"]
+    rebuilt = {
+        "s3_base_url": endpoint,
+        "region": settings["region"],
+        "ca_bundle": settings["ca_bundle"],
+        "aws": endpoint is None,
+        "retry": retry,
+    }
+    if kind == "chain" or (kind == "static" and _env("AWS_ACCESS_KEY_ID") and _env("AWS_SECRET_ACCESS_KEY")):
+        # The chain is looked at again here: the environment, profile files and roles of the
+        # worker are what it would use had it been started alone.
+        return StorageConfig(profile=settings["profile"], **rebuilt)
+    where = "AWS S3" if endpoint is None else endpoint
+    given = "a credential_provider" if kind == "provider" else "the credentials"
     return StorageConfig(
-        s3_base_url=s3_base_url,
-        region=region,
-        retry=retry,
+        **rebuilt,
         _missing_credentials=(
-            f"storage: the credentials for {s3_base_url} do not travel in pickles, and this process "
+            f"storage: {given} for {where} do not travel in pickles, and this process "
             "has neither a forked copy of them nor AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY in its "
             "environment; use a fork-based process pool or set those variables for the workers"
         ),

@@ -9,7 +9,7 @@ from ._config import BatchStreamConfig
 from ._core import Checkpoint
 from ._manifest import DataManifest, load_manifest, save_manifest
 from ._saver import DatasetSaver
-from ._storage import RetryPolicy, StorageConfig
+from ._storage import CredentialProvider, RetryPolicy, StorageConfig
 from ._stream import BatchStream, open_batch_stream, resolve_batch_stream_config, resume_batch_stream
 
 __all__ = ["TrainingData"]
@@ -18,12 +18,20 @@ __all__ = ["TrainingData"]
 class TrainingData:
     """Opens streams, savers and manifests with one set of storage settings.
 
-    ``TrainingData()`` serves local paths. With ``s3_base_url`` (an S3-compatible endpoint,
-    addressed path-style) it also serves ``s3://bucket/key`` locations, and local and ``s3://``
-    sources can mix in one stream. Omitted settings fall back to the standard environment
-    variables (``AWS_ENDPOINT_URL``, ``AWS_REGION``, ``AWS_ACCESS_KEY_ID``,
-    ``AWS_SECRET_ACCESS_KEY``, ``AWS_SESSION_TOKEN``); the region defaults to ``us-east-1``.
-    Credentials never reach checkpoints, resolved configs, reprs, pickles or error messages.
+    It serves local paths and ``s3://bucket/key`` locations, and local and ``s3://`` sources
+    can mix in one stream. ``s3://`` is AWS S3 in ``region`` (virtual-hosted requests, as the AWS
+    SDKs send them), or the S3-compatible service at ``s3_base_url`` (addressed path-style).
+    Omitted settings fall back to the standard environment variables (``AWS_ENDPOINT_URL``,
+    ``AWS_REGION``, ``AWS_CA_BUNDLE``); the region defaults to ``us-east-1``.
+
+    Credentials are, in this order of choice: ``access_key_id`` and ``secret_access_key`` (with
+    ``session_token``), fixed for the run; ``credential_provider``, a function returning
+    :class:`TemporaryCredentials`, asked again before they expire; else the standard AWS chain
+    (``AWS_ACCESS_KEY_ID``/``AWS_SECRET_ACCESS_KEY``, a web identity token file, the shared
+    config and credentials files with ``profile`` or ``AWS_PROFILE``, container and instance
+    metadata), looked at on the first ``s3://`` request. A request refused for its credentials
+    is retried once with credentials fetched anew. Credentials never reach checkpoints, resolved
+    configs, reprs, pickles or error messages.
 
     Examples:
         >>> training_data = TrainingData(
@@ -46,6 +54,9 @@ class TrainingData:
         session_token: str | None = None,
         *,
         retry: RetryPolicy | None = None,
+        profile: str | None = None,
+        credential_provider: CredentialProvider | None = None,
+        ca_bundle: str | os.PathLike[str] | None = None,
     ) -> None:
         self._storage = StorageConfig.resolve(
             s3_base_url=s3_base_url,
@@ -54,6 +65,9 @@ class TrainingData:
             secret_access_key=secret_access_key,
             session_token=session_token,
             retry=retry,
+            profile=profile,
+            credential_provider=credential_provider,
+            ca_bundle=ca_bundle,
         )
 
     @property

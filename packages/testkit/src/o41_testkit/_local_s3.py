@@ -102,7 +102,10 @@ class LocalS3Server:
 
     Every listener binds 127.0.0.1 on a free port, data and logs stay under ``data_dir`` (the log is
     ``data_dir/weed.log``), and requests are authenticated against the one identity given here, so
-    a wrong secret or an unknown access key gets 403. ``buckets`` exist once :meth:`start` returns.
+    a wrong secret or an unknown access key gets 403. That identity administers the server's
+    embedded IAM API on the same endpoint (``boto3.client("iam", endpoint_url=...)``): users
+    created there, and their access keys, take effect and are revoked at once. ``buckets`` exist
+    once :meth:`start` returns.
     The server runs in its own session and :meth:`stop` kills that whole process group; an
     ``atexit`` hook stops it should the owner forget.
 
@@ -270,6 +273,9 @@ class LocalS3Server:
             f"-ip.bind={_HOST}",
             *(f"-{flag}={port}" for flag, port in self._ports.items()),
             f"-s3.config={identities}",
+            # The embedded IAM API accepts writes, so that tests can add users and rotate or
+            # revoke their keys (the static identity above is the administrator doing it).
+            "-s3.iam.readOnly=false",
             "-master.telemetry=false",
             # Listeners not needed for S3: turned off rather than left on their default ports.
             "-webdav=false",

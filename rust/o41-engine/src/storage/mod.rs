@@ -24,7 +24,7 @@ use crate::error::{Error, Result};
 use crate::metrics::Meter;
 
 pub use retry::RetryPolicy;
-pub use s3::{Arrived, Pieces, S3Settings};
+pub use s3::{Arrived, Credentials, FetchCredentials, Pieces, S3Settings, TemporaryCredentials};
 
 /// User metadata key under which a create-only write stores the SHA-256 of its content, so a
 /// retried write that finds its own earlier success can tell it from a conflicting object.

@@ -9,11 +9,13 @@ use futures::{FutureExt, StreamExt};
 use object_store::aws::{AmazonS3, AmazonS3Builder, S3ConditionalPut};
 use object_store::path::Path;
 use object_store::{
-    Attribute, Attributes, ClientOptions, GetOptions, ObjectStore, PutMode, PutOptions, PutPayload,
-    RetryConfig,
+    Attribute, Attributes, Certificate, ClientOptions, GetOptions, ObjectStore, PutMode,
+    PutOptions, PutPayload, RetryConfig,
 };
 
+use super::credentials::{Signer, SignerSlot};
 use super::errors::{Context, Scrubber};
+use super::keys::{check_keys, Credentials};
 use super::resumable::{Remote, RemoteObject};
 use super::runtime::block_on;
 use crate::cancel::Cancel;
@@ -28,21 +30,24 @@ pub const MAX_PUT_BYTES: u64 = 5 << 30;
 /// Where and as whom to reach an S3-compatible service. `Debug` never shows the secrets.
 #[derive(Clone)]
 pub struct S3Settings {
-    /// Endpoint URL, such as `https://t3.storage.dev` or `http://127.0.0.1:8333`.
-    pub endpoint: String,
+    /// Endpoint URL, such as `https://t3.storage.dev` or `http://127.0.0.1:8333`; `None` for AWS
+    /// S3 itself, at its default endpoint for `region`.
+    pub endpoint: Option<String>,
     /// Signing region (`auto` for services that ignore it).
     pub region: String,
-    /// Access key id.
-    pub access_key_id: String,
-    /// Secret access key.
-    pub secret_access_key: String,
-    /// Session token of temporary credentials.
-    pub session_token: Option<String>,
+    /// Where the credentials come from.
+    pub credentials: Credentials,
+    /// PEM certificates to trust besides the system's (a private CA in front of the service,
+    /// its STS or its metadata endpoint).
+    pub ca_bundle: Option<Vec<u8>>,
 }
 
 impl fmt::Debug for S3Settings {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "S3Settings({}, region {})", self.endpoint, self.region)
+        match &self.endpoint {
+            Some(endpoint) => write!(f, "S3Settings({endpoint}, region {})", self.region),
+            None => write!(f, "S3Settings(AWS, region {})", self.region),
+        }
     }
 }
 
@@ -50,6 +55,7 @@ impl fmt::Debug for S3Settings {
 pub struct S3 {
     pub(super) settings: S3Settings,
     pub(super) context: Context,
+    pub(super) certificates: Vec<Certificate>,
     pub(super) clients: Mutex<(u32, HashMap<String, Arc<AmazonS3>>)>,
 }
 
@@ -59,84 +65,106 @@ impl fmt::Debug for S3 {
     }
 }
 
+/// Whether AWS can serve `bucket` as a host name (`bucket.s3.region.amazonaws.com`), as its SDKs
+/// prefer; a name with dots would not match the service's TLS certificate, so it goes in the path.
+pub(super) fn virtual_hosted(bucket: &str) -> bool {
+    (3..=63).contains(&bucket.len())
+        && bucket
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        && !bucket.starts_with('-')
+        && !bucket.ends_with('-')
+}
+
+fn check_endpoint(endpoint: &str) -> Result<()> {
+    let authority = endpoint
+        .split_once("://")
+        .map_or("", |(_, rest)| rest.split('/').next().unwrap_or(""));
+    if authority.contains('@') {
+        // Not repeated in the message: the URL holds a secret.
+        return Err(Error::config(
+            "s3_base_url",
+            "it carries credentials (user:password@host); pass them as access_key_id and \
+             secret_access_key",
+        ));
+    }
+    if !(endpoint.starts_with("http://") || endpoint.starts_with("https://")) {
+        return Err(Error::config(
+            "s3_base_url",
+            format!("'{endpoint}' is not an http:// or https:// URL"),
+        ));
+    }
+    // object_store unwraps its own parse of the endpoint when it signs a request: a URL it
+    // cannot parse (`http://[x]:9`) would panic an engine thread. Not echoed: it may hold a
+    // secret.
+    match url::Url::parse(endpoint) {
+        Ok(parsed) if parsed.host_str().is_some_and(|h| !h.is_empty()) => Ok(()),
+        Ok(_) => Err(Error::config("s3_base_url", "the URL names no host")),
+        Err(e) => Err(Error::config(
+            "s3_base_url",
+            format!("not a valid URL ({e})"),
+        )),
+    }
+}
+
 impl S3 {
     pub fn new(settings: S3Settings, policy: RetryPolicy) -> Result<Self> {
-        let authority = settings
-            .endpoint
-            .split_once("://")
-            .map_or("", |(_, rest)| rest.split('/').next().unwrap_or(""));
-        if authority.contains('@') {
-            // Not repeated in the message: the URL holds a secret.
+        if let Some(endpoint) = &settings.endpoint {
+            check_endpoint(endpoint)?;
+        }
+        if settings.region.is_empty() {
+            return Err(Error::config("region", "must not be empty"));
+        }
+        if let Some(at) = settings.region.bytes().position(|b| !b.is_ascii_graphic()) {
             return Err(Error::config(
-                "s3_base_url",
-                "it carries credentials (user:password@host); pass them as access_key_id and \
-                 secret_access_key",
+                "region",
+                format!("byte {at} is not visible ASCII; regions are printable ASCII only"),
             ));
         }
-        if !(settings.endpoint.starts_with("http://") || settings.endpoint.starts_with("https://"))
-        {
-            return Err(Error::config(
-                "s3_base_url",
-                format!("'{}' is not an http:// or https:// URL", settings.endpoint),
-            ));
+        if let Credentials::Static(keys) = &settings.credentials {
+            check_keys(keys)?;
         }
-        // object_store unwraps its own parse of the endpoint when it signs a request: a URL it
-        // cannot parse (`http://[x]:9`) would panic an engine thread. Not echoed: it may hold a
-        // secret.
-        match url::Url::parse(&settings.endpoint) {
-            Ok(parsed) if parsed.host_str().is_some_and(|h| !h.is_empty()) => {}
-            Ok(_) => return Err(Error::config("s3_base_url", "the URL names no host")),
-            Err(e) => {
-                return Err(Error::config(
-                    "s3_base_url",
-                    format!("not a valid URL ({e})"),
-                ))
-            }
-        }
-        for (option, value) in [
-            ("region", Some(&settings.region)),
-            ("access_key_id", Some(&settings.access_key_id)),
-            ("secret_access_key", Some(&settings.secret_access_key)),
-            ("session_token", settings.session_token.as_ref()),
-        ] {
-            let Some(value) = value else { continue };
-            if value.is_empty() && option != "session_token" {
-                return Err(Error::config(option, "must not be empty"));
-            }
-            // They travel in HTTP headers, which hold visible ASCII only; object_store panics
-            // on anything else (a CR/LF pasted with a key). Not echoed: most are secrets.
-            if let Some(at) = value.bytes().position(|b| !b.is_ascii_graphic()) {
-                return Err(Error::config(
-                    option,
-                    format!(
-                        "byte {at} is not visible ASCII (a space, newline or control \
-                         character, or non-ASCII text); credentials and regions are printable \
-                         ASCII only"
-                    ),
-                ));
-            }
-        }
-        let secrets: Vec<String> = [
-            Some(&settings.access_key_id),
-            Some(&settings.secret_access_key),
-            settings.session_token.as_ref(),
-        ]
-        .into_iter()
-        .flatten()
-        .filter(|s| !s.is_empty())
-        .cloned()
-        .collect();
+        let certificates = match &settings.ca_bundle {
+            None => Vec::new(),
+            Some(pem) => Certificate::from_pem_bundle(pem)
+                .map_err(|e| Error::config("ca_bundle", format!("not PEM certificates ({e})")))?,
+        };
+        let scrubber = Scrubber::default();
+        let signer = Signer::new(
+            settings.credentials.clone(),
+            &settings.region,
+            Self::options(policy, &certificates, settings.endpoint.as_deref()),
+            scrubber.clone(),
+        );
         let s3 = S3 {
             settings,
             context: Context {
                 policy,
-                scrubber: Scrubber(Arc::new(secrets)),
+                scrubber,
+                signer: Arc::new(SignerSlot::new(signer)),
             },
+            certificates,
             clients: Mutex::new((0, HashMap::new())),
         };
         // Build one client now so a malformed setting fails here, not at the first read.
         s3.client("o41-settings-check")?;
         Ok(s3)
+    }
+
+    fn options(
+        policy: RetryPolicy,
+        certificates: &[Certificate],
+        endpoint: Option<&str>,
+    ) -> ClientOptions {
+        let mut options = ClientOptions::new()
+            .with_timeout_disabled()
+            .with_connect_timeout(policy.connect_timeout)
+            .with_read_timeout(policy.read_timeout)
+            .with_allow_http(endpoint.is_some_and(|e| e.starts_with("http://")));
+        for certificate in certificates {
+            options = options.with_root_certificate(certificate.clone());
+        }
+        options
     }
 
     pub(super) fn client(&self, bucket: &str) -> Result<Arc<AmazonS3>> {
@@ -157,29 +185,28 @@ impl S3 {
         if let Some(client) = clients.1.get(bucket) {
             return Ok(client.clone());
         }
-        let policy = self.context.policy;
-        let options = ClientOptions::new()
-            .with_timeout_disabled()
-            .with_connect_timeout(policy.connect_timeout)
-            .with_read_timeout(policy.read_timeout)
-            .with_allow_http(self.settings.endpoint.starts_with("http://"));
+        let options = Self::options(
+            self.context.policy,
+            &self.certificates,
+            self.settings.endpoint.as_deref(),
+        );
         let retry = RetryConfig {
             max_retries: 0,
             ..RetryConfig::default()
         };
         let mut builder = AmazonS3Builder::new()
-            .with_endpoint(self.settings.endpoint.trim_end_matches('/'))
             .with_region(&self.settings.region)
             .with_bucket_name(bucket)
-            .with_access_key_id(&self.settings.access_key_id)
-            .with_secret_access_key(&self.settings.secret_access_key)
-            .with_virtual_hosted_style_request(false)
+            .with_credentials(self.context.signer.current())
             .with_conditional_put(S3ConditionalPut::ETagMatch)
             .with_retry(retry)
             .with_client_options(options);
-        if let Some(token) = &self.settings.session_token {
-            builder = builder.with_token(token);
-        }
+        builder = match &self.settings.endpoint {
+            Some(endpoint) => builder
+                .with_endpoint(endpoint.trim_end_matches('/'))
+                .with_virtual_hosted_style_request(false),
+            None => builder.with_virtual_hosted_style_request(virtual_hosted(bucket)),
+        };
         let client = Arc::new(builder.build().map_err(|e| {
             Error::config("s3_base_url", self.context.scrubber.clean(&e.to_string()))
         })?);

@@ -3,20 +3,39 @@
 
 use std::future::Future;
 use std::sync::Arc;
+use std::time::Instant;
+
+use super::credentials::SignerSlot;
+pub(super) use super::scrub::Scrubber;
 
 use crate::error::{Error, Result};
 use crate::metrics::{Meter, RetryCause};
 use crate::storage::retry::{Attempts, RetryPolicy};
 
-/// Replaces credentials in text that came from the service or the client library.
-#[derive(Clone)]
-pub(super) struct Scrubber(pub(super) Arc<Vec<String>>);
-
-impl Scrubber {
-    pub(super) fn clean(&self, text: &str) -> String {
-        self.0.iter().fold(text.to_owned(), |out, secret| {
-            out.replace(secret.as_str(), "<redacted>")
-        })
+/// Whether the service refused the request's credentials (as opposed to the object or the
+/// request): worth one retry with credentials fetched anew. A HEAD answer has no body to name
+/// the code, so any 401 or 403 counts; a 400 counts when its code names a token.
+fn refused_credentials(error: &object_store::Error) -> bool {
+    use object_store::Error as E;
+    match error {
+        E::PermissionDenied { .. } | E::Unauthenticated { .. } => true,
+        E::Generic { source, .. } => {
+            let text = source.to_string();
+            match status_code(&text) {
+                Some(401 | 403) => true,
+                Some(400) => [
+                    "ExpiredToken",
+                    "InvalidToken",
+                    "TokenRefreshRequired",
+                    "InvalidAccessKeyId",
+                    "InvalidClientTokenId",
+                ]
+                .iter()
+                .any(|code| text.contains(code)),
+                _ => false,
+            }
+        }
+        _ => false,
     }
 }
 
@@ -55,9 +74,25 @@ pub(super) enum Failure {
 pub(super) struct Context {
     pub(super) policy: RetryPolicy,
     pub(super) scrubber: Scrubber,
+    pub(super) signer: Arc<SignerSlot>,
 }
 
 impl Context {
+    /// After a refusal of the credentials of a request sent at `sent`, whether fresh ones were
+    /// fetched and the request is worth repeating once (`retried` says it already was).
+    pub(super) async fn refreshed(
+        &self,
+        error: &object_store::Error,
+        sent: Instant,
+        retried: &mut bool,
+    ) -> bool {
+        if *retried || !refused_credentials(error) {
+            return false;
+        }
+        *retried = true;
+        self.signer.current().refresh(sent).await
+    }
+
     pub(super) fn classify(&self, uri: &str, error: object_store::Error) -> Failure {
         use object_store::Error as E;
         let path = uri.to_owned();
@@ -85,6 +120,17 @@ impl Context {
                         return Failure::Fatal(Error::Storage {
                             path,
                             message: format!("the service refused the request: {message}"),
+                        })
+                    }
+                    // AWS answers 301 to a request sent to another region than the bucket's.
+                    Some(code) if (300..400).contains(&code) => {
+                        return Failure::Fatal(Error::Storage {
+                            path,
+                            message: format!(
+                                "the service redirected the request ({message}); an AWS bucket \
+                                 answers so when it is in another region than the one \
+                                 configured: set region to the bucket's"
+                            ),
                         })
                     }
                     // S3 answers 503 SlowDown when it throttles.
@@ -116,9 +162,12 @@ impl Context {
         Fut: Future<Output = object_store::Result<T>>,
     {
         let mut attempts = Attempts::new(self.policy);
+        let mut retried = false;
         loop {
+            let sent = Instant::now();
             let cause = match op().await {
                 Ok(value) => return Ok(Some(value)),
+                Err(e) if self.refreshed(&e, sent, &mut retried).await => continue,
                 Err(e) => match self.classify(uri, e) {
                     Failure::Fatal(e) => return Err(e),
                     Failure::Exists => return Ok(None),

@@ -8,15 +8,22 @@
 
 //!
 //! `runtime` holds the I/O runtime, `errors` the causes of failures, `client` the requests and
-//! their retries, `resumable` the reads of one object version.
+//! their retries, `resumable` the reads of one object version, `keys` what credentials are,
+//! `profiles` the AWS credential chain, `credentials` the signer that fetches and refreshes them
+//! and `scrub` keeping them out of messages.
 
 mod client;
+mod credentials;
 mod errors;
+mod keys;
+mod profiles;
 mod resumable;
 mod runtime;
+mod scrub;
 
 #[cfg(test)]
 mod tests;
 
 pub use client::{S3Settings, S3};
+pub use keys::{Credentials, FetchCredentials, TemporaryCredentials};
 pub use resumable::{Arrived, PendingPieces, Pieces, Remote};

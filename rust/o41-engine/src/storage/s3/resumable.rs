@@ -3,6 +3,7 @@
 
 use std::ops::Range;
 use std::sync::Arc;
+use std::time::Instant;
 
 use bytes::{Bytes, BytesMut};
 use futures::StreamExt;
@@ -51,13 +52,16 @@ impl RemoteObject {
     ) -> Result<()> {
         let mut pos = range.start;
         let mut attempts = Attempts::new(self.context.policy);
+        let mut retried = false;
         while pos < range.end {
             let options = GetOptions {
                 if_match: self.etag.clone(),
                 range: Some(GetRange::Bounded(pos..range.end)),
                 ..GetOptions::default()
             };
+            let sent = Instant::now();
             let (kind, cause) = match self.store.get_opts(&self.path, options).await {
+                Err(e) if self.context.refreshed(&e, sent, &mut retried).await => continue,
                 Err(e) => match self.context.classify(&self.uri, e) {
                     Failure::Fatal(e) => return Err(e),
                     Failure::Exists => unreachable!("reads do not create"),
@@ -74,6 +78,8 @@ impl RemoteObject {
                                 }
                                 pos += take;
                                 attempts.progress();
+                                // Credentials worked: a later refusal gets its own retry.
+                                retried = false;
                                 if tx.send(chunk.slice(..take as usize)).await.is_err() {
                                     return Ok(());
                                 }
