@@ -17,6 +17,7 @@ Examples:
 
 """
 
+from ._chat import ChatEncoder, ChatEncoding, ChatTemplate, RenderedChat
 from ._checkpoint_files import checkpoint_from_text, read_checkpoint, write_checkpoint
 from ._config import (
     DTYPES,
@@ -89,7 +90,8 @@ from ._stream import (
     resolve_batch_stream_config,
     resume_batch_stream,
 )
-from ._tokenize import TextTokenizer, TokenizedDataset, TokenizerIdentity, tokenize_dataset
+from ._tokenize import TokenizedDataset, tokenize_dataset
+from ._tokenizer import TextTokenizer, TokenizerIdentity
 from ._trace import TracedRow, read_traced_rows, trace_batches
 from ._training_data import TrainingData
 
@@ -103,6 +105,9 @@ __all__ = [
     "Batch",
     "BatchStream",
     "BatchStreamConfig",
+    "ChatEncoder",
+    "ChatEncoding",
+    "ChatTemplate",
     "Checkpoint",
     "CheckpointError",
     "ConfigError",
@@ -132,6 +137,7 @@ __all__ = [
     "ProjectionError",
     "Ramp",
     "ReadStats",
+    "RenderedChat",
     "RetryPolicy",
     "SavedShard",
     "Segment",

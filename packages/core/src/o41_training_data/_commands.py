@@ -289,7 +289,32 @@ def build(
     help="'byte' (built in) or the path of a Hugging Face tokenizer.json.",
 )
 @click.option("--eos", default=None, help="The tokenizer.json's end of document token.")
-@click.option("--text-field", default="text", show_default=True, help="The field to tokenise.")
+@click.option(
+    "--text-field", default=None, help="The field to tokenise (default: text; with --chat, messages)."
+)
+@click.option(
+    "--chat",
+    "chat_template",
+    default=None,
+    metavar="TOKENIZER_CONFIG",
+    help="Render conversations with this tokenizer_config.json's chat template: input_ids + loss_mask.",
+)
+@click.option("--chat-template-name", default=None, help="The named chat template to use (with --chat).")
+@click.option(
+    "--loss-on",
+    type=click.Choice(("all", "last")),
+    default="all",
+    show_default=True,
+    help="Assistant turns in the loss mask (with --chat).",
+)
+@click.option(
+    "--chat-option",
+    "chat_options",
+    multiple=True,
+    metavar="NAME=JSON",
+    help="A template switch, such as enable_thinking=false (with --chat; repeatable).",
+)
+@click.option("--tools-field", default=None, help="The field holding tool schemas (with --chat).")
 @click.option("--split", default="train", show_default=True, help="The split to write.")
 @click.option("--input-format", default=None, help="The inputs' encoding (default: from their suffix).")
 @click.option(
@@ -323,7 +348,12 @@ def tokenize(
     output: str,
     tokenizer: str,
     eos: str | None,
-    text_field: str,
+    text_field: str | None,
+    chat_template: str | None,
+    chat_template_name: str | None,
+    loss_on: str,
+    chat_options: tuple[str, ...],
+    tools_field: str | None,
     split: str,
     input_format: str | None,
     data_format: str,
@@ -331,9 +361,22 @@ def tokenize(
     batch_size: int | None,
     ray_address: str | None,
 ) -> int:
-    """Tokenise the text field of records into a token dataset (docs/tokenize.md); resumable."""
+    """Tokenise the text field of records into a token dataset (docs/tokenize.md); resumable.
+
+    With --chat, each record's conversation is rendered with the chat template and written as
+    input_ids and loss_mask (docs/post_training.md).
+    """
     from ._tokenize import DEFAULT_BATCH, DEFAULT_TOKENS_PER_SHARD, tokenize_dataset
 
+    switches: dict[str, Any] = {}
+    for option in chat_options:
+        name, equals, value = option.partition("=")
+        if not equals or not name:
+            raise click.BadParameter(f"{option!r} is not NAME=JSON", param_hint="'--chat-option'")
+        try:
+            switches[name] = json.loads(value)
+        except json.JSONDecodeError:
+            switches[name] = value  # a bare word is a string
     named = () if tokenizer == "byte" else (tokenizer,)
     with _progress("tokenizing", len(inputs), "inputs") as advance, _named_file("'--tokenizer'", *named):
         result = tokenize_dataset(
@@ -349,6 +392,11 @@ def tokenize(
             batch_size=DEFAULT_BATCH if batch_size is None else batch_size,
             ray_address=ray_address,
             progress=advance,
+            chat_template=chat_template,
+            chat_template_name=chat_template_name,
+            loss_on="last" if loss_on == "last" else "all",
+            chat_options=switches or None,
+            tools_field=tools_field,
         )
     shards = result.manifest.splits.get(split)
     identity = result.tokenizer

@@ -12,19 +12,18 @@ own Ray task. See ``docs/tokenize.md``.
 
 from __future__ import annotations
 
-import hashlib
 import itertools
 import os
 import re
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
 
 from . import _core
+from ._chat import ChatEncoder, ChatTemplate, LossOn
 from ._config import ENCODINGS
 from ._errors import DataError, ObjectNotFoundError
 from ._errors import invalid as _invalid
@@ -33,217 +32,19 @@ from ._manifest_build import encoding_of
 from ._ray import connect
 from ._saver import SHARD_EXTENSIONS, DatasetSaver, SavedShard
 from ._storage import StorageConfig, normalize, parent
+from ._tokenizer import BYTE_EOS, TextTokenizer, TokenizerIdentity, data_error
 
 __all__ = ["TextTokenizer", "TokenizedDataset", "TokenizerIdentity", "tokenize_dataset"]
 
 TOKENS_FIELD = "tokens"
 """The output records' one field: a document's token ids, int32, ending with the eos id."""
-BYTE_EOS = 256
-"""The byte tokenizer's end of document id: one past the 256 byte values."""
-# End-of-document tokens looked for, in this order, when a tokenizer.json is given without eos.
-EOS_CANDIDATES = ("<|endoftext|>", "</s>", "<eos>", "<|end_of_text|>")
+CHAT_FIELDS = ("input_ids", "loss_mask")
+"""A rendered conversation's output fields: int32 ids and a uint8 mask, of equal length."""
 DEFAULT_TOKENS_PER_SHARD = 1 << 26  # 256 MiB of int32 ids: a Parquet shard far below 5 GiB
 DEFAULT_BATCH = 1024
 _PART_DIGITS = 6
 # Options a completed shard records, in the order a refused restart names them.
-_OPTIONS = ("tokenizer", "text_field", "tokens_per_shard")
-_EXTRA_HINT = "pip install 'o41-training-data[tokenize]'"
-
-
-def _data_error(message: str, path: str, row: int | None = None, field: str | None = None) -> DataError:
-    error = DataError(message)
-    error.path, error.row, error.field = path, row, field
-    return error
-
-
-@dataclass(frozen=True)
-class TokenizerIdentity:
-    """What a token dataset was encoded with, as every shard's manifest metadata records it.
-
-    ``kind`` is ``"byte"`` (UTF-8 bytes 0-255, eos 256) or ``"tokenizers"`` (a Hugging Face
-    ``tokenizer.json``); ``sha256`` is the hex SHA-256 of that file's bytes (``None`` for the
-    byte tokenizer, which has no file).
-
-    Examples:
-        >>> TextTokenizer.byte().identity
-        TokenizerIdentity(kind='byte', vocab_size=257, eos_id=256, sha256=None)
-
-    """
-
-    kind: str
-    vocab_size: int
-    eos_id: int
-    sha256: str | None
-
-    def to_metadata(self) -> dict[str, Any]:
-        """The identity as the JSON object stored under ``metadata["tokenizer"]``."""
-        return {
-            "kind": self.kind,
-            "vocab_size": self.vocab_size,
-            "eos_id": self.eos_id,
-            "sha256": self.sha256,
-        }
-
-    @classmethod
-    def from_manifest(cls, manifest: DataManifest) -> TokenizerIdentity:
-        """The identity every shard of a tokenised dataset records; raises if any shard differs.
-
-        Raises :class:`DataError` naming the first shard that records no tokenizer or another one.
-
-        Examples:
-            >>> manifest = load_manifest("tokens/data-manifest-v1.json")  # doctest: +SKIP
-            >>> TokenizerIdentity.from_manifest(manifest)  # doctest: +SKIP
-            TokenizerIdentity(kind='byte', vocab_size=257, eos_id=256, sha256=None)
-
-        """
-        found: TokenizerIdentity | None = None
-        for split in manifest.splits.values():
-            for shard in split.shards:
-                recorded = shard.metadata.get("tokenizer")
-                try:
-                    identity = cls(**recorded) if isinstance(recorded, dict) else None
-                except TypeError:
-                    identity = None
-                if identity is None:
-                    raise _data_error(
-                        f"{shard.path or shard.location}: its manifest metadata records no tokenizer "
-                        "(metadata.tokenizer); it was not written by o41 tokenize",
-                        shard.path or shard.location,
-                        field="metadata.tokenizer",
-                    )
-                if found is not None and identity != found:
-                    raise _data_error(
-                        f"{shard.path or shard.location}: encoded with {identity}, other shards with {found}",
-                        shard.path or shard.location,
-                        field="metadata.tokenizer",
-                    )
-                found = identity
-        if found is None:
-            raise DataError(f"{manifest.uri or 'the manifest'}: has no shards to read a tokenizer from")
-        return found
-
-
-class TextTokenizer:
-    """Turns documents into int32 token ids, each document ending with the eos id.
-
-    :meth:`byte` is built in: a document's UTF-8 bytes (ids 0-255) then eos 256.
-    :meth:`from_file` loads a Hugging Face ``tokenizer.json`` with the ``tokenizers`` package
-    (the ``[tokenize]`` extra), without network access; its batch encoder runs in Rust threads
-    outside the GIL. Special tokens of the tokenizer's post-processor (BOS, CLS...) are not
-    added: a document is its text's tokens, then eos.
-
-    Pickles as its ``tokenizer.json`` text, so Ray tasks and worker processes need no file.
-
-    Examples:
-        >>> offsets, ids = TextTokenizer.byte().encode_batch(["hi", ""])
-        >>> offsets.tolist(), ids.tolist()
-        ([0, 3, 4], [104, 105, 256, 256])
-
-    """
-
-    def __init__(self, identity: TokenizerIdentity, source: str, tokenizer_json: str | None = None) -> None:
-        self.identity = identity
-        """Kind, vocabulary size, eos id and file hash."""
-        self.source = source
-        """``"byte"`` or the location the ``tokenizer.json`` was read from."""
-        self._json = tokenizer_json
-        self._hf: Any = None
-
-    @classmethod
-    def byte(cls) -> TextTokenizer:
-        """The built-in byte tokenizer: vocabulary 257, eos 256."""
-        return cls(TokenizerIdentity("byte", 257, BYTE_EOS, None), "byte")
-
-    @classmethod
-    def from_file(
-        cls,
-        path: str | os.PathLike[str],
-        eos: str | None = None,
-        *,
-        storage: StorageConfig | None = None,
-    ) -> TextTokenizer:
-        """A Hugging Face ``tokenizer.json`` (local path or ``s3://`` location) and its eos token.
-
-        ``eos`` names the end of document token; omitted, the first of ``<|endoftext|>``,
-        ``</s>``, ``<eos>``, ``<|end_of_text|>`` the vocabulary has. Raises ``ImportError`` naming
-        the ``[tokenize]`` extra without the ``tokenizers`` package, and :class:`ConfigError`
-        (``option`` ``tokenizer`` or ``eos``) for a file that is no tokenizer or an unknown eos.
-        """
-        uri = normalize(path)
-        data = bytes((storage or StorageConfig()).core().read(uri))
-        try:
-            text = data.decode("utf-8")
-        except UnicodeDecodeError as err:
-            raise _invalid("tokenizer", f"{uri} is not a tokenizer.json (not UTF-8: {err})") from None
-        identity_hash = hashlib.sha256(data).hexdigest()
-        hf = _load_tokenizers(text, uri)
-        if eos is None:
-            found = next((t for t in EOS_CANDIDATES if hf.token_to_id(t) is not None), None)
-            if found is None:
-                raise _invalid(
-                    "eos",
-                    f"{uri} has none of the usual end of document tokens ({', '.join(EOS_CANDIDATES)}); "
-                    "name its eos token (--eos)",
-                )
-            eos = found
-        eos_id = hf.token_to_id(eos)
-        if eos_id is None:
-            raise _invalid("eos", f"{eos!r} is not a token of {uri}")
-        vocab_size = int(hf.get_vocab_size(with_added_tokens=True))
-        if vocab_size > 2**31:
-            raise _invalid("tokenizer", f"{uri} has {vocab_size} tokens, more than int32 ids can hold")
-        tokenizer = cls(TokenizerIdentity("tokenizers", vocab_size, int(eos_id), identity_hash), uri, text)
-        tokenizer._hf = hf
-        return tokenizer
-
-    def __getstate__(self) -> dict[str, Any]:
-        return {"identity": self.identity, "source": self.source, "json": self._json}
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__init__(state["identity"], state["source"], state["json"])  # type: ignore[misc]
-
-    def __repr__(self) -> str:
-        return f"TextTokenizer({self.source!r}, {self.identity})"
-
-    def encode_batch(self, texts: Sequence[str]) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int32]]:
-        """``(offsets, ids)``: document ``i`` is ``ids[offsets[i]:offsets[i + 1]]``, eos last."""
-        if self.identity.kind == "byte":
-            pieces: list[bytes] = [text.encode("utf-8") for text in texts]
-            lengths = np.fromiter(map(len, pieces), dtype=np.int64, count=len(pieces))
-            body: npt.NDArray[Any] = np.frombuffer(b"".join(pieces), dtype=np.uint8)
-        else:
-            if self._hf is None:
-                self._hf = _load_tokenizers(self._json or "", self.source)
-            encode = getattr(self._hf, "encode_batch_fast", None) or self._hf.encode_batch
-            encodings = encode(list(texts), add_special_tokens=False)
-            lengths = np.fromiter(map(len, encodings), dtype=np.int64, count=len(encodings))
-            body = np.fromiter(
-                itertools.chain.from_iterable(e.ids for e in encodings),
-                dtype=np.int32,
-                count=int(lengths.sum()),
-            )
-        offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
-        np.cumsum(lengths + 1, out=offsets[1:])
-        ids = np.empty(int(offsets[-1]), dtype=np.int32)
-        ends = offsets[1:] - 1
-        keep = np.ones(len(ids), dtype=bool)
-        keep[ends] = False
-        ids[keep] = body
-        ids[ends] = self.identity.eos_id
-        return offsets, ids
-
-
-def _load_tokenizers(text: str, uri: str) -> Any:
-    try:
-        from tokenizers import Tokenizer  # type: ignore[import-untyped]
-    except ImportError as err:
-        raise ImportError(
-            f"reading the tokenizer {uri} needs the `tokenizers` package: {_EXTRA_HINT}"
-        ) from err
-    try:
-        return Tokenizer.from_str(text)
-    except Exception as err:  # tokenizers raises a bare Exception for any malformed file
-        raise _invalid("tokenizer", f"{uri} is not a Hugging Face tokenizer.json ({err})") from None
+_OPTIONS = ("tokenizer", "chat", "text_field", "tokens_per_shard")
 
 
 @dataclass(frozen=True)
@@ -273,6 +74,13 @@ class _InputJob:
     tokens_per_shard: int
     batch_size: int
     storage: StorageConfig
+    chat: ChatEncoder | None = None
+    tools_field: str | None = None
+
+    @property
+    def fields(self) -> tuple[str, ...]:
+        """The output records' fields."""
+        return CHAT_FIELDS if self.chat is not None else (TOKENS_FIELD,)
 
 
 @dataclass(frozen=True)
@@ -282,8 +90,62 @@ class _InputResult:
     tokens: int
 
 
-def _texts(job: _InputJob, skip: int) -> Iterator[list[str]]:
-    """The input's text values in chunks, from record ``skip`` on; bad records raise naming them."""
+def _column(job: _InputJob, chunk: Any, field: str, row: int, option: str) -> list[Any]:
+    """One field's values of a chunk (records or a record batch); a missing column raises."""
+    if isinstance(chunk, list):
+        return [record.get(field) for record in chunk]
+    index = chunk.schema.get_field_index(field)
+    if index < 0:
+        raise data_error(
+            f"{job.path}: no column '{field}' to tokenise ({option}); it has {', '.join(chunk.schema.names)}",
+            job.path,
+            row,
+            field,
+        )
+    column = chunk.column(index)
+    text = pa.types.is_string(column.type) or pa.types.is_large_string(column.type)
+    if job.chat is None and not text:
+        raise data_error(
+            f"{job.path}, field '{field}': a {column.type} column, not text", job.path, row, field
+        )
+    values: list[Any] = column.to_pylist()
+    return values
+
+
+def _check_value(job: _InputJob, value: Any, row: int, field: str, tools: bool = False) -> None:
+    """Refuses a record's value that is not text (or, for chat, not a list of messages)."""
+    if job.chat is None:
+        if not isinstance(value, str):
+            what = "missing" if value is None else f"a {type(value).__name__}, not text"
+            raise data_error(f"{job.path}, record {row}, field '{field}': {what}", job.path, row, field)
+        return
+    if tools and value is None:
+        return
+    if not isinstance(value, list) or not all(isinstance(m, dict) for m in value):
+        kind = "missing" if value is None else f"a {type(value).__name__}"
+        raise data_error(
+            f"{job.path}, record {row}, field '{field}': {kind}, not a list of "
+            + ("tool schemas" if tools else "messages ({role, content} objects)"),
+            job.path,
+            row,
+            field,
+        )
+    if not tools:
+        for k, message in enumerate(value):
+            if not isinstance(message.get("role"), str):
+                raise data_error(
+                    f"{job.path}, record {row}, field '{field}', message {k}: no 'role' string",
+                    job.path,
+                    row,
+                    field,
+                )
+
+
+def _texts(job: _InputJob, skip: int) -> Iterator[tuple[list[Any], list[Any] | None]]:
+    """The input's values in chunks, from record ``skip`` on, with each record's tools (chat only).
+
+    Bad records raise naming them.
+    """
     records = _core.ShardRecords(job.path, job.encoding, job.storage.core(), job.batch_size)
     row = 0
     field = job.text_field
@@ -292,56 +154,54 @@ def _texts(job: _InputJob, skip: int) -> Iterator[list[str]]:
         if row + size <= skip:
             row += size
             continue
-        texts: list[Any]  # checked to be str below
-        if isinstance(chunk, list):
-            texts = [record.get(field) for record in chunk]
-        else:
-            index = chunk.schema.get_field_index(field)
-            if index < 0:
-                raise _data_error(
-                    f"{job.path}: no column '{field}' to tokenise (text_field); it has "
-                    f"{', '.join(chunk.schema.names)}",
-                    job.path,
-                    row,
-                    field,
-                )
-            column = chunk.column(index)
-            kind = column.type
-            if not (pa.types.is_string(kind) or pa.types.is_large_string(kind)):
-                raise _data_error(
-                    f"{job.path}, field '{field}': a {kind} column, not text", job.path, row, field
-                )
-            texts = column.to_pylist()
+        texts = _column(job, chunk, field, row, "text_field")
+        tools = None if job.tools_field is None else _column(job, chunk, job.tools_field, row, "tools_field")
         for k, text in enumerate(texts):
-            if not isinstance(text, str):
-                what = "missing" if text is None else f"a {type(text).__name__}, not text"
-                raise _data_error(
-                    f"{job.path}, record {row + k}, field '{field}': {what}", job.path, row + k, field
-                )
+            _check_value(job, text, row + k, field)
+            if tools is not None:
+                _check_value(job, tools[k], row + k, str(job.tools_field), tools=True)
         start = max(skip - row, 0)
         row += size
-        yield texts[start:] if start else texts
+        yield (texts[start:], None if tools is None else tools[start:]) if start else (texts, tools)
 
 
-def _documents(job: _InputJob, skip: int) -> Iterator[npt.NDArray[np.int32]]:
-    """Each document's ids (views into its batch's buffer), in input order, from ``skip`` on."""
+def _documents(job: _InputJob, skip: int) -> Iterator[tuple[npt.NDArray[Any], ...]]:
+    """Each document's arrays (one per output field), in input order, from ``skip`` on.
+
+    Text: its ids (views into its batch's buffer), eos last. Chat: its rendered ids and loss mask.
+    """
     # The engine's readers hand over valid UTF-8 only (a lone surrogate in JSON is a malformed
     # record, naming the shard and row), so every text encodes.
-    for texts in _texts(job, skip):
-        offsets, ids = job.tokenizer.encode_batch(texts)
-        for k in range(len(texts)):
-            yield ids[offsets[k] : offsets[k + 1]]
+    row = skip
+    for texts, tools in _texts(job, skip):
+        if job.chat is not None:
+            try:
+                encoded = job.chat.encode_batch(texts, tools)
+            except DataError as err:
+                raise data_error(
+                    f"{job.path}, records from {row}: {err}", job.path, row, job.text_field
+                ) from None
+            for chat in encoded:
+                yield (chat.input_ids, chat.loss_mask)
+        else:
+            offsets, ids = job.tokenizer.encode_batch(texts)
+            for k in range(len(texts)):
+                yield (ids[offsets[k] : offsets[k + 1]],)
+        row += len(texts)
 
 
 def _expected_metadata(job: _InputJob, first_row: int) -> dict[str, Any]:
     """What a part of ``job`` starting at ``first_row`` records, beside its ``tokens`` and ``last``."""
-    return {
+    expected = {
         "tokenizer": job.tokenizer.identity.to_metadata(),
         "source": job.path,
         "text_field": job.text_field,
         "first_row": first_row,
         "tokens_per_shard": job.tokens_per_shard,
     }
+    if job.chat is not None:
+        expected["chat"] = job.chat.identity()
+    return expected
 
 
 def _tokenize_input(job: _InputJob, progress: Callable[[int], None] | None = None) -> _InputResult:
@@ -351,8 +211,8 @@ def _tokenize_input(job: _InputJob, progress: Callable[[int], None] | None = Non
     """
     shards: list[SavedShard] = []
     row = tokens = 0
-    documents: Iterator[npt.NDArray[np.int32]] | None = None
-    upcoming: npt.NDArray[np.int32] | None = None
+    documents: Iterator[tuple[npt.NDArray[Any], ...]] | None = None
+    upcoming: tuple[npt.NDArray[Any], ...] | None = None
     for part in itertools.count():
         if part >= 10**_PART_DIGITS:
             raise _invalid("tokens_per_shard", f"{job.path} needs over {10**_PART_DIGITS} shards; raise it")
@@ -393,23 +253,24 @@ def _tokenize_input(job: _InputJob, progress: Callable[[int], None] | None = Non
             if upcoming is None:
                 if part == 0:
                     return _InputResult(shards, 0, 0)  # an empty input contributes no shard
-                raise _data_error(
+                raise data_error(
                     f"{job.path}: has {row} records, but its completed shards say more follow; the "
                     "input changed since they were written",
                     job.path,
                     row,
                 )
-        part_docs: list[npt.NDArray[np.int32]] = []
+        part_docs: list[tuple[npt.NDArray[Any], ...]] = []
         count = 0
         while upcoming is not None and count < job.tokens_per_shard:
             part_docs.append(upcoming)
-            count += len(upcoming)
+            count += len(upcoming[0])
             upcoming = next(documents, None)
         last = upcoming is None
+        fields = job.fields
         if job.saver.data_format == "parquet":
-            records: list[dict[str, Any]] = [{TOKENS_FIELD: doc} for doc in part_docs]
+            records: list[dict[str, Any]] = [dict(zip(fields, doc, strict=True)) for doc in part_docs]
         else:  # the engine's record writers take Python lists
-            records = [{TOKENS_FIELD: doc.tolist()} for doc in part_docs]
+            records = [{f: a.tolist() for f, a in zip(fields, doc, strict=True)} for doc in part_docs]
         shard = job.saver.save(
             job.split,
             None,
@@ -497,7 +358,7 @@ def tokenize_dataset(
     *,
     tokenizer: str | os.PathLike[str] | TextTokenizer = "byte",
     eos: str | None = None,
-    text_field: str = "text",
+    text_field: str | None = None,
     split: str = "train",
     input_format: str | None = None,
     data_format: str = "parquet",
@@ -506,6 +367,11 @@ def tokenize_dataset(
     ray_address: str | None = None,
     storage: StorageConfig | None = None,
     progress: Callable[[int], None] | None = None,
+    chat_template: str | os.PathLike[str] | ChatTemplate | None = None,
+    chat_template_name: str | None = None,
+    loss_on: LossOn = "all",
+    chat_options: Mapping[str, Any] | None = None,
+    tools_field: str | None = None,
 ) -> TokenizedDataset:
     """Tokenises the text field of every record of ``inputs`` into a token dataset at ``output``.
 
@@ -527,6 +393,16 @@ def tokenize_dataset(
     input shard is tokenised in a Ray task of one CPU; this process publishes the manifest.
     ``progress(n)``, when given, is called as ``n`` more inputs are done (``o41 tokenize``
     draws its progress bar with it).
+
+    **Conversations.** With ``chat_template`` (a ``tokenizer_config.json``, whose named template
+    ``chat_template_name`` it may pick, or a :class:`ChatTemplate`), ``text_field`` (default
+    ``messages``) holds a conversation, a list of ``{"role", "content", ...}`` messages, and
+    ``tools_field`` optionally the tool schemas. Each is rendered as ``transformers``'
+    ``apply_chat_template`` renders it, with ``chat_options`` as the template's switches
+    (``{"enable_thinking": False}``), and becomes a record ``{"input_ids": [...], "loss_mask":
+    [...]}``: int32 ids with no eos added (the template writes its own end tokens) and a uint8
+    mask of 1 on the tokens the assistant wrote, in every assistant turn (``loss_on="all"``) or
+    the last (``"last"``). ``tokens_per_shard`` counts ids. See ``docs/post_training.md``.
 
     Examples:
         >>> result = tokenize_dataset(["corpus.jsonl.gz"], "tokens/data-manifest-v1.json")  # doctest: +SKIP
@@ -552,10 +428,23 @@ def tokenize_dataset(
     for option, value in (("tokens_per_shard", tokens_per_shard), ("batch_size", batch_size)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise _invalid(option, f"expected an integer of at least 1, got {value!r}")
+    if text_field is None:
+        text_field = "text" if chat_template is None else "messages"
     if not text_field:
         raise _invalid("text_field", "an empty field name")
+    if tools_field is not None and chat_template is None:
+        raise _invalid("tools_field", "tool schemas are for conversations; give chat_template too")
     config = storage or StorageConfig.resolve()
     text_tokenizer = _tokenizer_of(tokenizer, eos, config)
+    chat = None
+    if chat_template is not None:
+        if not isinstance(chat_template, ChatTemplate):
+            chat_template = ChatTemplate.from_tokenizer_config(
+                chat_template, chat_template_name, storage=config
+            )
+        chat = ChatEncoder(text_tokenizer, chat_template, loss_on=loss_on, **dict(chat_options or {}))
+    elif chat_template_name is not None or chat_options is not None:
+        raise _invalid("chat_template", "chat_template_name and chat_options need chat_template")
     saver = DatasetSaver(output, data_format, storage=config)
     digits = max(5, len(str(len(paths) - 1)))
     jobs = [
@@ -571,6 +460,8 @@ def tokenize_dataset(
             tokens_per_shard,
             batch_size,
             config,
+            chat,
+            tools_field,
         )
         for k, (path, encoding) in enumerate(zip(paths, encodings, strict=True))
     ]

@@ -1,0 +1,340 @@
+"""Conversations rendered with a tokenizer's chat template, tokenised with an assistant loss mask.
+
+The template is Jinja, rendered by ``jinja2`` in the sandbox and with the settings Hugging Face
+``transformers`` renders it with (``trim_blocks``, ``lstrip_blocks``, loop controls, its
+``tojson``, ``raise_exception`` and ``strftime_now``), so that the text, and so the token ids,
+equal ``apply_chat_template(..., tokenize=True)``. The loss mask follows
+``return_assistant_tokens_mask=True``: the characters a template wraps in
+``{% generation %}...{% endgeneration %}`` are the assistant's, and the tokens from the one
+holding a block's first character to the one holding its last are masked in. See ``docs/post_training.md``.
+"""
+
+from __future__ import annotations
+
+import datetime
+import hashlib
+import json
+import os
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import numpy as np
+import numpy.typing as npt
+
+from ._errors import DataError
+from ._errors import invalid as _invalid
+from ._storage import StorageConfig, normalize
+from ._tokenizer import TextTokenizer
+
+__all__ = ["ChatEncoder", "ChatEncoding", "ChatTemplate", "RenderedChat"]
+
+LossOn = Literal["all", "last"]
+"""Which assistant turns count towards the loss: every one, or the last only."""
+
+_GENERATION_MARK = re.compile(r"\{%-?\s*generation\s*-?%\}")
+# The special tokens a template may name, as tokenizer_config.json holds them.
+_SPECIAL_TOKENS = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token")
+_EXTRA_HINT = "pip install jinja2 (chat templates are Jinja)"
+
+
+@dataclass(frozen=True)
+class RenderedChat:
+    """A conversation rendered as text, with the character spans the assistant wrote.
+
+    ``assistant_spans`` are ``(start, end)`` character offsets of ``text``, in order, one per
+    ``{% generation %}`` block the template rendered.
+    """
+
+    text: str
+    assistant_spans: tuple[tuple[int, int], ...]
+
+
+class _Tracker:
+    """Where a render being tracked keeps its output so far and the generation spans found."""
+
+    __slots__ = ("blocks", "spans")
+
+    def __init__(self) -> None:
+        self.blocks: list[str] | None = None
+        self.spans: list[tuple[int, int]] = []
+
+
+def _jinja_environment(tracker: _Tracker) -> Any:
+    """The sandboxed environment, with the generation tag recording where its output lands."""
+    try:
+        import jinja2
+        from jinja2 import nodes
+        from jinja2.ext import Extension, loopcontrols
+        from jinja2.sandbox import ImmutableSandboxedEnvironment
+    except ImportError as err:
+        raise ImportError(f"rendering a chat template needs the `jinja2` package: {_EXTRA_HINT}") from err
+
+    class Generation(Extension):
+        """``{% generation %}...{% endgeneration %}``: its output, recorded as a span."""
+
+        tags = {"generation"}  # noqa: RUF012 (jinja2's own class attribute)
+
+        def parse(self, parser: Any) -> Any:
+            lineno = next(parser.stream).lineno
+            body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
+            call = self.call_method("_record", [], [], None, None)
+            return nodes.CallBlock(call, [], [], body).set_lineno(lineno)
+
+        @jinja2.pass_eval_context
+        def _record(self, context: Any, caller: Any) -> str:
+            text = str(caller())
+            # `generate` hands out the output as it is made, so what came before this block is
+            # in `blocks` already. Like transformers, nothing is recorded before anything was.
+            if tracker.blocks is not None and (tracker.blocks or tracker.spans):
+                start = sum(map(len, tracker.blocks))
+                tracker.spans.append((start, start + len(text)))
+            return text
+
+    def raise_exception(message: str) -> None:
+        raise jinja2.exceptions.TemplateError(message)
+
+    def tojson(
+        value: Any,
+        ensure_ascii: bool = False,
+        indent: int | None = None,
+        separators: tuple[str, str] | None = None,
+        sort_keys: bool = False,
+    ) -> str:
+        return json.dumps(
+            value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys
+        )
+
+    def strftime_now(format: str) -> str:
+        return datetime.datetime.now().strftime(format)
+
+    environment = ImmutableSandboxedEnvironment(
+        trim_blocks=True, lstrip_blocks=True, extensions=[Generation, loopcontrols]
+    )
+    environment.filters["tojson"] = tojson
+    environment.globals["raise_exception"] = raise_exception
+    environment.globals["strftime_now"] = strftime_now
+    return environment
+
+
+class ChatTemplate:
+    """A chat template: Jinja text and the special tokens it may name.
+
+    Build one from a ``tokenizer_config.json`` (:meth:`from_tokenizer_config`) or from the
+    template text. :meth:`render` turns a conversation (a list of ``{"role", "content"}``
+    messages) into text and the character spans the template marks as the assistant's.
+
+    Examples:
+        >>> template = ChatTemplate(
+        ...     "{% for m in messages %}<{{ m['role'] }}>{% if m['role'] == 'assistant' %}"
+        ...     "{% generation %}{{ m['content'] }}</s>{% endgeneration %}{% else %}"
+        ...     "{{ m['content'] }}{% endif %}{% endfor %}"
+        ... )
+        >>> template.render([{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}])
+        RenderedChat(text='<user>hi<assistant>yo</s>', assistant_spans=((19, 25),))
+
+    """
+
+    def __init__(self, template: str, special_tokens: Mapping[str, str] | None = None) -> None:
+        if not isinstance(template, str) or not template:
+            raise _invalid("chat_template", "expected the template's Jinja text")
+        self.template = template
+        """The Jinja text."""
+        self.special_tokens = dict(special_tokens or {})
+        """``bos_token``, ``eos_token``, ... as the template sees them."""
+        self._tracker = _Tracker()
+        self._environment = _jinja_environment(self._tracker)
+        try:
+            self._compiled = self._environment.from_string(template)
+        except Exception as err:  # jinja2.TemplateSyntaxError, with its line
+            raise _invalid("chat_template", f"not a valid Jinja template ({err})") from None
+
+    @property
+    def marks_generation(self) -> bool:
+        """Whether the template wraps the assistant's output in ``{% generation %}`` blocks."""
+        return _GENERATION_MARK.search(self.template) is not None
+
+    @classmethod
+    def from_tokenizer_config(
+        cls,
+        path: str | os.PathLike[str],
+        name: str | None = None,
+        *,
+        storage: StorageConfig | None = None,
+    ) -> ChatTemplate:
+        """The chat template of a ``tokenizer_config.json`` (local path or ``s3://``).
+
+        ``chat_template`` is the template's text, or a list of named templates
+        (``[{"name": ..., "template": ...}]``) of which ``name`` picks one (``default`` when
+        omitted). A ``chat_template.jinja`` beside the file, as newer tokenizers save it, is
+        used when the config holds none. Raises :class:`ConfigError` naming the file.
+        """
+        uri = normalize(path, "tokenizer_config")
+        store = (storage or StorageConfig()).core()
+        try:
+            config = json.loads(bytes(store.read(uri)).decode("utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError) as err:
+            raise _invalid("tokenizer_config", f"{uri} is not JSON ({err})") from None
+        if not isinstance(config, dict):
+            raise _invalid("tokenizer_config", f"{uri} is not a JSON object")
+        template = config.get("chat_template")
+        if template is None:
+            beside = uri.rsplit("/", 1)[0] + "/chat_template.jinja"
+            try:
+                template = bytes(store.read(beside)).decode("utf-8")
+            except Exception:
+                raise _invalid(
+                    "tokenizer_config", f"{uri} has no chat_template, nor is there {beside}"
+                ) from None
+        if isinstance(template, list):
+            named = {t.get("name"): t.get("template") for t in template if isinstance(t, dict)}
+            wanted = name or "default"
+            if wanted not in named:
+                raise _invalid(
+                    "chat_template_name",
+                    f"{uri} has no template named {wanted!r}; it has {', '.join(map(str, named))}",
+                )
+            template = named[wanted]
+        elif name is not None:
+            raise _invalid("chat_template_name", f"{uri} has one unnamed template, not {name!r}")
+        if not isinstance(template, str):
+            raise _invalid("tokenizer_config", f"{uri}: chat_template is not text")
+        tokens = {}
+        for key in _SPECIAL_TOKENS:
+            value = config.get(key)
+            if isinstance(value, dict):  # an AddedToken as saved: {"content": ..., ...}
+                value = value.get("content")
+            if isinstance(value, str):
+                tokens[key] = value
+        return cls(template, tokens)
+
+    def render(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        *,
+        tools: Sequence[Mapping[str, Any]] | None = None,
+        add_generation_prompt: bool = False,
+        **switches: Any,
+    ) -> RenderedChat:
+        """The conversation as text, with the assistant's spans.
+
+        ``switches`` are the template's own variables (``enable_thinking=False``, ...).
+        Raises :class:`DataError` when the template refuses the conversation (its
+        ``raise_exception``, such as roles that do not alternate).
+        """
+        blocks: list[str] = []
+        spans: list[tuple[int, int]] = []
+        self._tracker.blocks, self._tracker.spans = blocks, spans
+        try:
+            for block in self._compiled.generate(
+                messages=messages,
+                tools=tools,
+                add_generation_prompt=add_generation_prompt,
+                **{**self.special_tokens, **switches},
+            ):
+                blocks.append(block)
+        except Exception as err:
+            raise DataError(f"the chat template refused the conversation: {err}") from None
+        finally:
+            self._tracker.blocks, self._tracker.spans = None, []
+        return RenderedChat("".join(blocks), tuple(spans))
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"template": self.template, "special_tokens": self.special_tokens}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(state["template"], state["special_tokens"])  # type: ignore[misc]
+
+    def __repr__(self) -> str:
+        return f"ChatTemplate({len(self.template)} characters, marks_generation={self.marks_generation})"
+
+
+@dataclass(frozen=True)
+class ChatEncoding:
+    """One conversation's token ids and loss mask, of equal length."""
+
+    input_ids: npt.NDArray[np.int32]
+    loss_mask: npt.NDArray[np.uint8]
+
+
+class ChatEncoder:
+    """Renders conversations with a template and tokenises them with a loss mask.
+
+    ``loss_on="all"`` masks in every assistant turn, ``"last"`` the last one only. The template
+    must mark generation (``{% generation %}`` blocks; :class:`DataError` otherwise), since the
+    mask is exactly what it marks. Ids are the tokenizer's for the rendered text with no special
+    tokens added: the template writes them.
+
+    One encoder renders one conversation at a time: give each thread its own.
+
+    Examples:
+        >>> encoder = ChatEncoder(TextTokenizer.from_file("tokenizer.json"), template)  # doctest: +SKIP
+        >>> encoder.encode([{"role": "user", "content": "hi"}]).loss_mask  # doctest: +SKIP
+
+    """
+
+    def __init__(
+        self,
+        tokenizer: TextTokenizer,
+        template: ChatTemplate,
+        *,
+        loss_on: LossOn = "all",
+        **switches: Any,
+    ) -> None:
+        if tokenizer.identity.kind != "tokenizers":
+            raise _invalid("tokenizer", "chat rendering needs a tokenizer.json (its offsets place the mask)")
+        if loss_on not in ("all", "last"):
+            raise _invalid("loss_on", f"expected 'all' or 'last', got {loss_on!r}")
+        if not template.marks_generation:
+            raise _invalid(
+                "chat_template",
+                "it has no {% generation %} blocks, so it does not say which tokens the assistant "
+                "wrote; use a template that marks them (docs/post_training.md)",
+            )
+        self.tokenizer = tokenizer
+        self.template = template
+        self.loss_on = loss_on
+        self.switches = switches
+
+    def identity(self) -> dict[str, Any]:
+        """What a token dataset records of this encoder: the template's hash, the options."""
+        text = json.dumps([self.template.template, self.template.special_tokens], sort_keys=True)
+        return {
+            "template_sha256": hashlib.sha256(text.encode()).hexdigest(),
+            "loss_on": self.loss_on,
+            "options": json.loads(json.dumps(self.switches, sort_keys=True, default=str)),
+        }
+
+    def encode_batch(
+        self,
+        conversations: Sequence[Sequence[Mapping[str, Any]]],
+        tools: Sequence[Sequence[Mapping[str, Any]] | None] | None = None,
+    ) -> list[ChatEncoding]:
+        """Each conversation's ids and mask; tokenised in one call to the Rust tokenizer."""
+        rendered = [
+            self.template.render(messages, tools=None if tools is None else tools[i], **self.switches)
+            for i, messages in enumerate(conversations)
+        ]
+        encodings = self.tokenizer.hf().encode_batch([r.text for r in rendered], add_special_tokens=False)
+        out = []
+        for chat, encoding in zip(rendered, encodings, strict=True):
+            ids = np.asarray(encoding.ids, dtype=np.int32)
+            mask = np.zeros(len(ids), dtype=np.uint8)
+            spans = chat.assistant_spans[-1:] if self.loss_on == "last" else chat.assistant_spans
+            for start, end in spans:
+                if end <= start:
+                    continue
+                first = encoding.char_to_token(start)
+                last = encoding.char_to_token(end - 1)
+                if first is None:
+                    continue
+                mask[first : (last + 1 if last is not None else len(ids))] = 1
+            out.append(ChatEncoding(ids, mask))
+        return out
+
+    def encode(
+        self, messages: Sequence[Mapping[str, Any]], tools: Sequence[Mapping[str, Any]] | None = None
+    ) -> ChatEncoding:
+        """One conversation's ids and mask."""
+        return self.encode_batch([messages], None if tools is None else [tools])[0]

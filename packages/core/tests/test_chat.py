@@ -1,0 +1,386 @@
+"""Chat templates: token-for-token and mask-for-mask against ``transformers``' ``apply_chat_template``.
+
+Four template families ship as test files (``data/chat_templates``: ChatML, Llama 3, Mistral,
+Qwen3 with thinking), each with ``{% generation %}`` marks; the tokenizer is a byte-level BPE
+trained here, with every family's special tokens.
+"""
+
+# ruff: noqa: RUF001 (conversations hold non-ASCII text on purpose)
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from o41_training_data import ChatEncoder, ChatTemplate, ConfigError, DataError, TextTokenizer
+
+TEMPLATES = Path(__file__).parent / "data" / "chat_templates"
+FAMILIES = ("chatml", "llama3", "mistral", "qwen3")
+SPECIAL = [
+    "<|endoftext|>",
+    "<|im_start|>",
+    "<|im_end|>",
+    "<|begin_of_text|>",
+    "<|start_header_id|>",
+    "<|end_header_id|>",
+    "<|eot_id|>",
+    "<s>",
+    "</s>",
+    "[INST]",
+    "[/INST]",
+    "<think>",
+    "</think>",
+    "<tool_call>",
+    "</tool_call>",
+]
+BOS = {"chatml": "<|endoftext|>", "llama3": "<|begin_of_text|>", "mistral": "<s>", "qwen3": "<|endoftext|>"}
+EOS = {"chatml": "<|im_end|>", "llama3": "<|eot_id|>", "mistral": "</s>", "qwen3": "<|im_end|>"}
+
+TOOL = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "Weather in a city",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+    },
+}
+CONVERSATIONS: list[list[dict[str, Any]]] = [
+    [{"role": "user", "content": "Hello!"}, {"role": "assistant", "content": "Hi, how can I help?"}],
+    [
+        {"role": "system", "content": "You are terse."},
+        {"role": "user", "content": "2+2?"},
+        {"role": "assistant", "content": "4"},
+        {"role": "user", "content": "And 3×3 — in words, please? ünïcödé 🙂"},
+        {"role": "assistant", "content": "  Nine.  "},
+    ],
+    [
+        {"role": "user", "content": "Translate 'chat' to French."},
+        {"role": "assistant", "content": "« chat »\nwith a newline\n"},
+        {"role": "user", "content": "Thanks"},
+        {"role": "assistant", "content": "You're welcome."},
+    ],
+]
+THINKING = [
+    {"role": "user", "content": "Is 17 prime?"},
+    {"role": "assistant", "content": "<think>\nCheck 2, 3: no divisors.\n</think>\n\nYes, 17 is prime."},
+    {"role": "user", "content": "And 21?"},
+    {"role": "assistant", "content": "No: 3 × 7.", "reasoning_content": "21 = 3 * 7"},
+]
+
+
+@pytest.fixture(scope="module")
+def tokenizer_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    bpe = Tokenizer(models.BPE())
+    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    bpe.decoder = decoders.ByteLevel()
+    corpus = [m["content"] for c in [*CONVERSATIONS, THINKING] for m in c] * 20
+    trainer = trainers.BpeTrainer(
+        vocab_size=600, special_tokens=SPECIAL, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
+    )
+    bpe.train_from_iterator(corpus, trainer)
+    directory = tmp_path_factory.mktemp("tokenizer")
+    bpe.save(str(directory / "tokenizer.json"))
+    return directory
+
+
+def family_config(tokenizer_dir: Path, family: str) -> Path:
+    """A tokenizer_config.json of ``family`` beside the tokenizer, as transformers saves one."""
+    directory = tokenizer_dir / family
+    directory.mkdir(exist_ok=True)
+    (directory / "tokenizer.json").write_bytes((tokenizer_dir / "tokenizer.json").read_bytes())
+    config = {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "bos_token": BOS[family],
+        # An AddedToken as transformers saves one: the content is what the template sees.
+        "eos_token": {
+            "__type": "AddedToken",
+            "content": EOS[family],
+            "lstrip": False,
+            "normalized": False,
+            "rstrip": False,
+            "single_word": False,
+            "special": True,
+        },
+        "chat_template": (TEMPLATES / f"{family}.jinja").read_text(),
+    }
+    (directory / "tokenizer_config.json").write_text(json.dumps(config))
+    return directory / "tokenizer_config.json"
+
+
+def reference(config: Path, messages: list[dict[str, Any]], **kwargs: Any) -> tuple[list[int], list[int]]:
+    from transformers import AutoTokenizer
+
+    hf = AutoTokenizer.from_pretrained(str(config.parent))
+    out = hf.apply_chat_template(
+        messages, tokenize=True, return_dict=True, return_assistant_tokens_mask=True, **kwargs
+    )
+    return list(out["input_ids"]), list(out["assistant_masks"])
+
+
+def cases(family: str) -> list[tuple[list[dict[str, Any]], dict[str, Any]]]:
+    out: list[tuple[list[dict[str, Any]], dict[str, Any]]] = [(c, {}) for c in CONVERSATIONS]
+    if family in ("llama3", "qwen3"):
+        out.append((CONVERSATIONS[0], {"tools": [TOOL]}))
+    if family == "qwen3":
+        out.append((THINKING, {}))
+        prompt = THINKING[:3]
+        out.append((prompt, {"add_generation_prompt": True, "enable_thinking": False}))
+        out.append((prompt, {"add_generation_prompt": True}))
+        calls = [
+            {"role": "user", "content": "Weather in Paris?"},
+            {
+                "role": "assistant",
+                "content": "",
+                "tool_calls": [{"function": {"name": "get_weather", "arguments": {"city": "Paris"}}}],
+            },
+            {"role": "tool", "content": "18°C"},
+            {"role": "assistant", "content": "It is 18°C."},
+        ]
+        out.append((calls, {"tools": [TOOL]}))
+    if family == "mistral":
+        out = [(c, k) for c, k in out if c[0]["role"] != "system" or len(c) % 2 == 1]
+    return out
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_ids_and_masks_equal_transformers(tokenizer_dir: Path, family: str) -> None:
+    config = family_config(tokenizer_dir, family)
+    template = ChatTemplate.from_tokenizer_config(config)
+    tokenizer = TextTokenizer.from_file(config.parent / "tokenizer.json", eos=EOS[family])
+    masked = 0
+    for messages, kwargs in cases(family):
+        tools = kwargs.pop("tools", None)
+        expected_ids, expected_mask = reference(config, messages, tools=tools, **kwargs)
+        encoder = ChatEncoder(tokenizer, template, **kwargs)
+        got = encoder.encode(messages, tools=tools)
+        assert got.input_ids.tolist() == expected_ids, (family, messages, kwargs)
+        assert got.loss_mask.tolist() == expected_mask, (family, messages, kwargs)
+        assert got.input_ids.dtype == np.int32
+        assert got.loss_mask.dtype == np.uint8
+        masked += int(got.loss_mask.sum())
+        # Last turn only: the same mask with every earlier assistant turn masked out.
+        last = ChatEncoder(tokenizer, template, loss_on="last", **kwargs).encode(messages, tools=tools)
+        assert last.input_ids.tolist() == expected_ids
+        spans = template.render(messages, tools=tools, **kwargs).assistant_spans
+        if spans:
+            assert 0 < int(last.loss_mask.sum()) <= int(got.loss_mask.sum())
+            assert (last.loss_mask <= got.loss_mask).all()
+            first_masked = int(np.argmax(last.loss_mask))
+            assert (last.loss_mask[first_masked:] == got.loss_mask[first_masked:]).all()
+        else:
+            assert int(last.loss_mask.sum()) == 0
+    assert masked > 0
+
+
+def test_the_mask_covers_the_assistant_text_and_its_end_of_turn_token(tokenizer_dir: Path) -> None:
+    config = family_config(tokenizer_dir, "chatml")
+    tokenizer = TextTokenizer.from_file(config.parent / "tokenizer.json", eos="<|im_end|>")
+    encoder = ChatEncoder(tokenizer, ChatTemplate.from_tokenizer_config(config))
+    got = encoder.encode(CONVERSATIONS[0])
+    hf = tokenizer.hf()
+    masked_text = hf.decode(got.input_ids[got.loss_mask == 1].tolist(), skip_special_tokens=False)
+    assert masked_text == "Hi, how can I help?<|im_end|>"
+    im_end = hf.token_to_id("<|im_end|>")
+    # The user's end-of-turn token is not the assistant's.
+    ends = np.flatnonzero(got.input_ids == im_end)
+    assert got.loss_mask[ends].tolist() == [0, 1]
+
+
+def test_named_templates_and_a_template_file_beside_the_config(tokenizer_dir: Path, tmp_path: Path) -> None:
+    chatml = (TEMPLATES / "chatml.jinja").read_text()
+    config = tmp_path / "tokenizer_config.json"
+    config.write_text(
+        json.dumps(
+            {
+                "chat_template": [
+                    {"name": "default", "template": chatml},
+                    {"name": "tool_use", "template": "x"},
+                ]
+            }
+        )
+    )
+    assert ChatTemplate.from_tokenizer_config(config).template == chatml
+    assert ChatTemplate.from_tokenizer_config(config, "tool_use").template == "x"
+    with pytest.raises(ConfigError, match="no template named 'rag'"):
+        ChatTemplate.from_tokenizer_config(config, "rag")
+    config.write_text(json.dumps({"eos_token": "</s>"}))
+    with pytest.raises(ConfigError, match="no chat_template"):
+        ChatTemplate.from_tokenizer_config(config)
+    (tmp_path / "chat_template.jinja").write_text(chatml)
+    beside = ChatTemplate.from_tokenizer_config(config)
+    assert beside.template == chatml
+    assert beside.special_tokens == {"eos_token": "</s>"}
+
+
+def test_refusals_name_what_is_wrong(tokenizer_dir: Path) -> None:
+    config = family_config(tokenizer_dir, "mistral")
+    template = ChatTemplate.from_tokenizer_config(config)
+    tokenizer = TextTokenizer.from_file(config.parent / "tokenizer.json", eos="</s>")
+    encoder = ChatEncoder(tokenizer, template)
+    with pytest.raises(DataError, match="roles must alternate"):
+        encoder.encode([{"role": "user", "content": "a"}, {"role": "user", "content": "b"}])
+    with pytest.raises(ConfigError, match="generation"):
+        ChatEncoder(tokenizer, ChatTemplate("{% for m in messages %}{{ m.content }}{% endfor %}"))
+    with pytest.raises(ConfigError, match="tokenizer.json"):
+        ChatEncoder(TextTokenizer.byte(), template)
+    with pytest.raises(ConfigError, match="Jinja"):
+        ChatTemplate("{% for m in messages %}")
+    with pytest.raises(ConfigError, match="loss_on"):
+        ChatEncoder(tokenizer, template, loss_on="first")  # type: ignore[arg-type]
+    # The sandbox: a template cannot reach Python internals.
+    escape = ChatTemplate("{% generation %}{{ messages.__class__.__mro__ }}{% endgeneration %}")
+    with pytest.raises(DataError):
+        escape.render([])
+
+
+def chat_corpus(root: Path, count: int = 30) -> list[list[dict[str, Any]]]:
+    """``count`` conversations cycling through the test conversations, with a marker each."""
+    out = []
+    for k in range(count):
+        base = CONVERSATIONS[k % len(CONVERSATIONS)]
+        out.append([{**m, "content": f"{m['content']} #{k}"} for m in base])
+    return out
+
+
+def test_tokenize_dataset_renders_conversations_resumably(tokenizer_dir: Path, tmp_path: Path) -> None:
+    from o41_testkit import collect, config_for
+    from o41_training_data import load_manifest, open_batch_stream, tokenize_dataset
+
+    config = family_config(tokenizer_dir, "chatml")
+    conversations = chat_corpus(tmp_path)
+    # One input as JSON Lines, one as Parquet (list<struct<role, content>>), as HF datasets writes.
+    jsonl = tmp_path / "chats.jsonl"
+    jsonl.write_text(
+        "".join(json.dumps({"messages": c, "id": k}) + "\n" for k, c in enumerate(conversations[:20]))
+    )
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    parquet = tmp_path / "chats.parquet"
+    pq.write_table(pa.Table.from_pylist([{"messages": c} for c in conversations[20:]]), parquet)
+    tokenizer_json = config.parent / "tokenizer.json"
+    out = tmp_path / "sft" / "data-manifest-v1.json"
+
+    def run(**kwargs: Any) -> Any:
+        return tokenize_dataset(
+            [jsonl, parquet],
+            out,
+            tokenizer=tokenizer_json,
+            eos="<|im_end|>",
+            chat_template=config,
+            tokens_per_shard=200,
+            **kwargs,
+        )
+
+    result = run()
+    expected = [reference(config, c) for c in conversations]
+    assert result.documents == len(conversations)
+    assert result.tokens == sum(len(ids) for ids, _ in expected)
+    manifest = load_manifest(out)
+    shards = manifest.splits["train"].shards
+    assert len(shards) > 2  # parts close at tokens_per_shard
+    rows = [r for s in shards for r in pq.read_table(s.path).to_pylist()]
+    assert [r["input_ids"] for r in rows] == [ids for ids, _ in expected]
+    assert [r["loss_mask"] for r in rows] == [mask for _, mask in expected]
+    assert pq.read_schema(shards[0].path).field("loss_mask").type == pa.list_(pa.uint8())
+    # Run again: every shard is recovered, the same dataset is published.
+    again = run()
+    assert again.manifest.to_json() == result.manifest.to_json()
+    # Other chat options than the completed shards': refused, naming the option.
+    with pytest.raises(ConfigError, match="chat") as refused:
+        run(loss_on="last")
+    assert refused.value.option == "chat"
+
+    # Unpacked SFT: the projected mask summed over an epoch is the corpus's assistant tokens.
+    from o41_training_data import FileSource, ProjectedField
+
+    width = max(len(ids) for ids, _ in expected)
+    stream_config = config_for(
+        [FileSource([s.path for s in shards])],
+        [
+            ProjectedField("ids", "input_ids", "i32", length=width),
+            ProjectedField("mask", "loss_mask", "i32", length=width),
+        ],
+        batch_size=5,  # divides the 30 conversations: an epoch is every row
+    )
+    batches = collect(stream_config)
+    assert sum(len(b["ids"]) for b in batches) == len(conversations)
+    assert sum(int(b["mask"].sum()) for b in batches) == sum(sum(mask) for _, mask in expected)
+    with open_batch_stream(stream_config) as stream:
+        first = next(iter(stream)).arrays()
+    assert first["ids"].dtype == np.int32
+
+
+def test_tokenize_refuses_a_record_that_is_no_conversation(tokenizer_dir: Path, tmp_path: Path) -> None:
+    from o41_training_data import tokenize_dataset
+
+    config = family_config(tokenizer_dir, "chatml")
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(
+        json.dumps({"messages": CONVERSATIONS[0]}) + "\n" + json.dumps({"messages": "just text"}) + "\n"
+    )
+    with pytest.raises(DataError, match=r"record 1, field 'messages': a str, not a list of messages") as info:
+        tokenize_dataset(
+            [bad],
+            tmp_path / "out" / "data-manifest-v1.json",
+            tokenizer=config.parent / "tokenizer.json",
+            eos="<|im_end|>",
+            chat_template=config,
+        )
+    assert info.value.row == 1
+    with pytest.raises(ConfigError, match="tools_field"):
+        tokenize_dataset([bad], tmp_path / "o2" / "m.json", tools_field="tools")
+
+
+def test_o41_tokenize_chat(tokenizer_dir: Path, tmp_path: Path) -> None:
+    from o41_training_data import load_manifest
+    from o41_training_data._cli import main
+
+    config = family_config(tokenizer_dir, "qwen3")
+    chats = tmp_path / "chats.jsonl"
+    prompt = THINKING[:3]
+    chats.write_text(
+        json.dumps({"conversation": THINKING}) + "\n" + json.dumps({"conversation": prompt}) + "\n"
+    )
+    out = tmp_path / "tok" / "data-manifest-v1.json"
+    argv = [
+        "tokenize",
+        str(chats),
+        "--output",
+        str(out),
+        "--tokenizer",
+        str(config.parent / "tokenizer.json"),
+        "--eos",
+        "<|im_end|>",
+        "--chat",
+        str(config),
+        "--text-field",
+        "conversation",
+        "--chat-option",
+        "add_generation_prompt=true",
+        "--chat-option",
+        "enable_thinking=false",
+        "--loss-on",
+        "last",
+    ]
+    assert main(argv) == 0
+    import pyarrow.parquet as pq
+
+    rows = [r for s in load_manifest(out).splits["train"].shards for r in pq.read_table(s.path).to_pylist()]
+    for row, messages in zip(rows, (THINKING, prompt), strict=True):
+        ids, mask = reference(config, messages, add_generation_prompt=True, enable_thinking=False)
+        assert row["input_ids"] == ids
+        # Last turn only: the reference mask from the last generation block on.
+        spans = (
+            ChatTemplate.from_tokenizer_config(config)
+            .render(messages, add_generation_prompt=True, enable_thinking=False)
+            .assistant_spans
+        )
+        if len(spans) > 1:
+            assert sum(row["loss_mask"]) < sum(mask)
+        assert all(a <= b for a, b in zip(row["loss_mask"], mask, strict=True))
+    assert main([*argv[:-2], "--chat-option", "novalue"]) == 2
