@@ -384,3 +384,75 @@ def test_o41_tokenize_chat(tokenizer_dir: Path, tmp_path: Path) -> None:
             assert sum(row["loss_mask"]) < sum(mask)
         assert all(a <= b for a, b in zip(row["loss_mask"], mask, strict=True))
     assert main([*argv[:-2], "--chat-option", "novalue"]) == 2
+
+
+def test_a_packed_sft_stream_keeps_every_assistant_token_with_its_mask(
+    tokenizer_dir: Path, tmp_path: Path
+) -> None:
+    from dataclasses import replace
+
+    from o41_testkit import collect
+    from o41_training_data import (
+        BatchStreamConfig,
+        FileSource,
+        Packing,
+        ProjectedField,
+        Shuffle,
+        Stage,
+        tokenize_dataset,
+    )
+    from o41_training_data.testing import assert_resumable
+
+    config = family_config(tokenizer_dir, "chatml")
+    conversations = chat_corpus(tmp_path, count=24)
+    source = tmp_path / "chats.jsonl"
+    source.write_text("".join(json.dumps({"messages": c}) + "\n" for c in conversations))
+    result = tokenize_dataset(
+        [source],
+        tmp_path / "sft" / "data-manifest-v1.json",
+        tokenizer=config.parent / "tokenizer.json",
+        eos="<|im_end|>",
+        chat_template=config,
+        tokens_per_shard=300,
+    )
+    expected = [reference(config, c) for c in conversations]
+    assistant_tokens = sum(sum(mask) for _, mask in expected)
+    seq_len = 64
+    stream_config = BatchStreamConfig(
+        fields=[
+            ProjectedField("input_ids", "input_ids", "i32", length=seq_len),
+            ProjectedField("loss_mask", "loss_mask", "i32", length=seq_len),
+            ProjectedField("segment_ids", "@segment_ids", "i32", length=seq_len),
+            ProjectedField("positions", "@positions", "i32", length=seq_len),
+        ],
+        stages=[
+            Stage(
+                sources=[FileSource([s.path for s in result.manifest.splits["train"].shards])],
+                batch_size=1,
+                packing=Packing(field="input_ids", seq_len=seq_len, bins=4),
+            )
+        ],
+        seed=3,
+    )
+    batches = collect(stream_config)
+    assert sum(int(b["loss_mask"].sum()) for b in batches) == assistant_tokens
+    # No token is split from its mask: each segment is a run of one conversation, its
+    # (id, mask) pairs those of that conversation from the segment's first position on.
+    pairs = {tuple(ids): mask for ids, mask in expected}
+    for batch in batches:
+        segments, positions = batch["segment_ids"][0], batch["positions"][0]
+        for segment in range(1, int(segments.max()) + 1):
+            at = np.flatnonzero(segments == segment)
+            ids = batch["input_ids"][0][at].tolist()
+            start = int(positions[at[0]])
+            owners = [doc for doc in pairs if list(doc[start : start + len(ids)]) == ids]
+            assert owners, "a segment is a piece of one conversation"
+            assert batch["loss_mask"][0][at].tolist() == pairs[owners[0]][start : start + len(ids)]
+    # Two ranks together deliver the same epoch; every stop point resumes exactly.
+    per_rank = [collect(replace(stream_config, rank=r, world_size=2)) for r in range(2)]
+    assert sum(int(b["loss_mask"].sum()) for rank in per_rank for b in rank) == assistant_tokens
+    shuffled = replace(
+        stream_config,
+        stages=[replace(stream_config.stages[0], batch_size=2, shuffle=Shuffle(buffer_rows=8, unit_rows=1))],
+    )
+    assert_resumable(shuffled, batches=len(batches) // 2)

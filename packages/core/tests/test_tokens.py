@@ -475,13 +475,93 @@ def test_segment_ids_need_a_token_stage(tmp_path: Path) -> None:
         open_batch_stream(config)
 
 
-def test_a_token_stage_delivers_no_other_record_field(tmp_path: Path) -> None:
+def test_a_token_stage_reads_other_record_fields_only_as_aligned_rows(tmp_path: Path) -> None:
     path = write_lists(tmp_path / "lists.parquet", corpus([3]))
     config = BatchStreamConfig(
         fields=[*fields(4), ProjectedField(name="n", source="n", dtype="i32")],
         stages=packed([path], 4).stages,
     )
-    with pytest.raises(ConfigError, match=r"fields\[3\]\.source.*'n'"):
+    with pytest.raises(ConfigError, match=r"fields\[3\].*'n' is read beside the tokens.*length 4"):
+        open_batch_stream(config)
+
+
+def write_aligned(path: Path, docs: Docs, broken: int | None = None) -> Path:
+    """Token lists with two aligned lists: a uint8 mask (1 on ids divisible by 3) and labels
+    (id + 1000, int64). Record ``broken``'s mask is one element short."""
+    masks = [[int(t % 3 == 0) for t in doc] for doc in docs]
+    if broken is not None:
+        masks[broken] = masks[broken][:-1]
+    table = pa.table(
+        {
+            "tokens": pa.array(docs, pa.list_(pa.int32())),
+            "mask": pa.array(masks, pa.list_(pa.uint8())),
+            "labels": pa.array([[t + 1000 for t in doc] for doc in docs], pa.list_(pa.int64())),
+        }
+    )
+    pq.write_table(table, path, row_group_size=5)
+    return path
+
+
+def aligned_config(path: Path, seq_len: int, **stage: object) -> BatchStreamConfig:
+    config = packed([path], seq_len, bins=3, batch_size=2, **stage)
+    return replace(
+        config,
+        fields=[
+            *config.fields,
+            ProjectedField(name="mask", source="mask", dtype="i32", length=seq_len),
+            ProjectedField(name="labels", source="labels", dtype="i64", length=seq_len, pad=-100),
+        ],
+    )
+
+
+def test_aligned_fields_are_packed_with_their_tokens(tmp_path: Path) -> None:
+    docs = corpus([13, 2, 7, 30, 5, 5, 9, 1, 22, 4, 8, 3])
+    path = write_aligned(tmp_path / "sft.parquet", docs)
+    seq_len = 16
+    delivered = rows(aligned_config(path, seq_len))
+    check_packed(delivered, docs, seq_len, eos=False)
+    for row in delivered:
+        used = row["segment_ids"] > 0
+        tokens = row["tokens"]
+        # Each element is its own token's: cut and padded where the tokens are.
+        np.testing.assert_array_equal(row["mask"][used], (tokens[used] % 3 == 0).astype(np.int32))
+        np.testing.assert_array_equal(row["labels"][used], tokens[used] + 1000)
+        assert (row["mask"][~used] == 0).all()
+        assert (row["labels"][~used] == -100).all()
+    # The mask summed over an epoch is the corpus's.
+    assert sum(int(r["mask"].sum()) for r in delivered) == sum(t % 3 == 0 for doc in docs for t in doc)
+
+
+def test_aligned_fields_resume_and_split_over_ranks_with_their_tokens(tmp_path: Path) -> None:
+    docs = corpus([13, 2, 7, 30, 5, 5, 9, 1, 22, 4, 8, 3] * 2)
+    path = write_aligned(tmp_path / "sft.parquet", docs)
+    config = aligned_config(path, 16, shuffle=Shuffle(buffer_rows=6, unit_rows=1), infinite=True)
+    assert_resumable(config, batches=10)
+    single = rows(config, limit=10)
+    ranks = [rows(replace(config, rank=r, world_size=2), limit=5) for r in range(2)]
+    together = [row for g in range(10) for row in ranks[g % 2][(g // 2) * 2 : (g // 2) * 2 + 2]]
+    assert len(together) == len(single) == 20
+    for a, b in zip(together, single, strict=True):
+        for name in ("tokens", "mask", "labels"):
+            np.testing.assert_array_equal(a[name], b[name])
+
+
+def test_an_aligned_list_of_another_length_fails_naming_record_and_field(tmp_path: Path) -> None:
+    docs = corpus([4, 6, 3])
+    path = write_aligned(tmp_path / "sft.parquet", docs, broken=1)
+    with pytest.raises(
+        ProjectionError, match=r"mask.*holds 5 values where the record's token list holds 6"
+    ) as info:
+        rows(aligned_config(path, 8))
+    assert info.value.row == 1
+    assert info.value.field == "mask"
+
+
+def test_aligned_fields_need_parquet_token_shards(tmp_path: Path) -> None:
+    path = write_bin(tmp_path / "corpus.bin", corpus([3, 4]))
+    config = aligned_config(path, 8)
+    config = replace(config, stages=[replace(config.stages[0], packing=Packing("tokens", 8, eos_id=EOS))])
+    with pytest.raises(ConfigError, match="'mask' would be read beside the tokens.*Parquet"):
         open_batch_stream(config)
 
 

@@ -420,6 +420,9 @@ class Packing:
     window's segment lengths in order, then the pad: what variable-length attention takes
     (FlashAttention's ``cu_seqlens`` are their running sums), at a fraction of the bytes of a
     per-token column. Open refuses a ``k`` smaller than the most segments a window holds.
+    Any other projected record field of a Parquet shard is aligned with the tokens: a list as
+    long as each record's token list (a loss mask, labels), an ``i32`` or ``i64`` of length
+    ``seq_len``, cut and padded exactly where the tokens are.
 
     The windows are planned per shard from its documents alone, so they are the same on every
     rank count and after every resume; ``Shuffle`` then orders windows like any rows. See

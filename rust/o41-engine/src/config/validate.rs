@@ -4,8 +4,7 @@
 use super::resolved::ResolvedConfig;
 use super::schema::{
     is_window_source, FieldSpec, PackingSpec, RampSpec, ShuffleSpec, SourceSpec, Stage,
-    StreamConfig, TokenLayout, WindowsSpec, MAX_BINS, MAX_SEQ_LEN, POSITIONS, SEGMENT_IDS,
-    SEGMENT_LENGTHS,
+    StreamConfig, TokenLayout, WindowsSpec, MAX_BINS, MAX_SEQ_LEN, SEGMENT_LENGTHS,
 };
 use crate::dtype::DType;
 use crate::encoding::Encoding;
@@ -89,21 +88,25 @@ pub(super) fn validate_tokens(
             continue;
         }
         let token_column = f.source == layout.field() || is_window_source(&f.source);
-        if !token_column {
-            if f.source.starts_with('@') {
-                continue; // the reserved scalars (`@row`, `@shard`, ...) describe the window
-            }
-            return Err(Error::config(
-                format!("fields[{i}].source"),
-                format!(
-                    "{option} reads its rows as token windows, which carry '{}', '{SEGMENT_IDS}', '{POSITIONS}', '{SEGMENT_LENGTHS}' and the reserved scalars, not '{}'",
-                    layout.field(),
-                    f.source
-                ),
-            ));
+        if !token_column && f.source.starts_with('@') {
+            continue; // the reserved scalars (`@row`, `@shard`, ...) describe the window
         }
+        // Any other record field is aligned with the tokens (a loss mask, labels, role ids): a
+        // list of the same length in each record, cut and padded where the tokens are.
         found |= f.source == layout.field();
         if !matches!(f.dtype, DType::I32 | DType::I64) || f.shape != [row] {
+            if !token_column {
+                return Err(Error::config(
+                    format!("fields[{i}]"),
+                    format!(
+                        "'{}' is read beside the tokens of {option}, element for element (an \
+                         aligned field, such as a loss mask): declare dtype i32 or i64 and \
+                         length {row}, as the token field '{}'",
+                        f.source,
+                        layout.field()
+                    ),
+                ));
+            }
             return Err(Error::config(
                 format!("fields[{i}]"),
                 format!(

@@ -167,7 +167,23 @@ pub fn inspect_shard(
     }
     let how = TokenInspection { layout, cache };
     let records = format_of(encoding).token_records(storage, &object, layout.field())?;
-    let mut meta = tokens::inspect(storage, &object, (encoding, records), how, max_plan)?;
+    // The stream's other record fields are read beside the tokens, element for element.
+    let mut aligned: Vec<String> = Vec::new();
+    for column in &projection.columns {
+        if column.source != layout.field()
+            && !column.source.starts_with('@')
+            && !aligned.contains(&column.source)
+        {
+            aligned.push(column.source.clone());
+        }
+    }
+    let mut meta = tokens::inspect(
+        storage,
+        &object,
+        (encoding, records),
+        how,
+        (&aligned, max_plan),
+    )?;
     // A manifest counts records; a checkpoint or an open stream, the windows they became.
     if let Some(promise) = promise.filter(|p| p.origin != PromiseOrigin::Manifest) {
         promise.check_rows(path, encoding, meta.rows)?;

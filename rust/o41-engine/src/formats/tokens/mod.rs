@@ -64,11 +64,22 @@ pub(super) enum TokenFile {
         record_starts: Vec<u64>,
     },
     /// Records of one list column; record `r` holds tokens `record_starts[r]..record_starts[r + 1]`.
+    /// `aligned` are the other list columns read beside it, element for element (a loss mask).
     Parquet {
         index: Arc<parquet::ParquetIndex>,
         projection: Projection,
         record_starts: Vec<u64>,
+        aligned: Vec<Aligned>,
     },
+}
+
+/// A list column of a Parquet token shard read beside its tokens: each record's list as long as
+/// its token list, cut and padded where the tokens are.
+#[derive(Debug)]
+pub(super) struct Aligned {
+    pub(super) field: String,
+    pub(super) index: Arc<parquet::ParquetIndex>,
+    pub(super) projection: Projection,
 }
 
 /// A token shard as a stage reads it: its stream, and its windows.
@@ -317,9 +328,20 @@ pub fn inspect(
     object: &Arc<Object>,
     (encoding, records): (Encoding, Option<Arc<dyn TokenRecords>>),
     TokenInspection { layout, cache }: TokenInspection<'_>,
-    max_plan: u64,
+    (aligned, max_plan): (&[String], u64),
 ) -> Result<ShardMeta> {
     let path = object.uri().to_owned();
+    if let (Some(field), false) = (aligned.first(), encoding == Encoding::Parquet) {
+        return Err(Error::config(
+            "fields",
+            format!(
+                "{path}: '{field}' would be read beside the tokens, element for element, and a \
+                 {} shard holds no field but its tokens; aligned fields are read from Parquet \
+                 shards",
+                encoding.name()
+            ),
+        ));
+    }
     let eos = match layout {
         TokenLayout::Packed(p) => p.eos_id,
         TokenLayout::Windows(w) => w.eos_id,
@@ -509,14 +531,29 @@ pub fn inspect(
                 }
             }
             // The Parquet decoder's own, one record of the longest list and a decode batch of
-            // lists widened to i64, and the job's tokens.
-            let scratch =
-                meta.scratch_bytes + 8 * longest + 8 * (1 << 20) + 8 * JOB_ROWS * row_tokens;
+            // lists widened to i64, and the job's tokens; as much again per aligned column.
+            let one = meta.scratch_bytes + 8 * longest + 8 * (1 << 20) + 8 * JOB_ROWS * row_tokens;
+            let mut columns = Vec::with_capacity(aligned.len());
+            for field in aligned {
+                let projection = token_projection(field)?;
+                let meta = parquet::inspect_footer(object.clone(), &projection)?;
+                let index = parquet::index_of(&meta).ok_or_else(|| Error::Internal {
+                    message: "a Parquet inspection without its index".to_owned(),
+                })?;
+                check_token_column(&path, &index, field)?;
+                columns.push(Aligned {
+                    field: field.clone(),
+                    index,
+                    projection,
+                });
+            }
+            let scratch = one * (1 + aligned.len() as u64);
             (
                 TokenFile::Parquet {
                     index,
                     projection,
                     record_starts,
+                    aligned: columns,
                 },
                 tokens,
                 scratch,

@@ -4,7 +4,7 @@
 use std::ops::Range;
 use std::sync::Arc;
 
-use super::{malformed, TokenFile, TokenIndex};
+use super::{malformed, Aligned, TokenFile, TokenIndex};
 use crate::columns::{Chunk, ColumnBuf};
 use crate::config::WindowColumn;
 use crate::encoding::Encoding;
@@ -84,6 +84,16 @@ impl Reader {
         let field = self.index.layout.field();
         // `@segment_ids` and `@positions` are not record columns: the planner writes them.
         let tokens_column = projection.columns.iter().position(|c| c.source == field);
+        // Columns read beside the tokens, element for element: (column, its Parquet column).
+        let aligned: Vec<(usize, &Aligned)> = match &self.index.file {
+            TokenFile::Parquet { aligned, .. } => projection
+                .columns
+                .iter()
+                .enumerate()
+                .filter_map(|(k, c)| aligned.iter().find(|a| a.field == c.source).map(|a| (k, a)))
+                .collect(),
+            _ => Vec::new(),
+        };
         let mut needs: Vec<Need> = Vec::new();
         let mut pieces: Vec<Piece> = Vec::new();
         let mut out_row = 0usize;
@@ -116,6 +126,11 @@ impl Reader {
                     let row = out_row * column.width;
                     chunk.columns[k]
                         .fill_pad(row + at.min(column.width)..row + column.width, column.pad);
+                    for &(a, _) in &aligned {
+                        let other = &projection.columns[a];
+                        chunk.columns[a]
+                            .fill_pad(row + at.min(other.width)..row + other.width, other.pad);
+                    }
                 }
                 out_row += 1;
             }
@@ -125,7 +140,6 @@ impl Reader {
         };
         needs.sort_by_key(|n| n.start);
         let column = &projection.columns[k];
-        let out = &mut chunk.columns[k];
         let fits = |row: u64, v: i128| Error::Projection {
             path: path.to_owned(),
             row,
@@ -133,6 +147,27 @@ impl Reader {
             source_field: column.source.clone(),
             message: format!("token id {v} does not fit dtype {}", column.dtype.name()),
         };
+        if let TokenFile::Parquet { record_starts, .. } = &self.index.file {
+            for &(a, parquet_column) in &aligned {
+                let other = &projection.columns[a];
+                let fits = |row: u64, v: i128| Error::Projection {
+                    path: path.to_owned(),
+                    row,
+                    field: other.name.clone(),
+                    source_field: other.source.clone(),
+                    message: format!("value {v} does not fit dtype {}", other.dtype.name()),
+                };
+                self.read_parquet(
+                    &parquet_column.index,
+                    &parquet_column.projection,
+                    (record_starts, Some(&other.source)),
+                    &needs,
+                    &mut chunk.columns[a],
+                    &fits,
+                )?;
+            }
+        }
+        let out = &mut chunk.columns[k];
         match &self.index.file {
             TokenFile::Flat { ids, offset, .. } => {
                 self.read_flat((*ids, *offset), &needs, out, &fits)
@@ -141,7 +176,8 @@ impl Reader {
                 index,
                 projection,
                 record_starts,
-            } => self.read_parquet(index, projection, record_starts, &needs, out, &fits),
+                ..
+            } => self.read_parquet(index, projection, (record_starts, None), &needs, out, &fits),
             TokenFile::Records {
                 source,
                 record_starts,
@@ -203,11 +239,13 @@ impl Reader {
         Ok(())
     }
 
+    /// Fills `needs` from a list column: the token column, or (`aligned` naming it) a column
+    /// read beside it, whose lists must be as long as the token lists.
     pub(super) fn read_parquet(
         &self,
         index: &parquet::ParquetIndex,
         projection: &Projection,
-        record_starts: &[u64],
+        (record_starts, aligned): (&[u64], Option<&str>),
         needs: &[Need],
         out: &mut ColumnBuf,
         fits: &dyn Fn(u64, i128) -> Error,
@@ -221,8 +259,27 @@ impl Reader {
             (&records, true),
             projection,
             &mut |record, _, values| {
-                let parts = record_parts(needs, &mut lo, record_starts, record, values.len())
-                    .map_err(|message| malformed(path, Encoding::Parquet, Some(record), message))?;
+                let len = values.len();
+                let parts = record_parts(needs, &mut lo, record_starts, record, len).map_err(
+                    |message| match aligned {
+                        None => malformed(path, Encoding::Parquet, Some(record), message),
+                        Some(field) => {
+                            let r = record as usize;
+                            let tokens = record_starts[r + 1] - record_starts[r];
+                            Error::Projection {
+                                path: path.to_owned(),
+                                row: record,
+                                field: field.to_owned(),
+                                source_field: field.to_owned(),
+                                message: format!(
+                                    "it is read beside the tokens, element for element, and its \
+                                     list holds {len} values where the record's token list holds \
+                                     {tokens}"
+                                ),
+                            }
+                        }
+                    },
+                )?;
                 for (need, within, at) in parts {
                     put(out, at, values.slice(within))
                         .map_err(|v| fits(need.row, i128::from(v)))?;

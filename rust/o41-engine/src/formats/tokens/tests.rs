@@ -34,7 +34,13 @@ fn windows(uri: &str, layout: &TokenLayout) -> Result<Vec<[Vec<i32>; 3]>> {
         layout,
         cache: None,
     };
-    let meta = inspect(&storage, &object, (Encoding::Bin, None), how, 1 << 20)?;
+    let meta = inspect(
+        &storage,
+        &object,
+        (Encoding::Bin, None),
+        how,
+        (&[], 1 << 20),
+    )?;
     let p = projection(layout.row_tokens() as usize);
     let (records, _) = p.record_columns();
     let rows = meta.rows as usize;
