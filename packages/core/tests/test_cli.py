@@ -122,7 +122,20 @@ def test_usage_errors_exit_2_naming_what_is_wrong(tmp_path: Path, capsys: pytest
 
 
 def test_an_interrupted_command_exits_130(tmp_path: Path) -> None:
-    argv = [O41, "demo", "--dir", str(tmp_path), "--rows-per-shard", "1000000", "--shards", "64"]
+    # Long enough to interrupt, small enough per shard (8 tokens a row) that a late interrupt on a
+    # loaded machine costs seconds and megabytes, not the machine's memory.
+    argv = [
+        O41,
+        "demo",
+        "--dir",
+        str(tmp_path),
+        "--rows-per-shard",
+        "1000000",
+        "--shards",
+        "64",
+        "--seq-len",
+        "16",
+    ]
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     with subprocess.Popen(
         argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env

@@ -70,9 +70,14 @@ def write_parquet(
 
 
 def write_jsonl_gz(table: pa.Table, path: Path) -> Path:
-    """Writes ``table`` as gzip-compressed JSON Lines, one record per line."""
+    """Writes ``table`` as gzip-compressed JSON Lines, one record per line.
+
+    A batch of records at a time: a whole shard as Python objects can take tens of times its
+    Arrow size, and an interrupt lands between batches.
+    """
     with gzip.open(path, "wt", encoding="utf-8", compresslevel=1) as out:
-        for record in table.to_pylist():
-            out.write(json.dumps(record, separators=(",", ":")))
-            out.write("\n")
+        for batch in table.to_batches(max_chunksize=1024):
+            for record in batch.to_pylist():
+                out.write(json.dumps(record, separators=(",", ":")))
+                out.write("\n")
     return path
