@@ -134,7 +134,6 @@ def child(name: str, directory: Path) -> None:
                 output / "data-manifest-v1.json",
                 tokenizer=tokenizer,
                 batch_size=BATCH,
-                show_progress=False,
             )
             wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
             tokens = result.tokens
