@@ -482,6 +482,25 @@ mod tests {
         assert!(error.contains("no AWS credentials found"), "{error}");
     }
 
+    proptest::proptest! {
+        // Shared files and credential_process lines are whatever a user's machine holds: any
+        // text parses to an answer or a clean error, never a panic.
+        #[test]
+        fn any_profile_text_and_command_line_parse_without_panicking(
+            text in "(\\PC|\n|\t|\\[|\\]|=|#|;| ){0,200}",
+            name in "[a-z \\[\\]]{0,12}",
+        ) {
+            let _ = split_command(&text);
+            let dir = std::env::temp_dir().join(format!("o41-prop-{}", std::process::id()));
+            std::fs::create_dir_all(&dir).unwrap();
+            let file = dir.join("config");
+            std::fs::write(&file, &text).unwrap();
+            if let Ok(Some(settings)) = section(Some(&file), &name) {
+                let _ = profile_source("profile", &settings, None);
+            }
+        }
+    }
+
     #[test]
     fn commands_split_like_a_shell() {
         assert_eq!(
