@@ -410,6 +410,8 @@ pub fn test_projection(specs: &[(&str, crate::dtype::DType, Vec<usize>)]) -> Pro
     let fields: Vec<crate::config::FieldSpec> = specs
         .iter()
         .map(|(n, d, s)| crate::config::FieldSpec {
+            overflow: crate::config::Overflow::Truncate,
+            pad_side: crate::config::PadSide::Right,
             name: (*n).to_owned(),
             source: (*n).to_owned(),
             dtype: *d,
@@ -452,6 +454,8 @@ mod tests {
 
     fn column(shape: Vec<usize>) -> ProjectedColumn {
         let spec = FieldSpec {
+            overflow: crate::config::Overflow::Truncate,
+            pad_side: crate::config::PadSide::Right,
             name: "x".into(),
             source: "x".into(),
             dtype: DType::I32,

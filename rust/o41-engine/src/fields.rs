@@ -1,7 +1,7 @@
 //! The projected fields of a stream, validated: which record field each column reads, its dtype,
 //! fixed shape and pad, and the reserved `@` sources the engine fills itself.
 
-use crate::config::FieldSpec;
+use crate::config::{FieldSpec, Overflow, PadSide};
 use crate::dtype::{DType, Scalar};
 use crate::error::{Error, Result};
 
@@ -75,6 +75,10 @@ pub struct ProjectedColumn {
     pub pad: Scalar,
     /// Set when the engine supplies the value (a reserved `@` source).
     pub synthetic: Option<Synthetic>,
+    /// What a list longer than the first axis does.
+    pub overflow: Overflow,
+    /// Which end of the first axis the pad goes to.
+    pub pad_side: PadSide,
 }
 
 impl ProjectedColumn {
@@ -92,8 +96,26 @@ impl ProjectedColumn {
                 ),
             ));
         }
+        if (spec.overflow != Overflow::default() || spec.pad_side != PadSide::default())
+            && (spec.shape.is_empty() || synthetic.is_some())
+        {
+            let which = if spec.overflow == Overflow::default() {
+                "pad_side"
+            } else {
+                "overflow"
+            };
+            return Err(Error::config(
+                format!("{option}.{which}"),
+                format!(
+                    "'{}' is a scalar: {which} applies to a list field (a length or shape)",
+                    spec.source
+                ),
+            ));
+        }
         Ok(ProjectedColumn {
             synthetic,
+            overflow: spec.overflow,
+            pad_side: spec.pad_side,
             name: spec.name.clone(),
             source: spec.source.clone(),
             dtype: spec.dtype,
@@ -112,6 +134,11 @@ impl ProjectedColumn {
                 })?,
             pad: spec.pad_scalar(&format!("{option}.pad"))?,
         })
+    }
+
+    /// Whether the field truncates and pads on the right, as every fast path assumes.
+    pub fn plain(&self) -> bool {
+        self.overflow == Overflow::default() && self.pad_side == PadSide::default()
     }
 
     /// Describes the declared shape for messages, e.g. `i32[2048]`.
@@ -136,6 +163,8 @@ impl ProjectedColumn {
             width: 1,
             pad: Scalar::Bool(false),
             synthetic: Some(Synthetic::Valid),
+            overflow: Overflow::default(),
+            pad_side: PadSide::default(),
         }
     }
 }

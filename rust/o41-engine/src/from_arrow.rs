@@ -17,6 +17,7 @@ use arrow_array::{Array, ArrowPrimitiveType, OffsetSizeTrait};
 use arrow_schema::DataType;
 
 use crate::columns::ColumnBuf;
+use crate::config::{Overflow, PadSide};
 use crate::dtype::{DType, Element};
 use crate::error::{Error, Result};
 use crate::fields::ProjectedColumn;
@@ -38,7 +39,7 @@ pub fn project_arrow_column(
         let pad = column.pad.element();
         for (k, i) in rows.enumerate() {
             let dst = &mut buf[(out_row + k) * w..(out_row + k + 1) * w];
-            project_value(array, i, &column.shape, dst, (column.dtype, pad)).map_err(|message| {
+            project_row(array, i, column, dst, pad).map_err(|message| {
                 Error::Projection {
                     path: path.to_owned(),
                     row: row_base + i as u64,
@@ -50,6 +51,51 @@ pub fn project_arrow_column(
         }
         Ok(())
     })
+}
+
+/// Projects row `i` of `array` into `out` as `column` says: its first axis under the column's
+/// overflow rule and pad side (the inner axes truncate and pad on the right).
+fn project_row<T: Element>(
+    array: &dyn Array,
+    i: usize,
+    column: &ProjectedColumn,
+    out: &mut [T],
+    pad: T,
+) -> Result<(), String> {
+    let value = project_value(array, i, &column.shape, out, (column.dtype, pad));
+    if column.plain() || value.is_err() {
+        return value;
+    }
+    let Some((_, range)) = list_range(array, i) else {
+        return value;
+    };
+    fit_first_axis(out, &column.shape, range.len(), column, pad)
+}
+
+/// Applies a list field's overflow rule and pad side to a row projected with the list's values
+/// first: `len` is the list's length along the first axis.
+pub(crate) fn fit_first_axis<T: Element>(
+    out: &mut [T],
+    shape: &[usize],
+    len: usize,
+    column: &ProjectedColumn,
+    pad: T,
+) -> Result<(), String> {
+    let Some(&dim) = shape.first() else {
+        return Ok(());
+    };
+    if len > dim && column.overflow == Overflow::Error {
+        return Err(format!(
+            "a list of {len} values, longer than the field's {dim} (overflow 'error')"
+        ));
+    }
+    if column.pad_side == PadSide::Left && len < dim {
+        // Values first, then pad: turned so the pad comes first and the last value ends the row.
+        let w = out.len() / dim;
+        out.rotate_right((dim - len) * w);
+        debug_assert!(out[..(dim - len) * w].iter().all(|v| *v == pad));
+    }
+    Ok(())
 }
 
 /// Projects value `i` of `array` (a scalar or a nested list) into `out`, every element of it:
@@ -229,6 +275,8 @@ mod tests {
 
     fn column(shape: Vec<usize>, pad: i64) -> ProjectedColumn {
         let spec = FieldSpec {
+            overflow: crate::config::Overflow::Truncate,
+            pad_side: crate::config::PadSide::Right,
             name: "x".into(),
             source: "x".into(),
             dtype: DType::I32,
@@ -247,6 +295,33 @@ mod tests {
             unreachable!()
         };
         values.to_vec()
+    }
+
+    #[test]
+    fn left_padding_and_overflow_errors_follow_the_first_axis() {
+        let array = ListArray::from_iter_primitive::<Int32Type, _, _>(vec![
+            Some(vec![Some(1), Some(2)]),
+            Some(vec![Some(3), Some(4), Some(5), Some(6)]),
+            Some(vec![]),
+        ]);
+        let mut column = column(vec![3], 0);
+        column.pad_side = PadSide::Left;
+        let mut out = ColumnBuf::padded(&column, 3);
+        project_arrow_column(&array, &column, 0..3, &mut out, 0, "p", 0).unwrap();
+        let ColumnBuf::I32(values) = &out else {
+            panic!("i32")
+        };
+        // Short lists end the row; a long one keeps its first values.
+        assert_eq!(&values[..], &[0, 1, 2, 3, 4, 5, 0, 0, 0]);
+        column.overflow = Overflow::Error;
+        let error = project_arrow_column(&array, &column, 0..3, &mut out, 0, "p", 7)
+            .err()
+            .unwrap();
+        let Error::Projection { row, message, .. } = error else {
+            panic!("a projection error")
+        };
+        assert_eq!(row, 8);
+        assert!(message.contains("a list of 4 values"), "{message}");
     }
 
     #[test]

@@ -12,7 +12,7 @@ use serde::de::{DeserializeSeed, Deserializer, IgnoredAny, MapAccess, SeqAccess,
 use crate::columns::ColumnBuf;
 use crate::dtype::{DType, Element};
 use crate::error::Error;
-use crate::fields::Projection;
+use crate::fields::{ProjectedColumn, Projection};
 
 /// Where a record's projection failed.
 #[derive(Debug)]
@@ -134,6 +134,7 @@ impl<'de> Visitor<'de> for RecordSeed<'_> {
                     shape: &column.shape,
                     pad: column.pad.element(),
                     ctx,
+                    fit: (!column.plain()).then_some(column),
                 })?;
             });
         }
@@ -190,6 +191,9 @@ struct Slot<'a, 'c, T> {
     shape: &'a [usize],
     pad: T,
     ctx: SlotCtx<'c>,
+    /// The field of a row's slot, whose first axis follows its overflow rule and pad side;
+    /// `None` for the inner axes and for plain fields.
+    fit: Option<&'a ProjectedColumn>,
 }
 
 impl<'de, T: Element> DeserializeSeed<'de> for Slot<'_, '_, T> {
@@ -290,22 +294,37 @@ impl<'de, T: Element> Visitor<'de> for Slot<'_, '_, T> {
         };
         let w: usize = inner.iter().product();
         let mut j = 0;
+        let mut ended = false;
         while j < dim {
             let slot = Slot {
                 out: &mut self.out[j * w..(j + 1) * w],
                 shape: inner,
                 pad: self.pad,
                 ctx: self.ctx,
+                fit: None,
             };
             if seq.next_element_seed(slot)?.is_none() {
                 self.out[j * w..].fill(self.pad);
-                return Ok(());
+                ended = true;
+                break;
             }
             j += 1;
         }
-        // Values beyond the declared length are truncated: skipped without building them.
-        while seq.next_element::<IgnoredAny>()?.is_some() {}
-        Ok(())
+        // Values beyond the declared length are truncated: skipped without building them, and
+        // counted for a field whose overflow rule is an error.
+        let mut len = j;
+        if !ended {
+            while seq.next_element::<IgnoredAny>()?.is_some() {
+                len += 1;
+            }
+        }
+        match self.fit {
+            Some(column) => {
+                crate::from_arrow::fit_first_axis(self.out, self.shape, len, column, self.pad)
+                    .map_err(|message| self.ctx.fail(message))
+            }
+            None => Ok(()),
+        }
     }
 }
 

@@ -81,6 +81,8 @@ fn mutations(seed: Vec<u8>) -> impl Strategy<Value = Vec<u8>> {
 fn projection() -> Projection {
     Projection::new(&[
         FieldSpec {
+            overflow: o41_engine::config::Overflow::Truncate,
+            pad_side: o41_engine::config::PadSide::Right,
             name: "v".into(),
             source: "v".into(),
             dtype: DType::I64,
@@ -88,6 +90,8 @@ fn projection() -> Projection {
             pad: serde_json::Value::from(0),
         },
         FieldSpec {
+            overflow: o41_engine::config::Overflow::Truncate,
+            pad_side: o41_engine::config::PadSide::Right,
             name: "t".into(),
             source: "t".into(),
             dtype: DType::I32,
@@ -922,6 +926,8 @@ fn read_megatron(idx: &[u8], bin: &[u8], case: u64) {
     std::fs::write(&idx_path, idx).unwrap();
     let storage = Storage::local();
     let projection = Projection::new(&[FieldSpec {
+        overflow: o41_engine::config::Overflow::Truncate,
+        pad_side: o41_engine::config::PadSide::Right,
         name: "t".into(),
         source: "tokens".into(),
         dtype: DType::I64,
@@ -947,6 +953,8 @@ fn token_plan(field: &str) -> (o41_engine::config::TokenLayout, Projection) {
         eos_id: None,
     });
     let tokens = Projection::new(&[FieldSpec {
+        overflow: o41_engine::config::Overflow::Truncate,
+        pad_side: o41_engine::config::PadSide::Right,
         name: field.into(),
         source: field.into(),
         dtype: DType::I64,
@@ -1091,6 +1099,8 @@ fn npy_arrays() {
         eos_id: Some(0),
     });
     let tokens = Projection::new(&[FieldSpec {
+        overflow: o41_engine::config::Overflow::Truncate,
+        pad_side: o41_engine::config::PadSide::Right,
         name: "tokens".into(),
         source: "tokens".into(),
         dtype: DType::I32,
@@ -1216,6 +1226,8 @@ fn mds_seed() -> (Vec<u8>, String) {
 fn mds_projection() -> Projection {
     Projection::new(&[
         FieldSpec {
+            overflow: o41_engine::config::Overflow::Truncate,
+            pad_side: o41_engine::config::PadSide::Right,
             name: "id".into(),
             source: "id".into(),
             dtype: DType::I64,
@@ -1223,6 +1235,8 @@ fn mds_projection() -> Projection {
             pad: serde_json::Value::from(0),
         },
         FieldSpec {
+            overflow: o41_engine::config::Overflow::Truncate,
+            pad_side: o41_engine::config::PadSide::Right,
             name: "tokens".into(),
             source: "tokens".into(),
             dtype: DType::I32,

@@ -39,6 +39,8 @@ const FIRST: formats::Checks<'static> = formats::Checks {
 
 fn projection() -> Projection {
     Projection::new(&[FieldSpec {
+        overflow: o41_engine::config::Overflow::Truncate,
+        pad_side: o41_engine::config::PadSide::Right,
         name: "v".into(),
         source: "v".into(),
         dtype: DType::I64,
@@ -333,6 +335,8 @@ fn inspect_tokens(
 
 fn token_projection() -> Projection {
     Projection::new(&[FieldSpec {
+        overflow: o41_engine::config::Overflow::Truncate,
+        pad_side: o41_engine::config::PadSide::Right,
         name: "t".into(),
         source: "t".into(),
         dtype: DType::I32,

@@ -215,7 +215,11 @@ class ProjectedField:
     """One fixed-shape column read from a record field.
 
     Give ``length`` for a 1-D column, ``shape`` for a nested one, or neither for a scalar.
-    Every axis truncates longer lists and pads shorter ones with ``pad``.
+    Every axis truncates longer lists and pads shorter ones with ``pad``. For the first axis,
+    ``overflow="error"`` makes a longer list a :class:`ProjectionError` naming the shard, row
+    and field instead (a truncated completion would train on another answer), and
+    ``pad_side="left"`` puts the pad before the values, so that the last value ends the row
+    (prompts for generation).
 
     Examples:
         >>> ProjectedField(name="tokens", source="input_ids", dtype="i32", length=2048, pad=0).shape
@@ -229,8 +233,16 @@ class ProjectedField:
     length: int | None = None
     shape: tuple[int, ...] | None = None
     pad: int | float | bool = 0
+    overflow: Literal["truncate", "error"] = "truncate"
+    pad_side: Literal["right", "left"] = "right"
 
     def __post_init__(self) -> None:
+        for option, allowed in (("overflow", ("truncate", "error")), ("pad_side", ("right", "left"))):
+            if getattr(self, option) not in allowed:
+                raise ConfigError(
+                    f"invalid field '{self.name}'.{option}: {getattr(self, option)!r}; expected one of "
+                    f"{', '.join(map(repr, allowed))}"
+                )
         if self.dtype not in DTYPES:
             raise ConfigError(
                 f"invalid field '{self.name}'.dtype: unknown dtype {self.dtype!r}; "
@@ -250,13 +262,20 @@ class ProjectedField:
 
     def to_dict(self) -> dict[str, Any]:
         """The field as the engine's JSON document expects it."""
-        return {
+        out: dict[str, Any] = {
             "name": self.name,
             "source": self.source,
             "dtype": self.dtype,
             "shape": list(self.shape or ()),
             "pad": self.pad,
         }
+        # Only when set: the resolved document (and its fingerprint) of a field without them is
+        # what it was before they existed.
+        if self.overflow != "truncate":
+            out["overflow"] = self.overflow
+        if self.pad_side != "right":
+            out["pad_side"] = self.pad_side
+        return out
 
 
 @dataclass(frozen=True)
@@ -696,7 +715,7 @@ def _skip_ranges(value: Any) -> tuple[tuple[int, int], ...]:
 
 
 _CONFIG_KEYS = tuple(f.name for f in fields(BatchStreamConfig))
-_FIELD_KEYS = ("name", "source", "dtype", "length", "shape", "pad")
+_FIELD_KEYS = ("name", "source", "dtype", "length", "shape", "pad", "overflow", "pad_side")
 _STAGE_KEYS = ("sources", "batch_size", "shuffle", "infinite")
 _SHUFFLE_KEYS = ("buffer_rows", "unit_rows")
 _FILE_SOURCE_KEYS = ("kind", "files", "encoding", "weight")

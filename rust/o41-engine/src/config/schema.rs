@@ -22,6 +22,50 @@ pub struct FieldSpec {
     /// Value used where a record's list is shorter than the shape.
     #[serde(default = "default_pad")]
     pub pad: serde_json::Value,
+    /// What a list longer than the first axis does: truncated, or an error naming the row.
+    #[serde(default, skip_serializing_if = "Overflow::is_default")]
+    pub overflow: Overflow,
+    /// Which end of the first axis the pad goes to: after the values, or before them.
+    #[serde(default, skip_serializing_if = "PadSide::is_default")]
+    pub pad_side: PadSide,
+}
+
+/// What projecting a list longer than its field's first axis does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Overflow {
+    /// The values past the axis are dropped (the default).
+    #[default]
+    Truncate,
+    /// The row fails with a projection error naming the shard, row and field.
+    Error,
+}
+
+impl Overflow {
+    // A reference: serde's `skip_serializing_if` passes one.
+    #[allow(clippy::trivially_copy_pass_by_ref)]
+    fn is_default(&self) -> bool {
+        *self == Overflow::default()
+    }
+}
+
+/// Where the pad of a list shorter than its field's first axis goes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum PadSide {
+    /// Values first, then the pad (the default).
+    #[default]
+    Right,
+    /// The pad first, then the values: the last value ends the row (prompts for generation).
+    Left,
+}
+
+impl PadSide {
+    // A reference: serde's `skip_serializing_if` passes one.
+    #[allow(clippy::trivially_copy_pass_by_ref)]
+    fn is_default(&self) -> bool {
+        *self == PadSide::default()
+    }
 }
 
 pub(super) fn default_pad() -> serde_json::Value {

@@ -3,8 +3,8 @@
 
 use super::resolved::ResolvedConfig;
 use super::schema::{
-    is_window_source, FieldSpec, PackingSpec, RampSpec, ShuffleSpec, SourceSpec, Stage,
-    StreamConfig, TokenLayout, WindowsSpec, MAX_BINS, MAX_SEQ_LEN, SEGMENT_LENGTHS,
+    is_window_source, FieldSpec, Overflow, PackingSpec, PadSide, RampSpec, ShuffleSpec, SourceSpec,
+    Stage, StreamConfig, TokenLayout, WindowsSpec, MAX_BINS, MAX_SEQ_LEN, SEGMENT_LENGTHS,
 };
 use crate::dtype::DType;
 use crate::encoding::Encoding;
@@ -94,6 +94,16 @@ pub(super) fn validate_tokens(
         // Any other record field is aligned with the tokens (a loss mask, labels, role ids): a
         // list of the same length in each record, cut and padded where the tokens are.
         found |= f.source == layout.field();
+        if f.overflow != Overflow::default() || f.pad_side != PadSide::default() {
+            return Err(Error::config(
+                format!("fields[{i}]"),
+                format!(
+                    "'{}' is cut into {option}'s token windows, which place and pad it \
+                     themselves: overflow and pad_side are for fields of records",
+                    f.source
+                ),
+            ));
+        }
         if !matches!(f.dtype, DType::I32 | DType::I64) || f.shape != [row] {
             if !token_column {
                 return Err(Error::config(

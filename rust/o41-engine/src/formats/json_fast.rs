@@ -26,7 +26,9 @@ pub fn project(
     row: usize,
 ) -> bool {
     let mut seen = [false; 16];
-    if projection.columns.len() > seen.len() {
+    // A field that errors on overflow or pads on the left takes the general path, which counts
+    // every list's length.
+    if projection.columns.len() > seen.len() || projection.columns.iter().any(|c| !c.plain()) {
         return false;
     }
     let mut s = Scan { b: line, at: 0 };

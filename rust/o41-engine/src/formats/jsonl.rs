@@ -747,6 +747,8 @@ mod tests {
 
     fn projection() -> Projection {
         let field = FieldSpec {
+            overflow: crate::config::Overflow::Truncate,
+            pad_side: crate::config::PadSide::Right,
             name: "v".to_owned(),
             source: "v".to_owned(),
             dtype: DType::I64,

@@ -513,7 +513,7 @@ impl DocumentReader {
         let ([column], Element::Ids(kind)) = (&projection.columns[..], self.index.element) else {
             return false;
         };
-        if column.source != TOKEN_FIELD || column.shape.len() != 1 {
+        if column.source != TOKEN_FIELD || column.shape.len() != 1 || !column.plain() {
             return false;
         }
         let w = column.width;

@@ -30,6 +30,8 @@ struct Layout {
 
 fn field(name: &str, dtype: DType, shape: Vec<usize>) -> FieldSpec {
     FieldSpec {
+        overflow: crate::config::Overflow::Truncate,
+        pad_side: crate::config::PadSide::Right,
         name: name.into(),
         source: name.into(),
         dtype,

@@ -27,6 +27,8 @@ use crate::storage::Storage;
 
 fn projection() -> Projection {
     Projection::new(&[FieldSpec {
+        overflow: crate::config::Overflow::Truncate,
+        pad_side: crate::config::PadSide::Right,
         name: "v".into(),
         source: "v".into(),
         dtype: DType::I64,
@@ -86,6 +88,8 @@ const LIST_WIDTH: usize = 32;
 
 fn list_projection() -> Projection {
     Projection::new(&[FieldSpec {
+        overflow: crate::config::Overflow::Truncate,
+        pad_side: crate::config::PadSide::Right,
         name: "tokens".into(),
         source: "tokens".into(),
         dtype: DType::I64,

@@ -226,6 +226,8 @@ pub(super) fn malformed(
 /// The one-column projection a Parquet token shard is inspected with.
 pub(super) fn token_projection(field: &str) -> Result<Projection> {
     Projection::new(&[FieldSpec {
+        overflow: crate::config::Overflow::Truncate,
+        pad_side: crate::config::PadSide::Right,
         name: field.to_owned(),
         source: field.to_owned(),
         dtype: DType::I64,

@@ -16,6 +16,8 @@ fn bin(name: &str, ids: &[u16], meta: &str) -> String {
 
 fn projection(row: usize) -> Projection {
     let field = |source: &str| FieldSpec {
+        overflow: crate::config::Overflow::Truncate,
+        pad_side: crate::config::PadSide::Right,
         name: source.trim_start_matches('@').to_owned(),
         source: source.to_owned(),
         dtype: DType::I32,
