@@ -36,7 +36,7 @@ LossOn = Literal["all", "last"]
 _GENERATION_MARK = re.compile(r"\{%-?\s*generation\s*-?%\}")
 # The special tokens a template may name, as tokenizer_config.json holds them.
 _SPECIAL_TOKENS = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token")
-_EXTRA_HINT = "pip install jinja2 (chat templates are Jinja)"
+_EXTRA_HINT = "pip install 'o41-training-data[tokenize]'"
 
 
 @dataclass(frozen=True)
