@@ -33,14 +33,12 @@ enum Resolved {
         what: String,
         keys: Vec<(AmazonS3ConfigKey, String)>,
         provider: AwsCredentialProvider,
-        built: Instant,
     },
 }
 
 struct Cached {
     credential: Arc<AwsCredential>,
     refresh_at: Option<SystemTime>,
-    fetched: Instant,
 }
 
 #[derive(Default)]
@@ -50,6 +48,8 @@ struct State {
     // Until one fetch has worked, a failure is a setup fault and fails the request at once; after,
     // it is a passing fault of the service and the request's retries take it.
     fetched_once: bool,
+    /// When a refusal last dropped what was fetched.
+    refreshed: Option<Instant>,
 }
 
 /// The credential provider every bucket's client of one storage object signs with.
@@ -154,7 +154,6 @@ impl Signer {
                 provider: self.delegated(&what, &keys)?,
                 what,
                 keys,
-                built: Instant::now(),
             },
         })
     }
@@ -220,7 +219,6 @@ impl Signer {
                 state.cached = Some(Cached {
                     credential: credential.clone(),
                     refresh_at: refresh_at(fetched.expiry),
-                    fetched: Instant::now(),
                 });
                 Ok(credential)
             }
@@ -260,43 +258,38 @@ impl Signer {
         got
     }
 
-    /// Drops what was fetched before `sent` (when the refused request was sent) so that the
-    /// next request fetches anew; what was fetched since serves as it is, so that the many
-    /// requests in flight when keys are revoked cost one fetch. False when nothing can be
-    /// fetched anew, so a refused request is not worth repeating.
+    /// Drops what was fetched so that the next request fetches anew, unless a refusal of a
+    /// request sent no earlier than this one's (`sent`) did so already: the many requests in
+    /// flight when keys are revoked cost one fetch. False when nothing can be fetched anew, so a
+    /// refused request is not worth repeating.
     pub(super) async fn refresh(&self, sent: Instant) -> bool {
         if !self.refreshable() {
             return false;
         }
         let mut state = self.state.lock().await;
         let state = &mut *state;
+        // Times of sending and of refreshing, not of fetching: the credentials a request is
+        // refused with may have been fetched for that very request, after it was "sent".
+        if state.refreshed.is_some_and(|at| at >= sent) {
+            return true;
+        }
         match &mut state.source {
-            None | Some(Resolved::Fixed(_)) => false,
-            Some(Resolved::Fetch(_)) => {
-                if state.cached.as_ref().is_some_and(|c| c.fetched <= sent) {
-                    state.cached = None;
-                }
-                true
-            }
+            None | Some(Resolved::Fixed(_)) => return false,
+            Some(Resolved::Fetch(_)) => state.cached = None,
             Some(Resolved::Delegated {
                 what,
                 keys,
                 provider,
-                built,
             }) => {
-                if *built <= sent {
-                    let (what, keys) = (what.clone(), keys.clone());
-                    match self.delegated(&what, &keys) {
-                        Ok(fresh) => {
-                            *provider = fresh;
-                            *built = Instant::now();
-                        }
-                        Err(_) => return false,
-                    }
+                let (what, keys) = (what.clone(), keys.clone());
+                match self.delegated(&what, &keys) {
+                    Ok(fresh) => *provider = fresh,
+                    Err(_) => return false,
                 }
-                true
             }
         }
+        state.refreshed = Some(Instant::now());
+        true
     }
 }
 
