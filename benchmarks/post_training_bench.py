@@ -30,11 +30,12 @@ import os
 import shutil
 import statistics
 import sys
-import sysconfig
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+from tokenize_bench import stdlib_documents
 
 from report import preamble, run_child, write_section
 
@@ -59,18 +60,7 @@ STREAM = [
 
 def conversations(count: int) -> list[list[dict[str, str]]]:
     """``count`` conversations of 2-6 turns, their text CPython's sources cut at 1 KiB."""
-    root = Path(sysconfig.get_paths()["stdlib"])
-    pieces: list[str] = []
-    for path in sorted(root.rglob("*.py")):
-        if "site-packages" in path.parts:
-            continue
-        try:
-            text = path.read_text(encoding="utf-8")
-        except (UnicodeDecodeError, OSError):
-            continue
-        pieces.extend(text[k : k + 1024] for k in range(0, len(text), 1024))
-        if len(pieces) > count * 6:
-            break
+    pieces = stdlib_documents(count * 6 * 1024, chars=1024)
     out, at = [], 0
     for k in range(count):
         turns = 2 + 2 * (k % 3)

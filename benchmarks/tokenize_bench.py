@@ -44,8 +44,8 @@ CONTENDERS = [
 ]
 
 
-def stdlib_documents(limit_bytes: int) -> list[str]:
-    """CPython's own sources, in path order, cut into documents of at most 4 KiB."""
+def stdlib_documents(limit_bytes: int, chars: int = DOC_CHARS) -> list[str]:
+    """CPython's own sources, in path order, cut into documents of at most ``chars`` (4 KiB)."""
     root = Path(sysconfig.get_paths()["stdlib"])
     docs: list[str] = []
     total = 0
@@ -56,8 +56,8 @@ def stdlib_documents(limit_bytes: int) -> list[str]:
             text = path.read_text(encoding="utf-8")
         except (UnicodeDecodeError, OSError):
             continue
-        for start in range(0, len(text), DOC_CHARS):
-            piece = text[start : start + DOC_CHARS]
+        for start in range(0, len(text), chars):
+            piece = text[start : start + chars]
             docs.append(piece)
             total += len(piece.encode())
             if total >= limit_bytes:

@@ -431,7 +431,7 @@ class StorageConfig:
 
     def __reduce__(self) -> tuple[Any, ...]:
         if not self.has_s3:
-            return (_restore, (None, None, self.retry, None))
+            return (_restore, (None, self.retry, None))
         settings = {
             "s3_base_url": self.s3_base_url,
             "region": self.region,
@@ -439,12 +439,10 @@ class StorageConfig:
             "ca_bundle": self.ca_bundle,
             "kind": self._credential_kind(),
         }
-        return (_restore, (settings, None, self.retry, self.__dict__.get("_token")))
+        return (_restore, (settings, self.retry, self.__dict__.get("_token")))
 
 
-def _restore(
-    settings: dict[str, Any] | None, _unused: None, retry: RetryPolicy, token: str | None
-) -> StorageConfig:
+def _restore(settings: dict[str, Any] | None, retry: RetryPolicy, token: str | None) -> StorageConfig:
     """Unpickles a :class:`StorageConfig`: the registered original, or one from the environment."""
     if settings is None:
         return StorageConfig(retry=retry)

@@ -112,13 +112,13 @@ def _column(job: _InputJob, chunk: Any, field: str, row: int, option: str) -> li
     return values
 
 
-def _check_value(job: _InputJob, value: Any, row: int, field: str, tools: bool = False) -> None:
-    """Refuses a record's value that is not text (or, for chat, not a list of messages)."""
-    if job.chat is None:
-        if not isinstance(value, str):
-            what = "missing" if value is None else f"a {type(value).__name__}, not text"
-            raise data_error(f"{job.path}, record {row}, field '{field}': {what}", job.path, row, field)
-        return
+def _not_text(job: _InputJob, value: Any, row: int, field: str) -> DataError:
+    what = "missing" if value is None else f"a {type(value).__name__}, not text"
+    return data_error(f"{job.path}, record {row}, field '{field}': {what}", job.path, row, field)
+
+
+def _check_conversation(job: _InputJob, value: Any, row: int, field: str, tools: bool = False) -> None:
+    """Refuses a record's value that is not a list of messages (or of tool schemas, or None)."""
     if tools and value is None:
         return
     if not isinstance(value, list) or not all(isinstance(m, dict) for m in value):
@@ -156,10 +156,15 @@ def _texts(job: _InputJob, skip: int) -> Iterator[tuple[list[Any], list[Any] | N
             continue
         texts = _column(job, chunk, field, row, "text_field")
         tools = None if job.tools_field is None else _column(job, chunk, job.tools_field, row, "tools_field")
-        for k, text in enumerate(texts):
-            _check_value(job, text, row + k, field)
-            if tools is not None:
-                _check_value(job, tools[k], row + k, str(job.tools_field), tools=True)
+        if job.chat is None:
+            for k, text in enumerate(texts):
+                if not isinstance(text, str):
+                    raise _not_text(job, text, row + k, field)
+        else:
+            for k, text in enumerate(texts):
+                _check_conversation(job, text, row + k, field)
+                if tools is not None:
+                    _check_conversation(job, tools[k], row + k, str(job.tools_field), tools=True)
         start = max(skip - row, 0)
         row += size
         yield (texts[start:], None if tools is None else tools[start:]) if start else (texts, tools)

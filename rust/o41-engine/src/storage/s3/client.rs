@@ -14,10 +14,11 @@ use object_store::{
 };
 
 use super::credentials::{Signer, SignerSlot};
-use super::errors::{Context, Scrubber};
+use super::errors::Context;
 use super::keys::{check_keys, Credentials};
 use super::resumable::{Remote, RemoteObject};
 use super::runtime::block_on;
+use super::scrub::Scrubber;
 use crate::cancel::Cancel;
 use crate::error::{Error, Result};
 use crate::metrics::Meter;
@@ -55,7 +56,8 @@ impl fmt::Debug for S3Settings {
 pub struct S3 {
     pub(super) settings: S3Settings,
     pub(super) context: Context,
-    pub(super) certificates: Vec<Certificate>,
+    /// Timeouts, TLS roots and whether plain HTTP is allowed: every client's, and the signer's.
+    pub(super) options: ClientOptions,
     pub(super) clients: Mutex<(u32, HashMap<String, Arc<AmazonS3>>)>,
 }
 
@@ -124,16 +126,28 @@ impl S3 {
         if let Credentials::Static(keys) = &settings.credentials {
             check_keys(keys)?;
         }
-        let certificates = match &settings.ca_bundle {
-            None => Vec::new(),
-            Some(pem) => Certificate::from_pem_bundle(pem)
-                .map_err(|e| Error::config("ca_bundle", format!("not PEM certificates ({e})")))?,
-        };
+        let mut options = ClientOptions::new()
+            .with_timeout_disabled()
+            .with_connect_timeout(policy.connect_timeout)
+            .with_read_timeout(policy.read_timeout)
+            .with_allow_http(
+                settings
+                    .endpoint
+                    .as_deref()
+                    .is_some_and(|e| e.starts_with("http://")),
+            );
+        if let Some(pem) = &settings.ca_bundle {
+            for certificate in Certificate::from_pem_bundle(pem)
+                .map_err(|e| Error::config("ca_bundle", format!("not PEM certificates ({e})")))?
+            {
+                options = options.with_root_certificate(certificate);
+            }
+        }
         let scrubber = Scrubber::default();
         let signer = Signer::new(
             settings.credentials.clone(),
             &settings.region,
-            Self::options(policy, &certificates, settings.endpoint.as_deref()),
+            options.clone(),
             scrubber.clone(),
         );
         let s3 = S3 {
@@ -143,28 +157,12 @@ impl S3 {
                 scrubber,
                 signer: Arc::new(SignerSlot::new(signer)),
             },
-            certificates,
+            options,
             clients: Mutex::new((0, HashMap::new())),
         };
         // Build one client now so a malformed setting fails here, not at the first read.
         s3.client("o41-settings-check")?;
         Ok(s3)
-    }
-
-    fn options(
-        policy: RetryPolicy,
-        certificates: &[Certificate],
-        endpoint: Option<&str>,
-    ) -> ClientOptions {
-        let mut options = ClientOptions::new()
-            .with_timeout_disabled()
-            .with_connect_timeout(policy.connect_timeout)
-            .with_read_timeout(policy.read_timeout)
-            .with_allow_http(endpoint.is_some_and(|e| e.starts_with("http://")));
-        for certificate in certificates {
-            options = options.with_root_certificate(certificate.clone());
-        }
-        options
     }
 
     pub(super) fn client(&self, bucket: &str) -> Result<Arc<AmazonS3>> {
@@ -185,11 +183,6 @@ impl S3 {
         if let Some(client) = clients.1.get(bucket) {
             return Ok(client.clone());
         }
-        let options = Self::options(
-            self.context.policy,
-            &self.certificates,
-            self.settings.endpoint.as_deref(),
-        );
         let retry = RetryConfig {
             max_retries: 0,
             ..RetryConfig::default()
@@ -200,7 +193,7 @@ impl S3 {
             .with_credentials(self.context.signer.current())
             .with_conditional_put(S3ConditionalPut::ETagMatch)
             .with_retry(retry)
-            .with_client_options(options);
+            .with_client_options(self.options.clone());
         builder = match &self.settings.endpoint {
             Some(endpoint) => builder
                 .with_endpoint(endpoint.trim_end_matches('/'))

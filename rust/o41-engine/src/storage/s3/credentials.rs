@@ -95,6 +95,16 @@ fn passing(message: &str) -> object_store::Error {
     }
 }
 
+/// A failed fetch from `what`: until one fetch has worked (`first`), a setup fault that fails
+/// the request at once; after, a passing fault of the service that its retries take.
+fn failure(first: bool, what: &str, message: &str) -> object_store::Error {
+    if first {
+        refused(what, message)
+    } else {
+        passing(message)
+    }
+}
+
 impl Signer {
     pub(super) fn new(
         credentials: Credentials,
@@ -125,11 +135,6 @@ impl Signer {
         )
     }
 
-    /// Whether credentials can be fetched anew at all (fixed keys cannot).
-    fn refreshable(&self) -> bool {
-        !matches!(self.credentials, Credentials::Static(_))
-    }
-
     fn resolve(&self) -> std::result::Result<Resolved, object_store::Error> {
         let profile = match &self.credentials {
             Credentials::Static(keys) => return Ok(Resolved::Fixed(credential(keys))),
@@ -146,8 +151,9 @@ impl Signer {
             ChainSource::Keys(keys) => {
                 check_keys(&keys)
                     .map_err(|e| refused("the AWS credential chain", &e.to_string()))?;
-                self.scrubber.learn(&credential(&keys));
-                Resolved::Fixed(credential(&keys))
+                let keys = credential(&keys);
+                self.scrubber.learn(&keys);
+                Resolved::Fixed(keys)
             }
             ChainSource::Process(process) => Resolved::Fetch(Arc::new(process)),
             ChainSource::Delegated { what, keys } => Resolved::Delegated {
@@ -206,16 +212,15 @@ impl Signer {
                     .and_then(|r| {
                         r.and_then(|keys| check_keys(&keys).map(|()| keys))
                             .map_err(|e| {
-                                let message = format!("the credential provider failed: {e}");
-                                if first {
-                                    refused("credential_provider", &message)
-                                } else {
-                                    passing(&message)
-                                }
+                                failure(
+                                    first,
+                                    "credential_provider",
+                                    &format!("the credential provider failed: {e}"),
+                                )
                             })
                     })?;
-                self.scrubber.learn(&credential(&fetched));
                 let credential = credential(&fetched);
+                self.scrubber.learn(&credential);
                 state.cached = Some(Cached {
                     credential: credential.clone(),
                     refresh_at: refresh_at(fetched.expiry),
@@ -224,12 +229,11 @@ impl Signer {
             }
             Resolved::Delegated { what, provider, .. } => {
                 let fail = |message: String| {
-                    let message = format!("{what}: {}", self.scrubber.clean(&message));
-                    if first {
-                        refused(what, &message)
-                    } else {
-                        passing(&message)
-                    }
+                    failure(
+                        first,
+                        what,
+                        &format!("{what}: {}", self.scrubber.clean(&message)),
+                    )
                 };
                 let got = provider
                     .get_credential()
@@ -263,9 +267,6 @@ impl Signer {
     /// flight when keys are revoked cost one fetch. False when nothing can be fetched anew, so a
     /// refused request is not worth repeating.
     pub(super) async fn refresh(&self, sent: Instant) -> bool {
-        if !self.refreshable() {
-            return false;
-        }
         let mut state = self.state.lock().await;
         let state = &mut *state;
         // Times of sending and of refreshing, not of fetching: the credentials a request is

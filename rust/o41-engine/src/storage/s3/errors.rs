@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use super::credentials::SignerSlot;
-pub(super) use super::scrub::Scrubber;
+use super::scrub::Scrubber;
 
 use crate::error::{Error, Result};
 use crate::metrics::{Meter, RetryCause};
