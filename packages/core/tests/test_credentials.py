@@ -358,6 +358,32 @@ def test_a_failing_provider_fails_the_open_naming_it(s3_server: LocalS3Server, r
         read_all(data, remote)
 
 
+def test_a_spawned_process_is_told_a_provider_does_not_travel(tmp_path: Path) -> None:
+    import pickle
+    import subprocess
+
+    data = TrainingData(
+        s3_base_url="http://127.0.0.1:9", credential_provider=lambda: TemporaryCredentials("a", "b")
+    )
+    pickled = tmp_path / "storage.pickle"
+    pickled.write_bytes(pickle.dumps(data.storage_config))
+    child = (
+        "import pickle, sys\n"
+        "from o41_training_data import ConfigError\n"
+        "try:\n"
+        "    pickle.loads(open(sys.argv[1], 'rb').read()).core()\n"
+        "except ConfigError as err:\n"
+        "    print(err)\n"
+    )
+    # Keys in the worker's environment do not stand in for the provider, nor are they offered.
+    env = {**os.environ, "AWS_ACCESS_KEY_ID": "k", "AWS_SECRET_ACCESS_KEY": "s"}
+    out = subprocess.run(
+        [sys.executable, "-c", child, str(pickled)], env=env, capture_output=True, text=True, check=True
+    ).stdout
+    assert "the credential_provider for http://127.0.0.1:9 does not travel in pickles" in out
+    assert "AWS_ACCESS_KEY_ID" not in out
+
+
 def test_credential_settings_are_checked_when_given() -> None:
     with pytest.raises(ConfigError, match="secret_access_key"):
         TrainingData(access_key_id="AKIA")

@@ -463,15 +463,20 @@ def _restore(settings: dict[str, Any] | None, retry: RetryPolicy, token: str | N
         # worker are what it would use had it been started alone.
         return StorageConfig(profile=settings["profile"], **rebuilt)
     where = "AWS S3" if endpoint is None else endpoint
-    given = "a credential_provider" if kind == "provider" else "the credentials"
-    return StorageConfig(
-        **rebuilt,
-        _missing_credentials=(
-            f"storage: {given} for {where} do not travel in pickles, and this process "
+    if kind == "provider":
+        # A provider is code: nothing in the worker's environment stands in for it.
+        missing = (
+            f"storage: the credential_provider for {where} does not travel in pickles, and this "
+            "process has no forked copy of it; use a fork-based process pool, or give the "
+            "workers credentials they find themselves (a profile, the AWS chain)"
+        )
+    else:
+        missing = (
+            f"storage: the credentials for {where} do not travel in pickles, and this process "
             "has neither a forked copy of them nor AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY in its "
             "environment; use a fork-based process pool or set those variables for the workers"
-        ),
-    )
+        )
+    return StorageConfig(**rebuilt, _missing_credentials=missing)
 
 
 def is_remote(uri: str | os.PathLike[str]) -> bool:
