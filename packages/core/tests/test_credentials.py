@@ -552,3 +552,39 @@ def test_moto_over_https_with_a_private_ca_and_temporary_credentials(
     )
     with pytest.raises(StorageError, match="certificate|UnknownIssuer|error sending request"):
         read_all(untrusted, remote)
+
+
+def test_a_redirect_to_another_region_fails_at_once_naming_region(bare_env: pytest.MonkeyPatch) -> None:
+    requests: list[str] = []
+
+    class Redirect(BaseHTTPRequestHandler):
+        def answer(self) -> None:
+            requests.append(self.command)
+            # As AWS answers a request for a bucket of another region: 301, no Location header.
+            body = b"<Error><Code>PermanentRedirect</Code><Endpoint>b.s3.eu-west-1.amazonaws.com</Endpoint>"
+            self.send_response(301)
+            self.send_header("Content-Length", str(len(body)) if self.command != "HEAD" else "0")
+            self.end_headers()
+            if self.command != "HEAD":
+                self.wfile.write(body)
+
+        do_GET = do_HEAD = answer  # noqa: N815 (the standard library's names)
+
+        def log_message(self, format: str, *args: Any) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Redirect)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        data = TrainingData(
+            s3_base_url=f"http://127.0.0.1:{server.server_address[1]}",
+            access_key_id="AKIAEXAMPLE",
+            secret_access_key="example",
+        )
+        with pytest.raises(StorageError, match="set region to the bucket's"):
+            read_all(data, ["s3://b/a.parquet"])
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert len(requests) == 1  # not retried: the default policy would send 64

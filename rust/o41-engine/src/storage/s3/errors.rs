@@ -114,6 +114,18 @@ impl Context {
             E::Generic { source, .. } => {
                 let message = self.scrubber.clean(&source.to_string());
                 let status = status_code(&source.to_string());
+                // AWS answers a request for a bucket of another region with a 301 that has no
+                // Location; object_store reports it without its status.
+                if status.is_none() && message.contains("redirect without LOCATION") {
+                    return Failure::Fatal(Error::Storage {
+                        path,
+                        message: format!(
+                            "the service redirected the request ({message}); an AWS bucket \
+                             answers so when it is in another region than the one configured: \
+                             set region to the bucket's"
+                        ),
+                    });
+                }
                 let cause = match status {
                     // A request the service rejects as such will be rejected again.
                     Some(code) if (400..500).contains(&code) && code != 408 && code != 429 => {
