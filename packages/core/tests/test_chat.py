@@ -456,3 +456,127 @@ def test_a_packed_sft_stream_keeps_every_assistant_token_with_its_mask(
         stages=[replace(stream_config.stages[0], batch_size=2, shuffle=Shuffle(buffer_rows=8, unit_rows=1))],
     )
     assert_resumable(shuffled, batches=len(batches) // 2)
+
+
+def preference_rows(count: int) -> list[dict[str, Any]]:
+    """TRL's preference layout with an explicit prompt: the user's turn, then two answers, the
+    rejected one longer on every third record."""
+    rows = []
+    for k in range(count):
+        base = CONVERSATIONS[k % len(CONVERSATIONS)]
+        prompt = [{**m, "content": f"{m['content']} #{k}"} for m in base if m["role"] != "assistant"][:2]
+        chosen = f"Answer {k}: fine."
+        rejected = f"Answer {k}: " + "no, not this, " * (1 + 4 * (k % 3 == 0))
+        rows.append(
+            {
+                "prompt": prompt,
+                "chosen": [{"role": "assistant", "content": chosen}],
+                "rejected": [{"role": "assistant", "content": rejected}],
+            }
+        )
+    return rows
+
+
+def test_a_dpo_stream_delivers_chosen_and_rejected_stacked(tokenizer_dir: Path, tmp_path: Path) -> None:
+    from dataclasses import replace
+
+    import datasets
+    from o41_testkit import collect
+    from o41_training_data import (
+        BatchStreamConfig,
+        FileSource,
+        ProjectedField,
+        ProjectionError,
+        Shuffle,
+        Stage,
+        load_manifest,
+    )
+    from o41_training_data._cli import main
+    from o41_training_data.testing import assert_resumable
+
+    config = family_config(tokenizer_dir, "chatml")
+    rows = preference_rows(18)
+    source = tmp_path / "pairs.parquet"
+    datasets.Dataset.from_list(rows).to_parquet(str(source))
+    out = tmp_path / "dpo" / "data-manifest-v1.json"
+    argv = ["tokenize", str(source), "--output", str(out)]
+    argv += [
+        "--tokenizer",
+        str(config.parent / "tokenizer.json"),
+        "--eos",
+        "<|im_end|>",
+        "--chat",
+        str(config),
+        "--prompt-field",
+        "prompt",
+    ]
+    argv += ["--text-field", "chosen", "--text-field", "rejected", "--tokens-per-shard", "400"]
+    assert main(argv) == 0
+    expected = [
+        tuple(reference(config, r["prompt"] + r[answer]) for answer in ("chosen", "rejected")) for r in rows
+    ]
+    longest = max(len(ids) for pair in expected for ids, _ in pair)
+    shards = [s.path for s in load_manifest(out).splits["train"].shards]
+    assert len(shards) > 1
+
+    def stream(seq_len: int, overflow: str, **changes: Any) -> BatchStreamConfig:
+        stack = ("chosen_{}", "rejected_{}")
+        return BatchStreamConfig(
+            fields=[
+                ProjectedField(
+                    "input_ids",
+                    tuple(s.format("input_ids") for s in stack),
+                    "i32",
+                    shape=(2, seq_len),
+                    pad=-1,
+                    overflow=overflow,  # type: ignore[arg-type]
+                ),
+                ProjectedField(
+                    "loss_mask", tuple(s.format("loss_mask") for s in stack), "i32", shape=(2, seq_len)
+                ),
+                ProjectedField("row", "@row_id", "i64"),
+            ],
+            stages=[Stage(sources=[FileSource(shards)], batch_size=3)],
+            **changes,
+        )
+
+    def pad(values: list[int], seq_len: int, fill: int) -> list[int]:
+        return values + [fill] * (seq_len - len(values))
+
+    # Every pair whole, chosen at index 0 and rejected at 1, ids and masks as transformers has them.
+    batches = collect(stream(longest, "error"))
+    got = [(b["input_ids"][k], b["loss_mask"][k]) for b in batches for k in range(len(b["row"]))]
+    assert len(got) == len(rows)
+    for (ids, mask), pair in zip(got, expected, strict=True):
+        assert ids.shape == (2, longest)
+        for entry, (want_ids, want_mask) in enumerate(pair):
+            assert ids[entry].tolist() == pad(want_ids, longest, -1)
+            assert mask[entry].tolist() == pad(want_mask, longest, 0)
+            assert sum(want_mask) > 0
+    # Too short for the long rejected answers: "error" names the shard, row and field ...
+    short = max(len(ids) for k, pair in enumerate(expected) if k % 3 for ids, _ in pair) + 1
+    too_long = [k for k, (_, (ids, _)) in enumerate(expected) if len(ids) > short]
+    assert too_long == list(range(0, len(rows), 3))
+    with pytest.raises(ProjectionError, match=r"row \d+, field 'input_ids' \(source 'rejected_input_ids'\)"):
+        collect(stream(short, "error"))
+    # ... "drop" leaves those records out, the same on every rank and from every resume point.
+    dropped = stream(short, "drop")
+    kept = collect(dropped)
+    pairs = [(b["input_ids"][k], b["row"][k]) for b in kept for k in range(len(b["row"]))]
+    assert [int(row) for _, row in pairs] == [k for k in range(len(rows)) if k not in too_long]
+    for ids, row in pairs:
+        (want_chosen, _), (want_rejected, _) = expected[int(row)]
+        assert ids[0].tolist() == pad(want_chosen, short, -1)
+        assert ids[1].tolist() == pad(want_rejected, short, -1)
+    from o41_training_data import TrainingData
+
+    with TrainingData().batch_stream(dropped) as opened:
+        assert [s.dropped_rows for s in opened.stats.sources] == [len(too_long)]
+    per_rank = [collect(replace(dropped, rank=r, world_size=2)) for r in range(2)]
+    ranked = sorted(int(row) for rank in per_rank for b in rank for row in b["row"])
+    assert ranked == sorted(int(row) for _, row in pairs)  # 12 rows: two rounds of 2 x 3
+    shuffled = replace(
+        dropped,
+        stages=[replace(dropped.stages[0], infinite=True, shuffle=Shuffle(buffer_rows=6, unit_rows=1))],
+    )
+    assert_resumable(shuffled, batches=8)

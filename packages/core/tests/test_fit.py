@@ -1,7 +1,8 @@
-"""How a list field fits its first axis: ``overflow="error"`` and ``pad_side="left"``, in every format."""
+"""How a list field fits its first axis (``overflow``, ``pad_side``) and stacks, in every format."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -100,7 +101,7 @@ def test_the_options_are_checked(shard: ShardWriter) -> None:
     with pytest.raises(ConfigError, match="pad_side"):
         ProjectedField("p", "p", "i32", length=2, pad_side="middle")  # type: ignore[arg-type]
     with pytest.raises(ConfigError, match="overflow"):
-        ProjectedField("p", "p", "i32", length=2, overflow="drop")  # type: ignore[arg-type]
+        ProjectedField("p", "p", "i32", length=2, overflow="discard")  # type: ignore[arg-type]
     path = shard("jsonl", records())
     scalar = ProjectedField("id", "id", "i64", overflow="error")
     with pytest.raises(ConfigError, match=r"overflow applies to a list field"):
@@ -112,3 +113,107 @@ def test_the_options_are_checked(shard: ShardWriter) -> None:
     )
     with pytest.raises(ConfigError, match="token windows, which place and pad it themselves"):
         open_batch_stream(packed)
+
+
+def test_a_stack_delivers_its_fields_on_a_leading_axis(shard: ShardWriter, encoding: str) -> None:
+    path = shard(encoding, records())
+    fields = [
+        ProjectedField("both", ("prompt", "same"), "i32", shape=(2, 3), pad=-1, pad_side="left"),
+        ProjectedField("id", "id", "i64"),
+    ]
+    got = collect(config_for([FileSource([path])], fields, batch_size=5))[0]
+    assert got["both"].shape == (5, 2, 3)
+    for k, prompt in enumerate(PROMPTS):
+        fitted = ([-1] * 3 + prompt)[-3:] if len(prompt) <= 3 else prompt[:3]
+        assert got["both"][k].tolist() == [fitted, fitted]
+    assert got["id"].tolist() == [0, 1, 2, 3, 4]
+
+
+def test_overflow_drop_leaves_the_row_out(shard: ShardWriter, encoding: str) -> None:
+    path = shard(encoding, records() * 2)
+    fields = [
+        ProjectedField("prompt", "prompt", "i32", length=3, overflow="drop"),
+        ProjectedField("row", "@row", "i64"),
+        ProjectedField("row_id", "@row_id", "i64"),
+    ]
+    config = config_for([FileSource([path])], fields, batch_size=1)
+    batches = collect(config)
+    # Records 1 and 6 hold four values: left out, and the others keep their rows and ids.
+    assert [int(b["row"][0]) for b in batches] == [0, 2, 3, 4, 5, 7, 8, 9]
+    assert [int(b["row_id"][0]) for b in batches] == [0, 2, 3, 4, 5, 7, 8, 9]
+    assert [b["prompt"][0].tolist() for b in batches][:2] == [[1, 2, 0], [0, 0, 0]]
+    with open_batch_stream(config) as stream:
+        assert stream.stats.sources[0].dropped_rows == 2
+        assert stream.stats.since(stream.stats).sources[0].dropped_rows == 2
+    assert_resumable(config_for([FileSource([path])], fields, batch_size=2, infinite=True), batches=7)
+
+
+def test_drop_in_a_manifest_source_on_two_ranks_and_after_a_resume(tmp_path: Path) -> None:
+    from dataclasses import replace
+
+    from o41_training_data import DatasetSaver, ManifestSource, Shuffle
+
+    saver = DatasetSaver(tmp_path / "data" / "data-manifest-v1.json", data_format="parquet")
+    for part in range(3):
+        saver.save(
+            "train",
+            None,
+            [{"id": part * 10 + k, "ids": list(range(k % 5))} for k in range(10)],
+            shard_id=str(part),
+        )
+    saver.commit_manifest()
+    fields = [
+        ProjectedField("ids", "ids", "i32", length=3, overflow="drop"),
+        ProjectedField("id", "id", "i64"),
+    ]
+    source = ManifestSource(manifest_uri=str(tmp_path / "data" / "data-manifest-v1.json"), split="train")
+    config = BatchStreamConfig(fields=fields, stages=[Stage(sources=[source], batch_size=2)])
+    kept = sorted(part * 10 + k for part in range(3) for k in range(10) if k % 5 <= 3)
+    assert sorted(int(i) for b in collect(config) for i in b["id"]) == kept
+    # Every rank plans without the same rows: two ranks together read each kept record once.
+    per_rank = [collect(replace(config, rank=r, world_size=2)) for r in range(2)]
+    assert sorted(int(i) for rank in per_rank for b in rank for i in b["id"]) == kept
+    shuffled = replace(
+        config, stages=[replace(config.stages[0], infinite=True, shuffle=Shuffle(buffer_rows=8, unit_rows=1))]
+    )
+    assert_resumable(shuffled, batches=14)
+    with open_batch_stream(shuffled) as stream:
+        for _ in range(3):
+            next(stream)
+        checkpoint = stream.checkpoint()
+        following = [next(stream).arrays()["id"].tolist() for _ in range(3)]
+    with resume_batch_stream(checkpoint) as resumed:
+        assert resumed.stats.sources[0].dropped_rows == 6
+        assert [next(resumed).arrays()["id"].tolist() for _ in range(3)] == following
+
+
+def test_a_stack_is_checked(shard: ShardWriter) -> None:
+    path = shard("jsonl", records())
+    cases = [
+        (ProjectedField("p", ("prompt", "same"), "i32", shape=(3, 2)), r"fields\[0\].shape.*starting with 2"),
+        (ProjectedField("p", ("prompt", "prompt"), "i32", shape=(2, 2)), r"source\[1\].*already in"),
+        (ProjectedField("p", ("prompt", "@row"), "i32", shape=(2, 2)), r"source\[1\].*record fields"),
+        (ProjectedField("p", (), "i32", shape=(2, 2)), r"at least one record field"),
+        (ProjectedField("p", ("prompt", "same"), "i32", shape=(2,), overflow="drop"), "a list field"),
+    ]
+    for field, message in cases:
+        with pytest.raises(ConfigError, match=message):
+            open_batch_stream(config_for([FileSource([path])], [field]))
+    twice = [
+        ProjectedField("p", ("prompt", "same"), "i32", shape=(2, 2)),
+        ProjectedField("s", "same", "i32", length=2),
+    ]
+    with pytest.raises(ConfigError, match=r"'same' is already projected by fields\[0\]"):
+        open_batch_stream(config_for([FileSource([path])], twice))
+    tokens = shard("parquet", [{"tokens": [1, 2, 3], "mask": [1, 1, 1]}])
+    packed = BatchStreamConfig(
+        fields=[
+            ProjectedField("tokens", "tokens", "i32", length=8),
+            ProjectedField("mask", ("mask", "tokens2"), "i32", shape=(2, 8)),
+        ],
+        stages=[Stage(sources=[FileSource([tokens])], batch_size=1, packing=Packing("tokens", 8))],
+    )
+    with pytest.raises(ConfigError, match="a stack is for stages of records"):
+        open_batch_stream(packed)
+    from_file = BatchStreamConfig.from_dict(config_for([FileSource([path])], [cases[0][0]]).to_dict())
+    assert from_file.fields[0].source == ("prompt", "same")

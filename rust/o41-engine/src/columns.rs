@@ -271,22 +271,25 @@ impl ColumnBuf {
         with_column!(self, v => v[range].fill(Default::default()));
     }
 
-    /// Copies `rows` rows of `width` elements from `src` (starting at `src_row`) to `dst_row`.
-    pub fn copy_rows(
+    /// Copies row `src_row` of `src` (rows of `width` elements) into row `dst_row` of this
+    /// column (rows of `dst_width`), from its element `offset`: a stack's part fills its entry.
+    pub fn copy_row_into(
         &mut self,
-        dst_row: usize,
+        (dst_row, dst_width, offset): (usize, usize, usize),
         src: &ColumnBuf,
         src_row: usize,
-        rows: usize,
         width: usize,
     ) {
-        let (d, s, n) = (dst_row * width, src_row * width, rows * width);
+        fn copy<T: Copy>(a: &mut [T], b: &[T], (d, s, n): (usize, usize, usize)) {
+            a[d..d + n].copy_from_slice(&b[s..s + n]);
+        }
+        let at = (dst_row * dst_width + offset, src_row * width, width);
         match (self, src) {
-            (ColumnBuf::I32(a), ColumnBuf::I32(b)) => a[d..d + n].copy_from_slice(&b[s..s + n]),
-            (ColumnBuf::I64(a), ColumnBuf::I64(b)) => a[d..d + n].copy_from_slice(&b[s..s + n]),
-            (ColumnBuf::F32(a), ColumnBuf::F32(b)) => a[d..d + n].copy_from_slice(&b[s..s + n]),
-            (ColumnBuf::F64(a), ColumnBuf::F64(b)) => a[d..d + n].copy_from_slice(&b[s..s + n]),
-            (ColumnBuf::Bool(a), ColumnBuf::Bool(b)) => a[d..d + n].copy_from_slice(&b[s..s + n]),
+            (ColumnBuf::I32(a), ColumnBuf::I32(b)) => copy(a, b, at),
+            (ColumnBuf::I64(a), ColumnBuf::I64(b)) => copy(a, b, at),
+            (ColumnBuf::F32(a), ColumnBuf::F32(b)) => copy(a, b, at),
+            (ColumnBuf::F64(a), ColumnBuf::F64(b)) => copy(a, b, at),
+            (ColumnBuf::Bool(a), ColumnBuf::Bool(b)) => copy(a, b, at),
             _ => unreachable!("columns of one field always share a dtype"),
         }
     }
@@ -413,7 +416,7 @@ pub fn test_projection(specs: &[(&str, crate::dtype::DType, Vec<usize>)]) -> Pro
             overflow: crate::config::Overflow::Truncate,
             pad_side: crate::config::PadSide::Right,
             name: (*n).to_owned(),
-            source: (*n).to_owned(),
+            source: (*n).into(),
             dtype: *d,
             shape: s.clone(),
             pad: serde_json::Value::from(0),

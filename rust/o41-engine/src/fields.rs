@@ -1,7 +1,7 @@
 //! The projected fields of a stream, validated: which record field each column reads, its dtype,
 //! fixed shape and pad, and the reserved `@` sources the engine fills itself.
 
-use crate::config::{FieldSpec, Overflow, PadSide};
+use crate::config::{FieldSource, FieldSpec, Overflow, PadSide};
 use crate::dtype::{DType, Scalar};
 use crate::error::{Error, Result};
 
@@ -63,8 +63,11 @@ impl Synthetic {
 pub struct ProjectedColumn {
     /// Column name in batches.
     pub name: String,
-    /// Record field read.
+    /// Record field read; for a stack, its fields in brackets (messages only: readers see the
+    /// stack's parts, [`Projection::record_columns`]).
     pub source: String,
+    /// A stack's record fields, in the order of the leading axis; empty for one field.
+    pub parts: Vec<String>,
     /// Element type.
     pub dtype: DType,
     /// Fixed shape of one row (empty for scalars).
@@ -84,7 +87,10 @@ pub struct ProjectedColumn {
 impl ProjectedColumn {
     /// Validates a field spec; `option` names it in errors.
     pub fn new(spec: &FieldSpec, option: &str) -> Result<Self> {
-        let synthetic = Synthetic::parse(&spec.source, option)?;
+        let synthetic = match spec.source.single() {
+            Some(source) => Synthetic::parse(source, option)?,
+            None => None,
+        };
         if synthetic.is_some()
             && (!spec.shape.is_empty() || !matches!(spec.dtype, DType::I32 | DType::I64))
         {
@@ -96,8 +102,14 @@ impl ProjectedColumn {
                 ),
             ));
         }
+        let parts = match &spec.source {
+            FieldSource::One(_) => Vec::new(),
+            FieldSource::Stack(parts) => parts.clone(),
+        };
+        // A stack's overflow rule and pad side apply to each part's first axis.
+        let list_axes = spec.shape.len() - usize::from(!parts.is_empty()).min(spec.shape.len());
         if (spec.overflow != Overflow::default() || spec.pad_side != PadSide::default())
-            && (spec.shape.is_empty() || synthetic.is_some())
+            && (list_axes == 0 || synthetic.is_some())
         {
             let which = if spec.overflow == Overflow::default() {
                 "pad_side"
@@ -108,7 +120,7 @@ impl ProjectedColumn {
                 format!("{option}.{which}"),
                 format!(
                     "'{}' is a scalar: {which} applies to a list field (a length or shape)",
-                    spec.source
+                    spec.source.describe()
                 ),
             ));
         }
@@ -117,7 +129,8 @@ impl ProjectedColumn {
             overflow: spec.overflow,
             pad_side: spec.pad_side,
             name: spec.name.clone(),
-            source: spec.source.clone(),
+            source: spec.source.describe(),
+            parts,
             dtype: spec.dtype,
             shape: spec.shape.clone(),
             width: spec
@@ -158,6 +171,7 @@ impl ProjectedColumn {
         ProjectedColumn {
             name: crate::config::VALID_COLUMN.to_owned(),
             source: crate::config::VALID_COLUMN.to_owned(),
+            parts: Vec::new(),
             dtype: DType::Bool,
             shape: Vec::new(),
             width: 1,
@@ -217,19 +231,50 @@ impl Projection {
             .expect("row bytes were checked at construction")
     }
 
-    /// The columns read from records, and for each its index here: not the synthetic ones, nor
-    /// a token stage's window columns (`@segment_ids`, ...), which the planner fills from the
-    /// windows' plan (`formats::fill_window`).
-    pub fn record_columns(&self) -> (Projection, Vec<usize>) {
-        let (map, columns): (Vec<usize>, Vec<ProjectedColumn>) = self
-            .columns
-            .iter()
-            .enumerate()
-            .filter(|(_, c)| {
-                c.synthetic.is_none() && crate::config::WindowColumn::of(&c.source).is_none()
-            })
-            .map(|(i, c)| (i, c.clone()))
-            .unzip();
+    /// The columns read from records, and for each where its rows go here: not the synthetic
+    /// ones, nor a token stage's window columns (`@segment_ids`, ...), which the planner fills
+    /// from the windows' plan (`formats::fill_window`). A stack is read as one column per
+    /// part (shaped as one entry of its leading axis), each filling its entry of the stack.
+    pub fn record_columns(&self) -> (Projection, Vec<RecordSlot>) {
+        let mut columns = Vec::new();
+        let mut map = Vec::new();
+        for (i, c) in self.columns.iter().enumerate() {
+            if c.synthetic.is_some() || crate::config::WindowColumn::of(&c.source).is_some() {
+                continue;
+            }
+            if c.parts.is_empty() {
+                columns.push(c.clone());
+                map.push(RecordSlot {
+                    column: i,
+                    offset: 0,
+                });
+                continue;
+            }
+            let width = c.width / c.parts.len();
+            for (j, part) in c.parts.iter().enumerate() {
+                columns.push(ProjectedColumn {
+                    source: part.clone(),
+                    parts: Vec::new(),
+                    shape: c.shape[1..].to_vec(),
+                    width,
+                    ..c.clone()
+                });
+                map.push(RecordSlot {
+                    column: i,
+                    offset: j * width,
+                });
+            }
+        }
         (Projection { columns }, map)
     }
+}
+
+/// Where a column read from records goes in a delivered row: the delivered column, and the
+/// element its values start at within that column's row (a stack's part is one entry of it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RecordSlot {
+    /// Index of the delivered column.
+    pub column: usize,
+    /// Elements before this part's values in each of the column's rows.
+    pub offset: usize,
 }

@@ -72,6 +72,10 @@ fn project_row<T: Element>(
     fit_first_axis(out, &column.shape, range.len(), column, pad)
 }
 
+/// How a row too long for a field whose overflow rule is `drop` is reported: the scan at open
+/// (`crate::drops`) knows such rows by it.
+pub(crate) const DROPPED: &str = "(overflow 'drop')";
+
 /// Applies a list field's overflow rule and pad side to a row projected with the list's values
 /// first: `len` is the list's length along the first axis.
 pub(crate) fn fit_first_axis<T: Element>(
@@ -84,9 +88,15 @@ pub(crate) fn fit_first_axis<T: Element>(
     let Some(&dim) = shape.first() else {
         return Ok(());
     };
-    if len > dim && column.overflow == Overflow::Error {
+    if len > dim && column.overflow != Overflow::Truncate {
+        let rule = if column.overflow == Overflow::Drop {
+            // Open leaves such rows out: one read here means the shard is not what open saw.
+            DROPPED
+        } else {
+            "(overflow 'error')"
+        };
         return Err(format!(
-            "a list of {len} values, longer than the field's {dim} (overflow 'error')"
+            "a list of {len} values, longer than the field's {dim} {rule}"
         ));
     }
     if column.pad_side == PadSide::Left && len < dim {

@@ -403,11 +403,15 @@ impl Assembler {
                 }
                 let batch = &mut pending[(seq - first_seq) as usize];
                 for (k, column) in plan.records.columns.iter().enumerate() {
-                    batch.buffer.columns[plan.record_map[k]].copy_rows(
-                        slot as usize,
+                    let to = plan.record_map[k];
+                    batch.buffer.columns[to.column].copy_row_into(
+                        (
+                            slot as usize,
+                            plan.projection.columns[to.column].width,
+                            to.offset,
+                        ),
                         &chunk.columns[k],
                         row as usize,
-                        1,
                         column.width,
                     );
                 }

@@ -46,8 +46,8 @@ pub struct Plan {
     pub projection: Projection,
     /// The columns read from records.
     pub records: Projection,
-    /// Batch column of each record column.
-    pub record_map: Vec<usize>,
+    /// Where each record column goes in a batch row.
+    pub record_map: Vec<crate::fields::RecordSlot>,
     /// Every shard, with its inspection once made.
     pub shards: Shards,
     /// Schema of delivered batches.
@@ -77,6 +77,12 @@ pub struct Plan {
     pub batch_buffers: Arc<BufferPool>,
     /// Buffers of read jobs' decoded rows, within the bound's decode units term.
     pub job_buffers: Arc<BufferPool>,
+    /// Rows each source leaves out for a field's overflow rule `drop`, per pass over it, in
+    /// stage then source order.
+    pub dropped_rows: Vec<u64>,
+    /// By flat shard id, the rows its source's earlier shards leave out (empty when none
+    /// does): `@row_id` counts the records as listed, left-out ones included.
+    dropped_before: Vec<u64>,
 }
 
 impl Plan {
@@ -151,6 +157,7 @@ impl Plan {
             scratch_reserved,
             plan_room: bound.limit - bound.total(),
         });
+        let (dropped_rows, dropped_before) = shards.dropped_rows();
         let plan = Plan {
             schema: batch_schema(&projection),
             resolved: config,
@@ -178,6 +185,8 @@ impl Plan {
             window_columns,
             batch_buffers: BufferPool::new(bound.batches),
             job_buffers: BufferPool::new(bound.decode_units),
+            dropped_rows,
+            dropped_before,
         };
         check_window_columns(&plan)?;
         Ok(plan)
@@ -628,6 +637,13 @@ fn check_window_columns(plan: &Plan) -> Result<()> {
     Ok(())
 }
 
+/// The row in shard `id` itself of its kept row `row` (they differ where a field's overflow
+/// rule left rows out).
+fn file_row(plan: &Plan, id: usize, row: u64) -> u64 {
+    plan.inspected(id)
+        .map_or(row, |meta| meta.dropped.file_row(row))
+}
+
 fn fill_synthetic(plan: &Plan, buffer: &mut Chunk, slot: usize, at: &Slot) {
     for (column, buf) in plan
         .projection
@@ -641,13 +657,21 @@ fn fill_synthetic(plan: &Plan, buffer: &mut Chunk, slot: usize, at: &Slot) {
         let value = match kind {
             Synthetic::RowId => {
                 let source = &plan.order.stages()[at.stage].sources()[at.row.source];
-                ((at.stage as i64) << 56)
-                    | ((at.row.source as i64) << 40)
-                    | source.listed_index(at.row.at.shard, at.row.at.row) as i64
+                let mut index = source.listed_index(at.row.at.shard, at.row.at.row);
+                if !plan.dropped_before.is_empty() {
+                    let id = plan.shards.id(at.stage, at.row.source, at.row.at.shard);
+                    index +=
+                        plan.dropped_before[id] + file_row(plan, id, at.row.at.row) - at.row.at.row;
+                }
+                ((at.stage as i64) << 56) | ((at.row.source as i64) << 40) | index as i64
             }
             Synthetic::Source => at.row.source as i64,
             Synthetic::Shard => at.row.at.shard as i64,
-            Synthetic::Row => at.row.at.row as i64,
+            // The row in the shard itself, also where a field's overflow rule left rows out.
+            Synthetic::Row => {
+                let id = plan.shards.id(at.stage, at.row.source, at.row.at.shard);
+                file_row(plan, id, at.row.at.row) as i64
+            }
             Synthetic::Epoch => at.row.at.epoch as i64,
             Synthetic::Stage => at.stage as i64,
             Synthetic::Valid => 1,

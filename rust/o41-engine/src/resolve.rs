@@ -383,7 +383,12 @@ fn settle(storage: &Storage, jobs: &[Job], setup: &Setup<'_>) -> Result<Settled>
     let key = projection_key(setup.fields);
     let remote = jobs.iter().any(|j| storage::is_remote(&j.path));
     let threads = inspection_concurrency(setup.threads, remote);
-    let listed: Vec<usize> = (0..jobs.len()).filter(|&i| jobs[i].listed).collect();
+    let (records, _) = setup.projection.record_columns();
+    // Rows an overflow rule leaves out are found by reading the shard: every shard is looked
+    // at, so that its kept rows are known before the order is planned over them.
+    let drops = formats::drops_rows(&records);
+    let is_listed = |job: &Job| job.listed || drops;
+    let listed: Vec<usize> = (0..jobs.len()).filter(|&i| is_listed(&jobs[i])).collect();
     let probes = parallel(&listed, threads, |&i| {
         let job = &jobs[i];
         storage.cancel().check(&job.path)?;
@@ -397,7 +402,7 @@ fn settle(storage: &Storage, jobs: &[Job], setup: &Setup<'_>) -> Result<Settled>
         // A token shard's rows are its windows, which the cache does not know.
         let cached = cache
             .as_ref()
-            .filter(|_| job.layout.is_none())
+            .filter(|_| job.layout.is_none() && !drops)
             .and_then(|c| c.lookup(&job.path, job.encoding, &pin, &key));
         if let (Some(promise), Some(cached)) = (&job.promise, &cached) {
             promise.check_rows(&job.path, job.encoding, cached.rows)?;
@@ -412,13 +417,13 @@ fn settle(storage: &Storage, jobs: &[Job], setup: &Setup<'_>) -> Result<Settled>
     }
     let known_rows = |i: usize| match (seen.get(&i).map(|p| (&p.0, &p.1)), &jobs[i].promise) {
         // Every token shard is inspected: its windows and their plan are needed at open.
-        _ if jobs[i].layout.is_some() => None,
+        _ if jobs[i].layout.is_some() || drops => None,
         (Some((_, Some(cached))), _) => Some(cached.rows),
         (_, Some(promise)) => Some(promise.rows),
         _ => None,
     };
     let mut inspect: Vec<usize> = (0..jobs.len())
-        .filter(|&i| jobs[i].listed && known_rows(i).is_none())
+        .filter(|&i| is_listed(&jobs[i]) && known_rows(i).is_none())
         .collect();
     let mut covered: std::collections::HashSet<(usize, usize)> = inspect
         .iter()
@@ -444,7 +449,6 @@ fn settle(storage: &Storage, jobs: &[Job], setup: &Setup<'_>) -> Result<Settled>
     inspect.sort_unstable();
     let max_record = max_record(&setup.bound, threads, inspect.len());
     let max_plan = setup.bound.limit - setup.bound.total();
-    let (records, _) = setup.projection.record_columns();
     let inspected = parallel(&inspect, threads, |&i| {
         let job = &jobs[i];
         storage.cancel().check(&job.path)?;
@@ -472,7 +476,7 @@ fn settle(storage: &Storage, jobs: &[Job], setup: &Setup<'_>) -> Result<Settled>
     for (&i, meta) in inspect.iter().zip(inspected) {
         let meta = meta?;
         let job = &jobs[i];
-        if let (true, None, Some(cache)) = (job.listed, &job.layout, &cache) {
+        if let (true, None, Some(cache), false) = (job.listed, &job.layout, &cache, drops) {
             let cached = Cached {
                 rows: meta.rows,
                 scratch_bytes: Some(meta.scratch_bytes),
@@ -514,7 +518,7 @@ fn settle(storage: &Storage, jobs: &[Job], setup: &Setup<'_>) -> Result<Settled>
                 // Every listed shard was probed: pinned as the probe saw it, a local file
                 // by its content.
                 seen: probe
-                    .filter(|_| job.listed)
+                    .filter(|_| is_listed(job))
                     .map(|(pin, _, content)| (content.or(pin.version), pin.size)),
                 meta,
             };

@@ -203,6 +203,30 @@ impl Shards {
         self.stage_sources[stage] + source
     }
 
+    /// Rows the shards leave out for a field's overflow rule `drop` (streams with such a field
+    /// inspect every shard at open): per source, in stage then source order, and, by flat shard
+    /// id, those of the same source's earlier shards (empty when no shard leaves a row out).
+    pub fn dropped_rows(&self) -> (Vec<u64>, Vec<u64>) {
+        let mut counts = vec![0; self.sources.len()];
+        let mut before = Vec::new();
+        for (j, source) in self.sources.iter().enumerate() {
+            let shards = self.resolved.stages[source.stage].sources[source.source]
+                .shards
+                .len();
+            for id in source.first..source.first + shards {
+                let dropped = self.inspected(id).map_or(0, |meta| meta.dropped.len());
+                if dropped > 0 && before.is_empty() {
+                    before = vec![0; self.inspections.len()];
+                }
+                if let Some(slot) = before.get_mut(id) {
+                    *slot = counts[j];
+                }
+                counts[j] += dropped;
+            }
+        }
+        (counts, before)
+    }
+
     /// The flat id of shard `shard` of source `source` of stage `stage`.
     pub fn id(&self, stage: usize, source: usize, shard: usize) -> usize {
         self.sources[self.stage_sources[stage] + source].first + shard

@@ -106,6 +106,9 @@ pub struct SourceStats {
     pub rows_delivered: u64,
     /// Tokens a token stage's windows delivered from it (padding excluded); 0 for records.
     pub tokens_delivered: u64,
+    /// Rows of its shards that a field's overflow rule `drop` leaves out of each pass over it
+    /// (found at open: the same on every rank and after every resume).
+    pub dropped_rows: u64,
     /// Its configured share of its stage's rows: its weight over the stage's weights.
     pub weight_share: f64,
 }
@@ -733,6 +736,7 @@ impl BatchStream {
                     read: plan.shards.meters[sources.len()].reading(),
                     rows_delivered,
                     tokens_delivered,
+                    dropped_rows: plan.dropped_rows[sources.len()],
                     weight_share: resolved.weight / weights,
                 });
             }

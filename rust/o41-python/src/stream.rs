@@ -223,6 +223,7 @@ impl Stream {
             s.set_item("source", source.source)?;
             s.set_item("rows_delivered", source.rows_delivered)?;
             s.set_item("tokens_delivered", source.tokens_delivered)?;
+            s.set_item("dropped_rows", source.dropped_rows)?;
             s.set_item("weight_share", source.weight_share)?;
             sources.append(s)?;
         }

@@ -290,7 +290,16 @@ def build(
 )
 @click.option("--eos", default=None, help="The tokenizer.json's end of document token.")
 @click.option(
-    "--text-field", default=None, help="The field to tokenise (default: text; with --chat, messages)."
+    "--text-field",
+    "text_fields",
+    multiple=True,
+    help="The field to tokenise (default: text; with --chat, messages). With --chat, repeat it "
+    "for preference pairs (--text-field chosen --text-field rejected).",
+)
+@click.option(
+    "--prompt-field",
+    default=None,
+    help="A field of messages leading each conversation field (with --chat; TRL's explicit prompt).",
 )
 @click.option(
     "--chat",
@@ -348,7 +357,8 @@ def tokenize(
     output: str,
     tokenizer: str,
     eos: str | None,
-    text_field: str | None,
+    text_fields: tuple[str, ...],
+    prompt_field: str | None,
     chat_template: str | None,
     chat_template_name: str | None,
     loss_on: str,
@@ -384,7 +394,8 @@ def tokenize(
             output,
             tokenizer=tokenizer,
             eos=eos,
-            text_field=text_field,
+            text_field=None if not text_fields else text_fields[0] if len(text_fields) == 1 else text_fields,
+            prompt_field=prompt_field,
             split=split,
             input_format=input_format,
             data_format=data_format,

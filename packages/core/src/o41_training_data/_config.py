@@ -125,10 +125,15 @@ def _weight(option: str, value: object) -> None:
 def _check_field(option: str, field: ProjectedField) -> None:
     if not isinstance(field, ProjectedField):
         raise _invalid(option, f"expected a ProjectedField, got {type(field).__name__}")
-    for name in ("name", "source"):
-        value = getattr(field, name)
-        if not isinstance(value, str) or not value:
-            raise _invalid(f"{option}.{name}", f"expected a non-empty string, got {value!r}")
+    if not isinstance(field.name, str) or not field.name:
+        raise _invalid(f"{option}.name", f"expected a non-empty string, got {field.name!r}")
+    parts = (field.source,) if isinstance(field.source, str) else field.source
+    if not isinstance(field.source, str) and not parts:
+        raise _invalid(f"{option}.source", "a stack names at least one record field")
+    for k, part in enumerate(parts):
+        if not isinstance(part, str) or not part:
+            at = f"{option}.source" if isinstance(field.source, str) else f"{option}.source[{k}]"
+            raise _invalid(at, f"expected a non-empty string, got {part!r}")
     if "\0" in field.name:
         # Arrow's C data interface, which hands batches to Python, cannot carry it.
         raise _invalid(f"{option}.name", f"{field.name!r} holds a NUL character; a column name cannot")
@@ -217,27 +222,38 @@ class ProjectedField:
     Give ``length`` for a 1-D column, ``shape`` for a nested one, or neither for a scalar.
     Every axis truncates longer lists and pads shorter ones with ``pad``. For the first axis,
     ``overflow="error"`` makes a longer list a :class:`ProjectionError` naming the shard, row
-    and field instead (a truncated completion would train on another answer), and
-    ``pad_side="left"`` puts the pad before the values, so that the last value ends the row
-    (prompts for generation).
+    and field instead (a truncated completion would train on another answer);
+    ``overflow="drop"`` leaves such a row out of the stream (open finds every one, so the order
+    is planned without them: the same on every rank and after every resume, counted in the
+    stats' ``dropped_rows``); ``pad_side="left"`` puts the pad before the values, so that the
+    last value ends the row (prompts for generation).
+
+    A ``source`` that lists several record fields stacks them on a new leading axis, whose
+    length the shape starts with: ``source=("chosen_ids", "rejected_ids"), shape=(2, 512)``
+    delivers a preference pair as ``[B, 2, 512]``. ``overflow`` and ``pad_side`` then apply to
+    each entry's first axis, and a row is dropped when any entry is too long.
 
     Examples:
         >>> ProjectedField(name="tokens", source="input_ids", dtype="i32", length=2048, pad=0).shape
         (2048,)
+        >>> ProjectedField(name="ids", source=("chosen", "rejected"), dtype="i32", shape=(2, 8)).source
+        ('chosen', 'rejected')
 
     """
 
     name: str
-    source: str
+    source: str | tuple[str, ...]
     dtype: DType
     length: int | None = None
     shape: tuple[int, ...] | None = None
     pad: int | float | bool = 0
-    overflow: Literal["truncate", "error"] = "truncate"
+    overflow: Literal["truncate", "error", "drop"] = "truncate"
     pad_side: Literal["right", "left"] = "right"
 
     def __post_init__(self) -> None:
-        for option, allowed in (("overflow", ("truncate", "error")), ("pad_side", ("right", "left"))):
+        if not isinstance(self.source, str) and isinstance(self.source, Iterable):
+            object.__setattr__(self, "source", tuple(self.source))
+        for option, allowed in (("overflow", ("truncate", "error", "drop")), ("pad_side", ("right", "left"))):
             if getattr(self, option) not in allowed:
                 raise ConfigError(
                     f"invalid field '{self.name}'.{option}: {getattr(self, option)!r}; expected one of "
@@ -264,7 +280,7 @@ class ProjectedField:
         """The field as the engine's JSON document expects it."""
         out: dict[str, Any] = {
             "name": self.name,
-            "source": self.source,
+            "source": self.source if isinstance(self.source, str) else list(self.source),
             "dtype": self.dtype,
             "shape": list(self.shape or ()),
             "pad": self.pad,

@@ -78,6 +78,9 @@ class SourceStats(ReadStats):
     0 in a stage of records."""
     weight_share: float = 0.0
     """The source's configured share of its stage: its weight over the sum of the stage's."""
+    dropped_rows: int = 0
+    """Rows of the source's shards that a field's ``overflow="drop"`` leaves out of each pass
+    over it. Open finds them, so the figure is the same on every rank and after every resume."""
 
     @classmethod
     def _from_core(cls, raw: Mapping[str, Any]) -> SourceStats:
@@ -93,6 +96,7 @@ class SourceStats(ReadStats):
             rows_delivered=int(raw["rows_delivered"]),
             tokens_delivered=int(raw["tokens_delivered"]),
             weight_share=float(raw["weight_share"]),
+            dropped_rows=int(raw["dropped_rows"]),
         )
 
 

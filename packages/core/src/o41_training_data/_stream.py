@@ -252,6 +252,7 @@ class StreamStats:
                 rows_delivered=now.rows_delivered - then.rows_delivered,
                 tokens_delivered=now.tokens_delivered - then.tokens_delivered,
                 weight_share=now.weight_share,
+                dropped_rows=now.dropped_rows,
                 **_minus_read(now, then),
             )
             for now, then in zip(self.sources, earlier.sources, strict=True)

@@ -44,7 +44,7 @@ DEFAULT_TOKENS_PER_SHARD = 1 << 26  # 256 MiB of int32 ids: a Parquet shard far 
 DEFAULT_BATCH = 1024
 _PART_DIGITS = 6
 # Options a completed shard records, in the order a refused restart names them.
-_OPTIONS = ("tokenizer", "chat", "text_field", "tokens_per_shard")
+_OPTIONS = ("tokenizer", "chat", "text_field", "prompt_field", "tokens_per_shard")
 
 
 @dataclass(frozen=True)
@@ -69,18 +69,28 @@ class _InputJob:
     digits: int
     path: str
     encoding: str
-    text_field: str
+    text_fields: tuple[str, ...]
     split: str
     tokens_per_shard: int
     batch_size: int
     storage: StorageConfig
     chat: ChatEncoder | None = None
     tools_field: str | None = None
+    prompt_field: str | None = None
+
+    @property
+    def text_field(self) -> str:
+        """The first field read (errors about the record name it)."""
+        return self.text_fields[0]
 
     @property
     def fields(self) -> tuple[str, ...]:
-        """The output records' fields."""
-        return CHAT_FIELDS if self.chat is not None else (TOKENS_FIELD,)
+        """The output records' fields, one pair per conversation field when there are several."""
+        if self.chat is None:
+            return (TOKENS_FIELD,)
+        if len(self.text_fields) == 1:
+            return CHAT_FIELDS
+        return tuple(f"{field}_{out}" for field in self.text_fields for out in CHAT_FIELDS)
 
 
 @dataclass(frozen=True)
@@ -141,33 +151,44 @@ def _check_conversation(job: _InputJob, value: Any, row: int, field: str, tools:
                 )
 
 
-def _texts(job: _InputJob, skip: int) -> Iterator[tuple[list[Any], list[Any] | None]]:
-    """The input's values in chunks, from record ``skip`` on, with each record's tools (chat only).
+def _texts(job: _InputJob, skip: int) -> Iterator[tuple[list[list[Any]], list[Any] | None]]:
+    """The input's values in chunks, from record ``skip`` on, one list per text field.
 
-    Bad records raise naming them.
+    A conversation is led by its record's prompt (``prompt_field``); each record's tools come
+    beside (chat only). Bad records raise naming them.
     """
     records = _core.ShardRecords(job.path, job.encoding, job.storage.core(), job.batch_size)
     row = 0
-    field = job.text_field
     while (chunk := records.next_chunk(job.batch_size)) is not None:
         size = len(chunk) if isinstance(chunk, list) else chunk.num_rows
         if row + size <= skip:
             row += size
             continue
-        texts = _column(job, chunk, field, row, "text_field")
+        columns = [_column(job, chunk, field, row, "text_field") for field in job.text_fields]
         tools = None if job.tools_field is None else _column(job, chunk, job.tools_field, row, "tools_field")
-        if job.chat is None:
+        prompts = (
+            None if job.prompt_field is None else _column(job, chunk, job.prompt_field, row, "prompt_field")
+        )
+        for field, texts in zip(job.text_fields, columns, strict=True):
             for k, text in enumerate(texts):
-                if not isinstance(text, str):
-                    raise _not_text(job, text, row + k, field)
-        else:
-            for k, text in enumerate(texts):
-                _check_conversation(job, text, row + k, field)
-                if tools is not None:
-                    _check_conversation(job, tools[k], row + k, str(job.tools_field), tools=True)
+                if job.chat is None:
+                    if not isinstance(text, str):
+                        raise _not_text(job, text, row + k, field)
+                else:
+                    _check_conversation(job, text, row + k, field)
+        if tools is not None:
+            for k, value in enumerate(tools):
+                _check_conversation(job, value, row + k, str(job.tools_field), tools=True)
+        if prompts is not None:
+            for k, value in enumerate(prompts):
+                _check_conversation(job, value, row + k, str(job.prompt_field))
+            columns = [[p + c for p, c in zip(prompts, texts, strict=True)] for texts in columns]
         start = max(skip - row, 0)
         row += size
-        yield (texts[start:], None if tools is None else tools[start:]) if start else (texts, tools)
+        if start:
+            columns = [texts[start:] for texts in columns]
+            tools = None if tools is None else tools[start:]
+        yield columns, tools
 
 
 def _documents(job: _InputJob, skip: int) -> Iterator[tuple[npt.NDArray[Any], ...]]:
@@ -178,21 +199,28 @@ def _documents(job: _InputJob, skip: int) -> Iterator[tuple[npt.NDArray[Any], ..
     # The engine's readers hand over valid UTF-8 only (a lone surrogate in JSON is a malformed
     # record, naming the shard and row), so every text encodes.
     row = skip
-    for texts, tools in _texts(job, skip):
+    for columns, tools in _texts(job, skip):
         if job.chat is not None:
-            try:
-                encoded = job.chat.encode_batch(texts, tools)
-            except DataError as err:
-                raise data_error(
-                    f"{job.path}, records from {row}: {err}", job.path, row, job.text_field
-                ) from None
-            for chat in encoded:
-                yield (chat.input_ids, chat.loss_mask)
+            pairs: list[list[npt.NDArray[Any]]] = [[] for _ in columns[0]]
+            for field, texts in zip(job.text_fields, columns, strict=True):
+                try:
+                    encoded = job.chat.encode_batch(texts, tools)
+                except DataError as err:
+                    raise data_error(f"{job.path}, records from {row}: {err}", job.path, row, field) from None
+                for arrays, chat in zip(pairs, encoded, strict=True):
+                    arrays += (chat.input_ids, chat.loss_mask)
+            yield from (tuple(arrays) for arrays in pairs)
         else:
-            offsets, ids = job.tokenizer.encode_batch(texts)
-            for k in range(len(texts)):
+            offsets, ids = job.tokenizer.encode_batch(columns[0])
+            for k in range(len(columns[0])):
                 yield (ids[offsets[k] : offsets[k + 1]],)
-        row += len(texts)
+        row += len(columns[0])
+
+
+def _document_tokens(job: _InputJob, document: tuple[npt.NDArray[Any], ...]) -> int:
+    """The ids a document holds: its tokens, or every conversation's ids (not their masks)."""
+    ids = document if job.chat is None else document[0::2]
+    return sum(len(a) for a in ids)
 
 
 def _expected_metadata(job: _InputJob, first_row: int) -> dict[str, Any]:
@@ -200,10 +228,13 @@ def _expected_metadata(job: _InputJob, first_row: int) -> dict[str, Any]:
     expected = {
         "tokenizer": job.tokenizer.identity.to_metadata(),
         "source": job.path,
-        "text_field": job.text_field,
+        # One field as a name: shards written before several fields were read stay recoverable.
+        "text_field": job.text_field if len(job.text_fields) == 1 else list(job.text_fields),
         "first_row": first_row,
         "tokens_per_shard": job.tokens_per_shard,
     }
+    if job.prompt_field is not None:
+        expected["prompt_field"] = job.prompt_field
     if job.chat is not None:
         expected["chat"] = job.chat.identity()
     return expected
@@ -268,7 +299,7 @@ def _tokenize_input(job: _InputJob, progress: Callable[[int], None] | None = Non
         count = 0
         while upcoming is not None and count < job.tokens_per_shard:
             part_docs.append(upcoming)
-            count += len(upcoming[0])
+            count += _document_tokens(job, upcoming)
             upcoming = next(documents, None)
         last = upcoming is None
         fields = job.fields
@@ -363,7 +394,7 @@ def tokenize_dataset(
     *,
     tokenizer: str | os.PathLike[str] | TextTokenizer = "byte",
     eos: str | None = None,
-    text_field: str | None = None,
+    text_field: str | Sequence[str] | None = None,
     split: str = "train",
     input_format: str | None = None,
     data_format: str = "parquet",
@@ -377,6 +408,7 @@ def tokenize_dataset(
     loss_on: LossOn = "all",
     chat_options: Mapping[str, Any] | None = None,
     tools_field: str | None = None,
+    prompt_field: str | None = None,
 ) -> TokenizedDataset:
     """Tokenises the text field of every record of ``inputs`` into a token dataset at ``output``.
 
@@ -409,6 +441,12 @@ def tokenize_dataset(
     mask of 1 on the tokens the assistant wrote, in every assistant turn (``loss_on="all"``) or
     the last (``"last"``). ``tokens_per_shard`` counts ids. See ``docs/post_training.md``.
 
+    **Preference pairs.** ``text_field`` may name several conversation fields (TRL's
+    ``("chosen", "rejected")``): each is rendered, and the record holds ``<field>_input_ids`` and
+    ``<field>_loss_mask`` for each, which a stacked :class:`ProjectedField` delivers as
+    ``[B, 2, S]``. ``prompt_field`` names a field of messages that leads every conversation
+    field (TRL's explicit prompt layout, whose completions hold the assistant's turns only).
+
     Examples:
         >>> result = tokenize_dataset(["corpus.jsonl.gz"], "tokens/data-manifest-v1.json")  # doctest: +SKIP
         >>> result.tokens, result.tokenizer.eos_id  # doctest: +SKIP
@@ -435,10 +473,20 @@ def tokenize_dataset(
             raise _invalid(option, f"expected an integer of at least 1, got {value!r}")
     if text_field is None:
         text_field = "text" if chat_template is None else "messages"
-    if not text_field:
-        raise _invalid("text_field", "an empty field name")
-    if tools_field is not None and chat_template is None:
-        raise _invalid("tools_field", "tool schemas are for conversations; give chat_template too")
+    text_fields = (text_field,) if isinstance(text_field, str) else tuple(text_field)
+    if not text_fields or not all(isinstance(f, str) and f for f in text_fields):
+        raise _invalid("text_field", f"expected field names, got {text_field!r}")
+    if len(set(text_fields)) != len(text_fields):
+        raise _invalid("text_field", f"a field is named twice in {list(text_fields)}")
+    if len(text_fields) > 1 and chat_template is None:
+        raise _invalid(
+            "text_field", "several fields are conversations (preference pairs); give chat_template too"
+        )
+    for option, named in (("tools_field", tools_field), ("prompt_field", prompt_field)):
+        if named is not None and chat_template is None:
+            raise _invalid(option, f"{option} is for conversations; give chat_template too")
+    if prompt_field is not None and prompt_field in text_fields:
+        raise _invalid("prompt_field", f"'{prompt_field}' is also a text_field")
     config = storage or StorageConfig.resolve()
     text_tokenizer = _tokenizer_of(tokenizer, eos, config)
     chat = None
@@ -460,13 +508,14 @@ def tokenize_dataset(
             digits,
             path,
             encoding,
-            text_field,
+            text_fields,
             split,
             tokens_per_shard,
             batch_size,
             config,
             chat,
             tools_field,
+            prompt_field,
         )
         for k, (path, encoding) in enumerate(zip(paths, encodings, strict=True))
     ]

@@ -17,8 +17,8 @@ pub use resolved::{
     RESOLVED_CONFIG_VERSION,
 };
 pub use schema::{
-    is_window_source, parse_named, FieldSpec, Overflow, PackingSpec, PadSide, RampSpec,
-    ShuffleSpec, SourceSpec, Stage, StageSpec, StreamConfig, TokenLayout, WindowColumn,
+    is_window_source, parse_named, FieldSource, FieldSpec, Overflow, PackingSpec, PadSide,
+    RampSpec, ShuffleSpec, SourceSpec, Stage, StageSpec, StreamConfig, TokenLayout, WindowColumn,
     WindowsSpec, MAX_BINS, MAX_SEQ_LEN, POSITIONS, SEGMENT_IDS, SEGMENT_LENGTHS,
 };
 pub use validate::{MAX_RAMP_STEPS, VALID_COLUMN};

@@ -12,8 +12,8 @@ use crate::error::{Error, Result};
 pub struct FieldSpec {
     /// Column name in delivered batches.
     pub name: String,
-    /// Record field the column is read from.
-    pub source: String,
+    /// Record field the column is read from, or several stacked on a new leading axis.
+    pub source: FieldSource,
     /// Element type.
     pub dtype: DType,
     /// Fixed shape of one row's value; empty for a scalar.
@@ -30,6 +30,104 @@ pub struct FieldSpec {
     pub pad_side: PadSide,
 }
 
+/// The record field(s) a projected field reads: one, or several of the same shape stacked on a
+/// new leading axis (a preference pair's chosen and rejected completions, `[2, S]`). Written as
+/// a name or a list of names.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum FieldSource {
+    /// One record field.
+    One(String),
+    /// Record fields, in the order of the leading axis.
+    Stack(Vec<String>),
+}
+
+impl FieldSource {
+    /// The record fields read: one, or the stack's in order.
+    pub fn parts(&self) -> &[String] {
+        match self {
+            FieldSource::One(name) => std::slice::from_ref(name),
+            FieldSource::Stack(names) => names,
+        }
+    }
+
+    /// The one record field read; `None` for a stack.
+    pub fn single(&self) -> Option<&str> {
+        match self {
+            FieldSource::One(name) => Some(name),
+            FieldSource::Stack(_) => None,
+        }
+    }
+
+    /// The source for messages: the name, or the stack's names in brackets.
+    pub fn describe(&self) -> String {
+        self.to_string()
+    }
+}
+
+impl std::fmt::Display for FieldSource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            FieldSource::One(name) => f.write_str(name),
+            FieldSource::Stack(names) => write!(f, "[{}]", names.join(", ")),
+        }
+    }
+}
+
+impl From<&str> for FieldSource {
+    fn from(name: &str) -> Self {
+        FieldSource::One(name.to_owned())
+    }
+}
+
+impl From<String> for FieldSource {
+    fn from(name: String) -> Self {
+        FieldSource::One(name)
+    }
+}
+
+impl Serialize for FieldSource {
+    fn serialize<S: serde::Serializer>(
+        &self,
+        serializer: S,
+    ) -> std::result::Result<S::Ok, S::Error> {
+        match self {
+            FieldSource::One(name) => serializer.serialize_str(name),
+            FieldSource::Stack(names) => names.serialize(serializer),
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for FieldSource {
+    fn deserialize<D: serde::Deserializer<'de>>(
+        deserializer: D,
+    ) -> std::result::Result<Self, D::Error> {
+        struct Names;
+        impl<'de> serde::de::Visitor<'de> for Names {
+            type Value = FieldSource;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a record field's name, or a list of names to stack")
+            }
+            fn visit_str<E: serde::de::Error>(
+                self,
+                v: &str,
+            ) -> std::result::Result<FieldSource, E> {
+                Ok(FieldSource::One(v.to_owned()))
+            }
+            fn visit_seq<A: serde::de::SeqAccess<'de>>(
+                self,
+                mut seq: A,
+            ) -> std::result::Result<FieldSource, A::Error> {
+                let mut names = Vec::new();
+                while let Some(name) = seq.next_element::<String>()? {
+                    names.push(name);
+                }
+                Ok(FieldSource::Stack(names))
+            }
+        }
+        deserializer.deserialize_any(Names)
+    }
+}
+
 /// What projecting a list longer than its field's first axis does.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -39,6 +137,9 @@ pub enum Overflow {
     Truncate,
     /// The row fails with a projection error naming the shard, row and field.
     Error,
+    /// The row is left out of the stream: open finds every such row, so that the order is
+    /// planned without them, the same on every rank and after every resume.
+    Drop,
 }
 
 impl Overflow {

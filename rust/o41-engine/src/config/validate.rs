@@ -3,8 +3,9 @@
 
 use super::resolved::ResolvedConfig;
 use super::schema::{
-    is_window_source, FieldSpec, Overflow, PackingSpec, PadSide, RampSpec, ShuffleSpec, SourceSpec,
-    Stage, StreamConfig, TokenLayout, WindowsSpec, MAX_BINS, MAX_SEQ_LEN, SEGMENT_LENGTHS,
+    is_window_source, FieldSource, FieldSpec, Overflow, PackingSpec, PadSide, RampSpec,
+    ShuffleSpec, SourceSpec, Stage, StreamConfig, TokenLayout, WindowsSpec, MAX_BINS, MAX_SEQ_LEN,
+    SEGMENT_LENGTHS,
 };
 use crate::dtype::DType;
 use crate::encoding::Encoding;
@@ -27,7 +28,7 @@ pub(super) fn validate_tokens(
         if let Some((i, f)) = fields
             .iter()
             .enumerate()
-            .find(|(_, f)| is_window_source(&f.source))
+            .find(|(_, f)| f.source.single().is_some_and(is_window_source))
         {
             return Err(Error::config(
                 format!("fields[{i}].source"),
@@ -71,7 +72,17 @@ pub(super) fn validate_tokens(
     let row = layout.row_tokens() as usize;
     let mut found = false;
     for (i, f) in fields.iter().enumerate() {
-        if f.source == SEGMENT_LENGTHS {
+        let Some(source) = f.source.single() else {
+            return Err(Error::config(
+                format!("fields[{i}].source"),
+                format!(
+                    "{} stacks record fields, which {option}'s token windows cannot: a stack is \
+                     for stages of records",
+                    f.source
+                ),
+            ));
+        };
+        if source == SEGMENT_LENGTHS {
             // A row of the window's segment lengths: its length is the most segments a window
             // may hold (checked against each shard's windows at open).
             if !matches!(f.dtype, DType::I32 | DType::I64) || f.shape.len() != 1 || f.shape[0] == 0
@@ -87,13 +98,13 @@ pub(super) fn validate_tokens(
             }
             continue;
         }
-        let token_column = f.source == layout.field() || is_window_source(&f.source);
-        if !token_column && f.source.starts_with('@') {
+        let token_column = source == layout.field() || is_window_source(source);
+        if !token_column && source.starts_with('@') {
             continue; // the reserved scalars (`@row`, `@shard`, ...) describe the window
         }
         // Any other record field is aligned with the tokens (a loss mask, labels, role ids): a
         // list of the same length in each record, cut and padded where the tokens are.
-        found |= f.source == layout.field();
+        found |= source == layout.field();
         if f.overflow != Overflow::default() || f.pad_side != PadSide::default() {
             return Err(Error::config(
                 format!("fields[{i}]"),
@@ -188,12 +199,7 @@ pub(super) fn validate_fields(fields: &[FieldSpec]) -> Result<()> {
         if field.name.is_empty() {
             return Err(Error::config(format!("{option}.name"), "must not be empty"));
         }
-        if field.source.is_empty() {
-            return Err(Error::config(
-                format!("{option}.source"),
-                "must not be empty",
-            ));
-        }
+        validate_source(&option, field)?;
         if field.shape.contains(&0) {
             return Err(Error::config(
                 format!("{option}.shape"),
@@ -221,16 +227,70 @@ pub(super) fn validate_fields(fields: &[FieldSpec]) -> Result<()> {
                     format!("'{}' is already the name of fields[{j}]", field.name),
                 ));
             }
-            if other.source == field.source {
+            if let Some(part) = field
+                .source
+                .parts()
+                .iter()
+                .find(|p| other.source.parts().contains(p))
+            {
                 return Err(Error::config(
                     format!("{option}.source"),
                     format!(
-                        "'{}' is already projected by fields[{j}] ('{}'); project each record field once",
-                        field.source, other.name
+                        "'{part}' is already projected by fields[{j}] ('{}'); project each record field once",
+                        other.name
                     ),
                 ));
             }
         }
+    }
+    Ok(())
+}
+
+/// A field's source: a name, or a stack of distinct record fields' names whose count is the
+/// length of the field's leading axis.
+fn validate_source(option: &str, field: &FieldSpec) -> Result<()> {
+    let parts = match &field.source {
+        FieldSource::One(name) if name.is_empty() => {
+            return Err(Error::config(
+                format!("{option}.source"),
+                "must not be empty",
+            ))
+        }
+        FieldSource::One(_) => return Ok(()),
+        FieldSource::Stack(parts) => parts,
+    };
+    if parts.is_empty() {
+        return Err(Error::config(
+            format!("{option}.source"),
+            "a stack names at least one record field",
+        ));
+    }
+    for (k, part) in parts.iter().enumerate() {
+        if part.is_empty() || part.starts_with('@') {
+            return Err(Error::config(
+                format!("{option}.source[{k}]"),
+                format!("a stack's entries are record fields, got '{part}'"),
+            ));
+        }
+        if parts[..k].contains(part) {
+            return Err(Error::config(
+                format!("{option}.source[{k}]"),
+                format!("'{part}' is already in the stack; project each record field once"),
+            ));
+        }
+    }
+    if field.shape.first() != Some(&parts.len()) {
+        return Err(Error::config(
+            format!("{option}.shape"),
+            format!(
+                "a stack of {} fields is delivered on a leading axis of {}: declare a shape \
+                 starting with {}, got {:?}",
+                parts.len(),
+                parts.len(),
+                parts.len(),
+                field.shape
+            ),
+        ));
     }
     Ok(())
 }

@@ -401,6 +401,7 @@ impl ShardFormat for ArrowIpc {
         // A decode holds the message, and its buffers again where they must be realigned.
         let largest = index.largest();
         Ok(ShardMeta {
+            dropped: crate::formats::Dropped::default(),
             rows: index.rows(),
             scratch_bytes: 2 * largest,
             pin: Pin::default(),

@@ -429,6 +429,7 @@ pub fn inspect(
         lines: Lines::Offsets(Arc::new(offsets)),
     });
     Ok(ShardMeta {
+        dropped: crate::formats::Dropped::default(),
         rows,
         pin: Pin::default(),
         scratch_bytes: longest as u64 + 2 * BUF_BYTES as u64,
@@ -483,6 +484,7 @@ fn inspect_stream(object: Arc<Object>, how: &RecordInspection<'_>) -> Result<Sha
         (scan.rows, scan.longest_line, lines)
     };
     Ok(ShardMeta {
+        dropped: crate::formats::Dropped::default(),
         rows,
         pin: Pin::default(),
         scratch_bytes: longest + 2 * BUF_BYTES as u64 + INFLATER_BYTES,
@@ -523,6 +525,7 @@ fn inspect_members(
         reader.project_next(projection, &mut chunk, 0)?;
     }
     Ok(ShardMeta {
+        dropped: crate::formats::Dropped::default(),
         rows,
         pin: Pin::default(),
         // A reader holds one member, compressed and decompressed, and where each of its
@@ -750,7 +753,7 @@ mod tests {
             overflow: crate::config::Overflow::Truncate,
             pad_side: crate::config::PadSide::Right,
             name: "v".to_owned(),
-            source: "v".to_owned(),
+            source: "v".into(),
             dtype: DType::I64,
             shape: vec![],
             pad: serde_json::Value::from(-1),
@@ -851,6 +854,7 @@ mod tests {
         .unwrap();
         std::fs::write(&uri, &bytes).unwrap();
         let meta = ShardMeta {
+            dropped: crate::formats::Dropped::default(),
             pin: Storage::local().open(&uri).unwrap().pin(),
             ..meta
         };

@@ -323,6 +323,7 @@ impl ShardFormat for Megatron {
                 .map_err(|f| f.error)?;
         }
         Ok(ShardMeta {
+            dropped: crate::formats::Dropped::default(),
             rows: index.documents(),
             // A job reads its documents' bytes in one piece and widens them to one record.
             scratch_bytes: crate::memory::MAX_JOB_ROWS * longest + 8 * longest,

@@ -11,6 +11,7 @@
 mod array_record;
 mod arrow_ipc;
 mod cursor;
+mod drops;
 mod format;
 mod gz_access;
 mod gz_members;
@@ -49,6 +50,7 @@ use crate::storage::{Object, Pin, Storage};
 
 pub use crate::storage::promise::{Promise, PromiseOrigin};
 pub use arrow_ipc::dataset_files;
+pub use drops::{drops_rows, Dropped};
 pub use format::{
     EachTokens, RecordInspection, RecordSource, ShardFormat, ShardIndex, TokenRecords,
 };
@@ -86,6 +88,8 @@ pub struct ShardMeta {
     /// The longest line or frame of a JSON Lines or `MessagePack` shard: readers refuse a longer
     /// one (the shard changed) before buffering it.
     pub longest_record: u64,
+    /// Rows a field's overflow rule `drop` leaves out ([`drops`]); `rows` counts the others.
+    pub dropped: Dropped,
     index: Arc<dyn ShardIndex>,
 }
 
@@ -93,7 +97,7 @@ impl ShardMeta {
     /// The storage block (a Parquet row group) holding `row`; 0 for encodings without blocks.
     /// Read jobs do not straddle blocks, so each fetches and decodes only the blocks it needs.
     pub fn block_of(&self, row: u64) -> u64 {
-        self.index.block_of(row)
+        self.index.block_of(self.dropped.file_row(row))
     }
 
     /// A token shard's index (its stream and windows); `None` for a shard of records.
@@ -206,18 +210,30 @@ pub fn inspect(
 ) -> Result<ShardMeta> {
     let promise = checks.promise;
     let (object, pin) = open_held(storage, path, encoding, checks)?;
+    // The first record may be one the rule leaves out: checked as any other, its length aside.
+    let checked = drops::kept_as_truncated(projection);
     let how = RecordInspection {
         storage,
-        projection,
+        projection: checked.as_ref().unwrap_or(projection),
         max_record,
         first_record: checks.first_record,
         cache: checks.cache,
     };
     let mut meta = format_of(encoding).inspect(object, how)?;
-    if let Some(promise) = promise {
+    meta.pin = pin;
+    // A manifest counts the shard's records; a checkpoint or an open stream, those it kept.
+    let manifest = promise.is_some_and(|p| p.origin == PromiseOrigin::Manifest);
+    if let Some(promise) = promise.filter(|_| manifest || !drops_rows(projection)) {
         promise.check_rows(path, encoding, meta.rows)?;
     }
-    meta.pin = pin;
+    if drops_rows(projection) {
+        let dropped = drops::scan(storage, path, &meta, projection)?;
+        meta.rows -= dropped.len() as u64;
+        meta.dropped = Dropped::from(dropped);
+        if let Some(promise) = promise.filter(|_| !manifest) {
+            promise.check_rows(path, encoding, meta.rows)?;
+        }
+    }
     Ok(meta)
 }
 
@@ -331,9 +347,10 @@ pub fn prefetch(
     if !crate::storage::is_remote(path) {
         return None;
     }
+    let ranges = meta.dropped.file_ranges(ranges);
     meta.index
         .clone()
-        .prefetch(storage, (path, &meta.pin), ranges, projection, pages)
+        .prefetch(storage, (path, &meta.pin), &ranges, projection, pages)
 }
 
 /// A reader of self-describing records (one line or frame each) that can seek by record number.
@@ -411,7 +428,13 @@ pub fn open(
 ) -> Result<Box<dyn ShardReader>> {
     // Reads are pinned to the version inspected, so a replaced object fails at its first read.
     let object = Arc::new(storage.open_pinned(path, &meta.pin)?);
-    let reader = meta.index.clone().open(object.clone(), meta, pages)?;
+    let mut reader = meta.index.clone().open(object.clone(), meta, pages)?;
+    if !meta.dropped.is_empty() {
+        reader = Box::new(drops::Kept {
+            reader,
+            dropped: meta.dropped.clone(),
+        });
+    }
     Ok(Box::new(Pinned { reader, object }))
 }
 

@@ -367,6 +367,7 @@ pub fn inspect(object: Arc<Object>, projection: &Projection, max_record: u64) ->
         }
     }
     Ok(ShardMeta {
+        dropped: crate::formats::Dropped::default(),
         rows,
         pin: Pin::default(),
         scratch_bytes: longest + BUF_BYTES as u64,

@@ -395,6 +395,7 @@ impl ShardFormat for ArrayRecord {
             reader.project(0..1, how.projection, &mut chunk, 0)?;
         }
         Ok(ShardMeta {
+            dropped: crate::formats::Dropped::default(),
             rows,
             scratch_bytes: index.scratch(),
             pin: Pin::default(),

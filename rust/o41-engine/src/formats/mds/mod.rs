@@ -385,6 +385,7 @@ impl ShardFormat for Mds {
             reader.project(0..1, how.projection, &mut chunk, 0)?;
         }
         Ok(ShardMeta {
+            dropped: crate::formats::Dropped::default(),
             rows,
             // A raw shard's job reads at most the whole shard; a compressed one holds it
             // inflated beside its compressed bytes.

@@ -43,6 +43,7 @@ pub(super) fn inspect_unguarded(
         // An empty shard (a writer's output for no records may have no columns at all) holds
         // nothing to project: streams skip it.
         return Ok(ShardMeta {
+            dropped: crate::formats::Dropped::default(),
             rows: 0,
             pin: Pin::default(),
             scratch_bytes: 0,
@@ -121,6 +122,7 @@ pub(super) fn inspect_unguarded(
         batch_rows,
     });
     let meta = ShardMeta {
+        dropped: crate::formats::Dropped::default(),
         rows,
         pin: Pin::default(),
         // A job spans at most two row groups (it holds at most one group's worth of rows).

@@ -229,7 +229,7 @@ pub(super) fn token_projection(field: &str) -> Result<Projection> {
         overflow: crate::config::Overflow::Truncate,
         pad_side: crate::config::PadSide::Right,
         name: field.to_owned(),
-        source: field.to_owned(),
+        source: field.into(),
         dtype: DType::I64,
         shape: vec![1],
         pad: serde_json::Value::from(0),
@@ -585,6 +585,7 @@ pub fn inspect(
     let pieces = index.most_pieces().max(1);
     let listing = JOB_ROWS * pieces * std::mem::size_of::<Need>() as u64 + 8 * row_tokens;
     Ok(ShardMeta {
+        dropped: crate::formats::Dropped::default(),
         rows: index.windows(),
         scratch_bytes: scratch + listing,
         pin: crate::storage::Pin::default(),

@@ -19,7 +19,7 @@ fn projection(row: usize) -> Projection {
         overflow: crate::config::Overflow::Truncate,
         pad_side: crate::config::PadSide::Right,
         name: source.trim_start_matches('@').to_owned(),
-        source: source.to_owned(),
+        source: source.into(),
         dtype: DType::I32,
         shape: vec![row],
         pad: serde_json::Value::from(0),
