@@ -217,3 +217,46 @@ def test_a_stack_is_checked(shard: ShardWriter) -> None:
         open_batch_stream(packed)
     from_file = BatchStreamConfig.from_dict(config_for([FileSource([path])], [cases[0][0]]).to_dict())
     assert from_file.fields[0].source == ("prompt", "same")
+
+
+def test_length_of_a_field_counts_the_values_it_holds(shard: ShardWriter, encoding: str) -> None:
+    path = shard(encoding, records())
+    fields = [
+        ProjectedField("prompt", "prompt", "i32", length=3, pad=-1, pad_side="left"),
+        ProjectedField("prompt_length", "@length:prompt", "i64"),
+        ProjectedField("pairs", "pairs", "i64", shape=(4, 2)),
+        ProjectedField("pairs_length", "@length:pairs", "i32"),
+    ]
+    got = collect(config_for([FileSource([path])], fields, batch_size=5))[0]
+    # The values the row holds, not the pad: a longer list fills the axis.
+    assert got["prompt_length"].tolist() == [min(len(p), 3) for p in PROMPTS]
+    assert got["pairs_length"].tolist() == [min(len(p), 4) for p in PROMPTS]
+    assert got["pairs_length"].dtype.name == "int32"
+    # With left padding, the last `length` entries are the prompt.
+    for row, length, prompt in zip(got["prompt"], got["prompt_length"], PROMPTS, strict=True):
+        assert row[3 - length :].tolist() == (prompt[:3][-length:] if length else [])
+
+
+def test_length_is_checked(shard: ShardWriter) -> None:
+    path = shard("jsonl", records())
+    prompt = ProjectedField("prompt", "prompt", "i32", length=3)
+    cases = [
+        (ProjectedField("n", "@length:nothing", "i64"), "no field has that name"),
+        (ProjectedField("n", "@length:id", "i64"), "'id' is not one"),
+        (ProjectedField("n", "@length:prompt", "f32"), "declare dtype i64"),
+        (ProjectedField("n", "@lengths:prompt", "i64"), r"@length:<field>"),
+    ]
+    id_field = ProjectedField("id", "id", "i64")
+    for field, message in cases:
+        with pytest.raises(ConfigError, match=message):
+            open_batch_stream(config_for([FileSource([path])], [prompt, id_field, field]))
+    tokens = shard("parquet", [{"tokens": [1, 2, 3]}])
+    packed = BatchStreamConfig(
+        fields=[
+            ProjectedField("tokens", "tokens", "i32", length=8),
+            ProjectedField("n", "@length:tokens", "i64"),
+        ],
+        stages=[Stage(sources=[FileSource([tokens])], batch_size=1, packing=Packing("tokens", 8))],
+    )
+    with pytest.raises(ConfigError, match="'@segment_lengths' gives"):
+        open_batch_stream(packed)

@@ -37,8 +37,12 @@ impl Synthetic {
     ];
 
     fn parse(source: &str, option: &str) -> Result<Option<Self>> {
-        // Token stages fill these per token, as the reader of a record field would.
-        if !source.starts_with('@') || crate::config::is_window_source(source) {
+        // Token stages fill these per token, as the reader of a record field would; a length is
+        // read with the field it measures.
+        if !source.starts_with('@')
+            || crate::config::is_window_source(source)
+            || source.starts_with(LENGTH_PREFIX)
+        {
             return Ok(None);
         }
         Self::ALL
@@ -50,7 +54,8 @@ impl Synthetic {
                 Error::config(
                     format!("{option}.source"),
                     format!(
-                        "'{source}' is not a reserved source; sources starting with '@' are one of {}",
+                        "'{source}' is not a reserved source; sources starting with '@' are one of \
+                         {}, or {LENGTH_PREFIX}<field>",
                         names.join(", ")
                     ),
                 )
@@ -82,7 +87,13 @@ pub struct ProjectedColumn {
     pub overflow: Overflow,
     /// Which end of the first axis the pad goes to.
     pub pad_side: PadSide,
+    /// For `@length:<field>`: the first axis of the field measured, whose record field this
+    /// column reads (`source`); its value is how many of that axis' entries hold values.
+    pub measure: Option<usize>,
 }
+
+/// The source prefix of a field's length: `@length:<name of another projected field>`.
+pub const LENGTH_PREFIX: &str = "@length:";
 
 impl ProjectedColumn {
     /// Validates a field spec; `option` names it in errors.
@@ -131,6 +142,7 @@ impl ProjectedColumn {
             name: spec.name.clone(),
             source: spec.source.describe(),
             parts,
+            measure: None,
             dtype: spec.dtype,
             shape: spec.shape.clone(),
             width: spec
@@ -149,9 +161,12 @@ impl ProjectedColumn {
         })
     }
 
-    /// Whether the field truncates and pads on the right, as every fast path assumes.
+    /// Whether the field truncates and pads on the right, as every fast path assumes (a length
+    /// is not: only the general readers measure lists).
     pub fn plain(&self) -> bool {
-        self.overflow == Overflow::default() && self.pad_side == PadSide::default()
+        self.overflow == Overflow::default()
+            && self.pad_side == PadSide::default()
+            && self.measure.is_none()
     }
 
     /// Describes the declared shape for messages, e.g. `i32[2048]`.
@@ -172,6 +187,7 @@ impl ProjectedColumn {
             name: crate::config::VALID_COLUMN.to_owned(),
             source: crate::config::VALID_COLUMN.to_owned(),
             parts: Vec::new(),
+            measure: None,
             dtype: DType::Bool,
             shape: Vec::new(),
             width: 1,
@@ -198,6 +214,7 @@ impl Projection {
             .enumerate()
             .map(|(i, f)| ProjectedColumn::new(f, &format!("fields[{i}]")))
             .collect::<Result<Vec<_>>>()?;
+        let columns = measured(columns)?;
         let projection = Projection { columns };
         if projection.checked_row_bytes().is_none() {
             return Err(Error::config(
@@ -267,6 +284,53 @@ impl Projection {
         }
         (Projection { columns }, map)
     }
+}
+
+/// Points each `@length:<field>` column at the record field of the field it measures.
+fn measured(mut columns: Vec<ProjectedColumn>) -> Result<Vec<ProjectedColumn>> {
+    for i in 0..columns.len() {
+        let Some(name) = columns[i].source.strip_prefix(LENGTH_PREFIX) else {
+            continue;
+        };
+        let option = format!("fields[{i}]");
+        let column = &columns[i];
+        if !column.shape.is_empty() || !matches!(column.dtype, DType::I32 | DType::I64) {
+            return Err(Error::config(
+                option,
+                format!(
+                    "'{}' is a scalar integer: declare dtype i64 (or i32) and no length or shape",
+                    column.source
+                ),
+            ));
+        }
+        let Some(target) = columns.iter().find(|c| c.name == name) else {
+            return Err(Error::config(
+                format!("{option}.source"),
+                format!(
+                    "'{}' measures a field named '{name}', and no field has that name",
+                    column.source
+                ),
+            ));
+        };
+        if target.shape.is_empty()
+            || target.synthetic.is_some()
+            || !target.parts.is_empty()
+            || target.source.starts_with('@')
+        {
+            return Err(Error::config(
+                format!("{option}.source"),
+                format!(
+                    "'{}' measures a list read from one record field; '{name}' is not one (a \
+                     scalar, a stack or a reserved source)",
+                    column.source
+                ),
+            ));
+        }
+        let (source, axis) = (target.source.clone(), target.shape[0]);
+        columns[i].source = source;
+        columns[i].measure = Some(axis);
+    }
+    Ok(columns)
 }
 
 /// Where a column read from records goes in a delivered row: the delivered column, and the

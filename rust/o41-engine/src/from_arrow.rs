@@ -34,6 +34,9 @@ pub fn project_arrow_column(
     path: &str,
     row_base: u64,
 ) -> Result<()> {
+    if let Some(axis) = column.measure {
+        return measure_lists(array, (column, axis), rows, out, out_row, (path, row_base));
+    }
     let w = column.width;
     crate::with_column!(out, buf => {
         let pad = column.pad.element();
@@ -51,6 +54,40 @@ pub fn project_arrow_column(
         }
         Ok(())
     })
+}
+
+/// Writes how many entries of a list field's first axis (`axis`) each row's list fills: a
+/// `@length:<field>` column.
+fn measure_lists(
+    array: &dyn Array,
+    (column, axis): (&ProjectedColumn, usize),
+    rows: Range<usize>,
+    out: &mut ColumnBuf,
+    out_row: usize,
+    (path, row_base): (&str, u64),
+) -> Result<()> {
+    for (k, i) in rows.enumerate() {
+        let length = if array.is_null(i) {
+            Err("value is null".to_owned())
+        } else {
+            list_range(array, i)
+                .map(|(_, range)| range.len().min(axis))
+                .ok_or_else(|| format!("expected a list to measure, found {}", array.data_type()))
+        };
+        match length {
+            Ok(length) => out.set_int(out_row + k, length as i64),
+            Err(message) => {
+                return Err(Error::Projection {
+                    path: path.to_owned(),
+                    row: row_base + i as u64,
+                    field: column.name.clone(),
+                    source_field: column.source.clone(),
+                    message,
+                })
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Projects row `i` of `array` into `out` as `column` says: its first axis under the column's

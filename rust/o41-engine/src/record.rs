@@ -128,6 +128,7 @@ impl<'de> Visitor<'de> for RecordSeed<'_> {
                 dtype: column.dtype,
                 error: self.field_error,
             };
+            let length = Cell::new(0);
             crate::with_column!(&mut self.columns[k], buf => {
                 map.next_value_seed(Slot {
                     out: &mut buf[self.row * w..(self.row + 1) * w],
@@ -135,8 +136,16 @@ impl<'de> Visitor<'de> for RecordSeed<'_> {
                     pad: column.pad.element(),
                     ctx,
                     fit: (!column.plain()).then_some(column),
+                    length: Some(&length),
                 })?;
             });
+            // The lengths measuring this list (`@length:<field>`) read it as it went by.
+            for (m, measure) in self.projection.columns.iter().enumerate() {
+                if let Some(axis) = measure.measure.filter(|_| measure.source == column.source) {
+                    self.seen[m] = true;
+                    self.columns[m].set_int(self.row, length.get().min(axis) as i64);
+                }
+            }
         }
         Ok(())
     }
@@ -158,10 +167,18 @@ impl Visitor<'_> for KeySeed<'_> {
         f.write_str("a field name")
     }
     fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<Option<usize>, E> {
-        Ok(self.0.columns.iter().position(|c| c.source == v))
+        Ok(self
+            .0
+            .columns
+            .iter()
+            .position(|c| c.source == v && c.measure.is_none()))
     }
     fn visit_bytes<E: serde::de::Error>(self, v: &[u8]) -> Result<Option<usize>, E> {
-        Ok(self.0.columns.iter().position(|c| c.source.as_bytes() == v))
+        Ok(self
+            .0
+            .columns
+            .iter()
+            .position(|c| c.source.as_bytes() == v && c.measure.is_none()))
     }
 }
 
@@ -194,6 +211,8 @@ struct Slot<'a, 'c, T> {
     /// The field of a row's slot, whose first axis follows its overflow rule and pad side;
     /// `None` for the inner axes and for plain fields.
     fit: Option<&'a ProjectedColumn>,
+    /// Where a row's slot tells the length of its list (its first axis); `None` for inner axes.
+    length: Option<&'a Cell<usize>>,
 }
 
 impl<'de, T: Element> DeserializeSeed<'de> for Slot<'_, '_, T> {
@@ -302,6 +321,7 @@ impl<'de, T: Element> Visitor<'de> for Slot<'_, '_, T> {
                 pad: self.pad,
                 ctx: self.ctx,
                 fit: None,
+                length: None,
             };
             if seq.next_element_seed(slot)?.is_none() {
                 self.out[j * w..].fill(self.pad);
@@ -317,6 +337,9 @@ impl<'de, T: Element> Visitor<'de> for Slot<'_, '_, T> {
             while seq.next_element::<IgnoredAny>()?.is_some() {
                 len += 1;
             }
+        }
+        if let Some(length) = self.length {
+            length.set(len);
         }
         match self.fit {
             Some(column) => {

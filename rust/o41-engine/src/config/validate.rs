@@ -98,6 +98,15 @@ pub(super) fn validate_tokens(
             }
             continue;
         }
+        if source.starts_with(crate::fields::LENGTH_PREFIX) {
+            return Err(Error::config(
+                format!("fields[{i}].source"),
+                format!(
+                    "'{source}' measures a list of a record, and {option}'s rows are token \
+                     windows: '@segment_lengths' gives their documents' lengths"
+                ),
+            ));
+        }
         let token_column = source == layout.field() || is_window_source(source);
         if !token_column && source.starts_with('@') {
             continue; // the reserved scalars (`@row`, `@shard`, ...) describe the window
