@@ -260,3 +260,66 @@ def test_length_is_checked(shard: ShardWriter) -> None:
     )
     with pytest.raises(ConfigError, match="'@segment_lengths' gives"):
         open_batch_stream(packed)
+
+
+ANSWERS = ["42", "héllo wörld", "", "x" * 12]
+
+
+def test_strings_arrive_as_rows_of_their_bytes(shard: ShardWriter, encoding: str) -> None:
+    path = shard(encoding, [{"id": k, "answer": a} for k, a in enumerate(ANSWERS)])
+    fields = [
+        ProjectedField("answer", "answer", "u8", length=16, pad=0),
+        ProjectedField("answer_length", "@length:answer", "i64"),
+        ProjectedField("id", "id", "i64"),
+    ]
+    got = collect(config_for([FileSource([path])], fields, batch_size=4))[0]
+    assert got["answer"].dtype.name == "uint8"
+    assert got["answer"].shape == (4, 16)
+    for row, length, answer in zip(got["answer"], got["answer_length"], ANSWERS, strict=True):
+        raw = answer.encode()
+        assert int(length) == len(raw)
+        assert bytes(row[: len(raw)]).decode() == answer
+        assert not row[len(raw) :].any()
+    # Left padding with a space, and a string too long for its row left out.
+    fitted = [
+        ProjectedField("answer", "answer", "u8", length=11, pad=32, pad_side="left", overflow="drop"),
+        ProjectedField("id", "id", "i64"),
+    ]
+    kept = collect(config_for([FileSource([path])], fitted, batch_size=1))
+    assert [int(b["id"][0]) for b in kept] == [0, 2]  # "héllo wörld" is 13 bytes
+    assert bytes(kept[0]["answer"][0]).decode() == " " * 9 + "42"
+    strict = [ProjectedField("answer", "answer", "u8", length=11, overflow="error")]
+    with pytest.raises(ProjectionError, match="a list of 13 values, longer than the field's 11") as info:
+        collect(config_for([FileSource([path])], strict, batch_size=4))
+    assert info.value.row == 1
+
+
+def test_a_u8_field_is_checked(shard: ShardWriter) -> None:
+    path = shard("jsonl", records())
+    cases = [
+        (ProjectedField("p", "prompt", "u8", length=4), r"found (a list|integer 1) where u8"),
+        (ProjectedField("p", "id", "u8", length=4), "found integer 0 where u8"),
+    ]
+    for field, message in cases:
+        with pytest.raises(ProjectionError, match=message):
+            collect(config_for([FileSource([path])], [field]))
+    for field, message in [
+        (ProjectedField("p", "prompt", "u8"), "declare a length"),
+        (ProjectedField("p", "prompt", "u8", shape=(2, 2)), "declare a length"),
+        (ProjectedField("p", "prompt", "u8", length=2, pad=256), "does not fit dtype u8"),
+    ]:
+        with pytest.raises(ConfigError, match=message):
+            open_batch_stream(config_for([FileSource([path])], [field]))
+
+
+@pytest.mark.parametrize("kind", ["string", "large_string", "string_view", "binary", "large_binary"])
+def test_u8_reads_every_arrow_string_and_binary_type(tmp_path: Path, kind: str) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    path = tmp_path / "s.parquet"
+    pq.write_table(pa.table({"a": pa.array(["ab", "cdé", ""], type=getattr(pa, kind)())}), path)
+    fields = [ProjectedField("a", "a", "u8", length=4), ProjectedField("n", "@length:a", "i32")]
+    got = collect(config_for([FileSource([str(path)])], fields, batch_size=3))[0]
+    assert got["a"].tolist() == [[97, 98, 0, 0], [99, 100, 195, 169], [0, 0, 0, 0]]
+    assert got["n"].tolist() == [2, 4, 0]

@@ -212,7 +212,7 @@ impl ColumnBuf {
             DType::I64 => ColumnBuf::I64(filled(pool, column.pad, len)),
             DType::F32 => ColumnBuf::F32(filled(pool, column.pad, len)),
             DType::F64 => ColumnBuf::F64(filled(pool, column.pad, len)),
-            DType::Bool => ColumnBuf::Bool(filled(pool, column.pad, len)),
+            DType::Bool | DType::U8 => ColumnBuf::Bool(filled(pool, column.pad, len)),
         }
     }
 
@@ -225,7 +225,7 @@ impl ColumnBuf {
             DType::I64 => ColumnBuf::I64(Aligned::dirty_from(pool, len)),
             DType::F32 => ColumnBuf::F32(Aligned::dirty_from(pool, len)),
             DType::F64 => ColumnBuf::F64(Aligned::dirty_from(pool, len)),
-            DType::Bool => ColumnBuf::Bool(Aligned::dirty_from(pool, len)),
+            DType::Bool | DType::U8 => ColumnBuf::Bool(Aligned::dirty_from(pool, len)),
         }
     }
 
@@ -325,7 +325,7 @@ pub fn arrow_type(column: &ProjectedColumn) -> DataType {
         DType::I64 => DataType::Int64,
         DType::F32 => DataType::Float32,
         DType::F64 => DataType::Float64,
-        DType::Bool => DataType::UInt8,
+        DType::Bool | DType::U8 => DataType::UInt8,
     };
     column.shape.iter().rev().fold(leaf, |inner, &dim| {
         DataType::FixedSizeList(Arc::new(Field::new("item", inner, false)), dim as i32)

@@ -22,6 +22,9 @@ pub enum DType {
     F64,
     /// Boolean, stored as `uint8` 0 or 1.
     Bool,
+    /// Bytes: a UTF-8 string (or binary value) as a row of its bytes, for text a trainer needs
+    /// in the batch itself (reward context).
+    U8,
 }
 
 impl DType {
@@ -33,6 +36,7 @@ impl DType {
             DType::F32 => "f32",
             DType::F64 => "f64",
             DType::Bool => "bool",
+            DType::U8 => "u8",
         }
     }
 
@@ -41,7 +45,7 @@ impl DType {
         match self {
             DType::I32 | DType::F32 => 4,
             DType::I64 | DType::F64 => 8,
-            DType::Bool => 1,
+            DType::Bool | DType::U8 => 1,
         }
     }
 }
@@ -55,6 +59,8 @@ pub enum Scalar {
     Float(f64),
     /// A boolean value.
     Bool(bool),
+    /// The pad of a `u8` field (validated to fit a byte).
+    Byte(u8),
 }
 
 impl Scalar {
@@ -69,6 +75,7 @@ impl Scalar {
             Scalar::Int(_) => "integer",
             Scalar::Float(_) => "float",
             Scalar::Bool(_) => "bool",
+            Scalar::Byte(_) => "byte",
         }
     }
 }
@@ -87,6 +94,8 @@ pub trait Element: ArrowNativeType + Default {
     fn from_f64(v: f64) -> Option<Self>;
     /// Converts a boolean, `None` where the dtype is numeric.
     fn from_bool(v: bool) -> Option<Self>;
+    /// A byte of a string, as a `u8` field's element (only `u8` columns receive them).
+    fn from_byte(v: u8) -> Self;
 
     /// Converts any scalar.
     fn from_scalar(v: Scalar) -> Option<Self> {
@@ -94,6 +103,7 @@ pub trait Element: ArrowNativeType + Default {
             Scalar::Int(i) => Self::from_i64(i),
             Scalar::Float(f) => Self::from_f64(f),
             Scalar::Bool(b) => Self::from_bool(b),
+            Scalar::Byte(b) => Some(Self::from_byte(b)),
         }
     }
 }
@@ -118,6 +128,10 @@ macro_rules! int_element {
             #[inline]
             fn from_bool(_: bool) -> Option<Self> {
                 None
+            }
+            #[inline]
+            fn from_byte(v: u8) -> Self {
+                Self::from(v)
             }
         }
     };
@@ -147,6 +161,10 @@ macro_rules! float_element {
             fn from_bool(_: bool) -> Option<Self> {
                 None
             }
+            #[inline]
+            fn from_byte(v: u8) -> Self {
+                Self::from(v)
+            }
         }
     };
 }
@@ -175,10 +193,15 @@ impl Element for f32 {
     fn from_bool(_: bool) -> Option<Self> {
         None
     }
+    #[inline]
+    fn from_byte(v: u8) -> Self {
+        Self::from(v)
+    }
 }
 
 /// `bool` columns are `u8` 0/1. Integers 0 and 1 are accepted too (masks are often stored as
-/// int8); any other value is refused rather than coerced.
+/// int8); any other value is refused rather than coerced. `u8` columns share the element type:
+/// they receive a string's bytes (`from_byte`), never numbers.
 impl Element for u8 {
     const DTYPE: DType = DType::Bool;
     type Arrow = UInt8Type;
@@ -205,6 +228,10 @@ impl Element for u8 {
     #[inline]
     fn from_bool(v: bool) -> Option<Self> {
         Some(u8::from(v))
+    }
+    #[inline]
+    fn from_byte(v: u8) -> Self {
+        v
     }
 }
 

@@ -119,6 +119,16 @@ impl ProjectedColumn {
         };
         // A stack's overflow rule and pad side apply to each part's first axis.
         let list_axes = spec.shape.len() - usize::from(!parts.is_empty()).min(spec.shape.len());
+        if spec.dtype == DType::U8 && list_axes != 1 {
+            return Err(Error::config(
+                format!("{option}.shape"),
+                format!(
+                    "'{}' is u8, a row of a string's bytes: declare a length (a stack: a shape \
+                     of two axes), got {:?}",
+                    spec.source, spec.shape
+                ),
+            ));
+        }
         if (spec.overflow != Overflow::default() || spec.pad_side != PadSide::default())
             && (list_axes == 0 || synthetic.is_some())
         {
@@ -167,6 +177,7 @@ impl ProjectedColumn {
         self.overflow == Overflow::default()
             && self.pad_side == PadSide::default()
             && self.measure.is_none()
+            && self.dtype != DType::U8
     }
 
     /// Describes the declared shape for messages, e.g. `i32[2048]`.

@@ -71,7 +71,9 @@ fn measure_lists(
             Err("value is null".to_owned())
         } else {
             list_range(array, i)
-                .map(|(_, range)| range.len().min(axis))
+                .map(|(_, range)| range.len())
+                .or_else(|| bytes_of(array, i).map(<[u8]>::len))
+                .map(|len| len.min(axis))
                 .ok_or_else(|| format!("expected a list to measure, found {}", array.data_type()))
         };
         match length {
@@ -99,6 +101,9 @@ fn project_row<T: Element>(
     out: &mut [T],
     pad: T,
 ) -> Result<(), String> {
+    if column.dtype == DType::U8 {
+        return project_bytes(array, i, column, out, pad);
+    }
     let value = project_value(array, i, &column.shape, out, (column.dtype, pad));
     if column.plain() || value.is_err() {
         return value;
@@ -107,6 +112,57 @@ fn project_row<T: Element>(
         return value;
     };
     fit_first_axis(out, &column.shape, range.len(), column, pad)
+}
+
+/// Projects row `i` of a string or binary array into a `u8` field: its bytes, then pad, fitted
+/// to the field's one axis.
+fn project_bytes<T: Element>(
+    array: &dyn Array,
+    i: usize,
+    column: &ProjectedColumn,
+    out: &mut [T],
+    pad: T,
+) -> Result<(), String> {
+    if array.is_null(i) {
+        return Err("value is null".to_owned());
+    }
+    let bytes = bytes_of(array, i).ok_or_else(|| {
+        format!(
+            "found {} where u8 (a string's bytes) is declared",
+            array.data_type()
+        )
+    })?;
+    write_bytes(bytes, column, out, pad)
+}
+
+/// Writes `bytes` into a `u8` field's row: as many as fit, then pad, under the field's overflow
+/// rule and pad side. The one rule both projections (records and Arrow arrays) follow.
+pub(crate) fn write_bytes<T: Element>(
+    bytes: &[u8],
+    column: &ProjectedColumn,
+    out: &mut [T],
+    pad: T,
+) -> Result<(), String> {
+    let n = bytes.len().min(out.len());
+    for (slot, &byte) in out.iter_mut().zip(&bytes[..n]) {
+        *slot = T::from_byte(byte);
+    }
+    out[n..].fill(pad);
+    fit_first_axis(out, &[out.len()], bytes.len(), column, pad)
+}
+
+/// The bytes of row `i` of a string or binary array; `None` for any other type.
+fn bytes_of(array: &dyn Array, i: usize) -> Option<&[u8]> {
+    Some(match array.data_type() {
+        DataType::Utf8 => array.as_string::<i32>().value(i).as_bytes(),
+        DataType::LargeUtf8 => array.as_string::<i64>().value(i).as_bytes(),
+        DataType::Utf8View => array.as_string_view().value(i).as_bytes(),
+        DataType::Binary => array.as_binary::<i32>().value(i),
+        DataType::LargeBinary => array.as_binary::<i64>().value(i),
+        DataType::BinaryView => array.as_binary_view().value(i),
+        DataType::FixedSizeBinary(_) => array.as_fixed_size_binary().value(i),
+        _ => return None,
+    })
 }
 
 /// How a row too long for a field whose overflow rule is `drop` is reported: the scan at open

@@ -230,6 +230,11 @@ impl<T: Element> Slot<'_, '_, T> {
         found: fmt::Arguments,
         refused: &str,
     ) -> Result<(), E> {
+        if self.ctx.dtype == DType::U8 {
+            return Err(self.ctx.fail(format!(
+                "found {found} where u8 (a string's bytes) is declared"
+            )));
+        }
         if !self.shape.is_empty() {
             return Err(self.ctx.fail(format!(
                 "expected a list for a field shaped {:?}, found {found}",
@@ -245,6 +250,18 @@ impl<T: Element> Slot<'_, '_, T> {
                 .ctx
                 .fail(format!("{found} {refused} {}", self.ctx.dtype.name()))),
         }
+    }
+
+    /// A string's (or binary value's) bytes into a `u8` field's row.
+    fn bytes<E: serde::de::Error>(self, bytes: &[u8], found: &str) -> Result<(), E> {
+        let Some(column) = self.fit.filter(|_| self.ctx.dtype == DType::U8) else {
+            return self.refuse(found);
+        };
+        if let Some(length) = self.length {
+            length.set(bytes.len());
+        }
+        crate::from_arrow::write_bytes(bytes, column, self.out, self.pad)
+            .map_err(|message| self.ctx.fail(message))
     }
 
     fn refuse<E: serde::de::Error>(self, found: &str) -> Result<(), E> {
@@ -289,11 +306,11 @@ impl<'de, T: Element> Visitor<'de> for Slot<'_, '_, T> {
         // Debug prints 1e300 as such, not as 301 digits.
         self.scalar(T::from_f64(v), format_args!("float {v:?}"), refused)
     }
-    fn visit_str<E: serde::de::Error>(self, _: &str) -> Result<(), E> {
-        self.refuse("a string")
+    fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<(), E> {
+        self.bytes(v.as_bytes(), "a string")
     }
-    fn visit_bytes<E: serde::de::Error>(self, _: &[u8]) -> Result<(), E> {
-        self.refuse("binary data")
+    fn visit_bytes<E: serde::de::Error>(self, v: &[u8]) -> Result<(), E> {
+        self.bytes(v, "binary data")
     }
     fn visit_unit<E: serde::de::Error>(self) -> Result<(), E> {
         self.refuse("null")
@@ -306,6 +323,9 @@ impl<'de, T: Element> Visitor<'de> for Slot<'_, '_, T> {
     }
 
     fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<(), A::Error> {
+        if self.ctx.dtype == DType::U8 {
+            return self.refuse("a list");
+        }
         let Some((&dim, inner)) = self.shape.split_first() else {
             return Err(self
                 .ctx

@@ -38,8 +38,9 @@ __all__ = [
     "TokenWindows",
 ]
 
-DType = Literal["i32", "i64", "f32", "f64", "bool"]
-"""Element type of a projected column; ``bool`` is delivered as ``uint8`` 0/1."""
+DType = Literal["i32", "i64", "f32", "f64", "bool", "u8"]
+"""Element type of a projected column; ``bool`` is delivered as ``uint8`` 0/1; ``u8`` is a row of
+a string's (or binary value's) UTF-8 bytes, for text the trainer needs in the batch."""
 
 Encoding = Literal[
     "parquet",
@@ -69,7 +70,7 @@ records hold, so its encoding names the payload: a JSON object, a MessagePack ma
 little-endian token ids of one document (``array_record:uint16``), read as the field ``tokens``.
 ``bin`` and ``npy`` shards are read only by stages with ``packing`` or ``windows``."""
 
-DTYPES: tuple[str, ...] = ("i32", "i64", "f32", "f64", "bool")
+DTYPES: tuple[str, ...] = ("i32", "i64", "f32", "f64", "bool", "u8")
 ENCODINGS: tuple[str, ...] = ("parquet", "jsonl", "jsonl.gz", "msgpack")
 """The encodings the dataset saver writes and ``o41 tokenize`` reads."""
 ARRAY_RECORD_ENCODINGS: tuple[str, ...] = (

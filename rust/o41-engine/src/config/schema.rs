@@ -207,12 +207,19 @@ impl FieldSpec {
             DType::I64 => <i64 as crate::dtype::Element>::from_scalar(scalar).is_some(),
             // A float beyond f32's range would be stored as infinity: refused, not padded with it.
             DType::F32 => match scalar {
-                Scalar::Bool(_) => false,
+                Scalar::Bool(_) | Scalar::Byte(_) => false,
                 Scalar::Int(_) => true,
                 Scalar::Float(f) => (f as f32).is_finite(),
             },
             DType::F64 => !matches!(scalar, Scalar::Bool(_)),
             DType::Bool => <u8 as crate::dtype::Element>::from_scalar(scalar).is_some(),
+            DType::U8 => match scalar {
+                Scalar::Int(i) => match u8::try_from(i) {
+                    Ok(byte) => return Ok(Scalar::Byte(byte)),
+                    Err(_) => false,
+                },
+                _ => false,
+            },
         };
         if fits {
             Ok(scalar)
