@@ -510,7 +510,7 @@ def test_a_dpo_stream_delivers_chosen_and_rejected_stacked(tokenizer_dir: Path, 
         "--prompt-field",
         "prompt",
     ]
-    argv += ["--text-field", "chosen", "--text-field", "rejected", "--tokens-per-shard", "400"]
+    argv += ["--text-field", "chosen", "--text-field", "rejected", "--tokens-per-shard", "400", "--role-ids"]
     assert main(argv) == 0
     expected = [
         tuple(reference(config, r["prompt"] + r[answer]) for answer in ("chosen", "rejected")) for r in rows
@@ -518,6 +518,13 @@ def test_a_dpo_stream_delivers_chosen_and_rejected_stacked(tokenizer_dir: Path, 
     longest = max(len(ids) for pair in expected for ids, _ in pair)
     shards = [s.path for s in load_manifest(out).splits["train"].shards]
     assert len(shards) > 1
+    import pyarrow.parquet as pq
+
+    assert set(pq.read_schema(shards[0]).names) == {
+        f"{answer}_{field}"
+        for answer in ("chosen", "rejected")
+        for field in ("input_ids", "loss_mask", "role_ids")
+    }
 
     def stream(seq_len: int, overflow: str, **changes: Any) -> BatchStreamConfig:
         stack = ("chosen_{}", "rejected_{}")
@@ -580,3 +587,70 @@ def test_a_dpo_stream_delivers_chosen_and_rejected_stacked(tokenizer_dir: Path, 
         stages=[replace(dropped.stages[0], infinite=True, shuffle=Shuffle(buffer_rows=6, unit_rows=1))],
     )
     assert_resumable(shuffled, batches=8)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_role_ids_say_who_wrote_each_token(tokenizer_dir: Path, family: str) -> None:
+    from o41_training_data import ROLE_IDS
+    from tokenizers import Tokenizer
+
+    config = family_config(tokenizer_dir, family)
+    bpe = Tokenizer.from_file(str(config.parent / "tokenizer.json"))
+    encoder = ChatEncoder(
+        TextTokenizer.from_file(config.parent / "tokenizer.json", eos=EOS[family]),
+        ChatTemplate.from_tokenizer_config(config),
+        role_ids=True,
+    )
+    for messages in CONVERSATIONS[1:]:
+        encoded = encoder.encode(messages)
+        roles = encoded.role_ids
+        assert roles is not None
+        assert roles.dtype == np.uint8
+        assert len(roles) == len(encoded.input_ids)
+        # The assistant's tokens are exactly those the template marks as generated.
+        assert ((roles == ROLE_IDS["assistant"]) == (encoded.loss_mask == 1)).all()
+
+        def text(role: str, ids: np.ndarray = encoded.input_ids, roles: np.ndarray = roles) -> str:
+            return bpe.decode(ids[roles == ROLE_IDS[role]].tolist(), skip_special_tokens=False)
+
+        for role in ("user", "system"):
+            for message in (m for m in messages if m["role"] == role):
+                if family != "mistral" or role == "user":  # Mistral folds the system text in the turn
+                    assert message["content"].strip() in text(role)
+        assert text("template").strip()  # headers and separators are the template's
+        assert "".join(m["content"] for m in messages).strip()[:3] not in text("template")
+
+
+def test_tokenize_writes_role_ids(tokenizer_dir: Path, tmp_path: Path) -> None:
+    import pyarrow.parquet as pq
+    from o41_training_data import ROLE_IDS, load_manifest, tokenize_dataset
+
+    config = family_config(tokenizer_dir, "chatml")
+    rows = preference_rows(4)
+    source = tmp_path / "pairs.jsonl"
+    source.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    for fields, prefix in ((("chosen", "rejected"), ("chosen_", "rejected_")), ("chosen", ("",))):
+        out = tmp_path / f"out-{len(prefix)}" / "data-manifest-v1.json"
+        tokenize_dataset(
+            [source],
+            out,
+            tokenizer=config.parent / "tokenizer.json",
+            eos="<|im_end|>",
+            chat_template=config,
+            text_field=fields,
+            prompt_field="prompt",
+            role_ids=True,
+        )
+        shards = load_manifest(out).splits["train"].shards
+        written = [r for s in shards for r in pq.read_table(s.path).to_pylist()]
+        assert len(written) == len(rows)
+        for record in written:
+            for p in prefix:
+                roles, mask = record[f"{p}role_ids"], record[f"{p}loss_mask"]
+                assert len(roles) == len(record[f"{p}input_ids"]) == len(mask)
+                assert [r == ROLE_IDS["assistant"] for r in roles] == [m == 1 for m in mask]
+                assert ROLE_IDS["user"] in roles
+    with pytest.raises(ConfigError, match="role_ids need chat_template"):
+        tokenize_dataset(
+            [source], tmp_path / "x" / "data-manifest-v1.json", text_field="chosen", role_ids=True
+        )

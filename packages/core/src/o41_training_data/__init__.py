@@ -17,7 +17,7 @@ Examples:
 
 """
 
-from ._chat import ChatEncoder, ChatEncoding, ChatTemplate, RenderedChat
+from ._chat import ROLE_IDS, ChatEncoder, ChatEncoding, ChatTemplate, RenderedChat
 from ._checkpoint_files import checkpoint_from_text, read_checkpoint, write_checkpoint
 from ._config import (
     DTYPES,
@@ -101,6 +101,7 @@ __all__ = [
     "LIMITS",
     "RANK_FILE",
     "RETRY_CAUSES",
+    "ROLE_IDS",
     "AccessDeniedError",
     "Batch",
     "BatchStream",

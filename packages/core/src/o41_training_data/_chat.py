@@ -28,10 +28,16 @@ from ._errors import invalid as _invalid
 from ._storage import StorageConfig, normalize
 from ._tokenizer import TextTokenizer
 
-__all__ = ["ChatEncoder", "ChatEncoding", "ChatTemplate", "RenderedChat"]
+__all__ = ["ROLE_IDS", "ChatEncoder", "ChatEncoding", "ChatTemplate", "RenderedChat"]
 
 LossOn = Literal["all", "last"]
 """Which assistant turns count towards the loss: every one, or the last only."""
+
+ROLE_IDS: Mapping[str, int] = {"template": 0, "system": 1, "user": 2, "assistant": 3, "tool": 4, "other": 5}
+"""The per-token role ids :class:`ChatEncoder` gives with ``role_ids=True``: the role of the
+message whose content a token renders (``other`` for a role not listed), ``template`` for the
+template's own text (headers, separators); every token the template marks as generated is
+``assistant``."""
 
 _GENERATION_MARK = re.compile(r"\{%-?\s*generation\s*-?%\}")
 # The special tokens a template may name, as tokenizer_config.json holds them.
@@ -252,19 +258,24 @@ class ChatTemplate:
 
 @dataclass(frozen=True)
 class ChatEncoding:
-    """One conversation's token ids and loss mask, of equal length."""
+    """One conversation's token ids and loss mask, of equal length, and its role ids if asked."""
 
     input_ids: npt.NDArray[np.int32]
     loss_mask: npt.NDArray[np.uint8]
+    role_ids: npt.NDArray[np.uint8] | None = None
+    """Each token's :data:`ROLE_IDS` code, with ``ChatEncoder(role_ids=True)``."""
 
 
 class ChatEncoder:
     """Renders conversations with a template and tokenises them with a loss mask.
 
-    ``loss_on="all"`` masks in every assistant turn, ``"last"`` the last one only. The template
-    must mark generation (``{% generation %}`` blocks; :class:`DataError` otherwise), since the
-    mask is exactly what it marks. Ids are the tokenizer's for the rendered text with no special
-    tokens added: the template writes them.
+    ``loss_on="all"`` masks in every assistant turn, ``"last"`` the last one only. With
+    ``role_ids=True`` each encoding also says who wrote each token (:data:`ROLE_IDS`): a message's
+    content is found in the rendered text after the previous one's, its whitespace trimmed; a
+    message whose content the template rewrites (not found verbatim) leaves its tokens at
+    ``template``. The template must mark generation (``{% generation %}`` blocks;
+    :class:`DataError` otherwise), since the mask is exactly what it marks. Ids are the
+    tokenizer's for the rendered text with no special tokens added: the template writes them.
 
     One encoder renders one conversation at a time: give each thread its own.
 
@@ -280,6 +291,7 @@ class ChatEncoder:
         template: ChatTemplate,
         *,
         loss_on: LossOn = "all",
+        role_ids: bool = False,
         **switches: Any,
     ) -> None:
         if tokenizer.identity.kind != "tokenizers":
@@ -295,16 +307,20 @@ class ChatEncoder:
         self.tokenizer = tokenizer
         self.template = template
         self.loss_on = loss_on
+        self.role_ids = bool(role_ids)
         self.switches = switches
 
     def identity(self) -> dict[str, Any]:
         """What a token dataset records of this encoder: the template's hash, the options."""
         text = json.dumps([self.template.template, self.template.special_tokens], sort_keys=True)
-        return {
+        identity = {
             "template_sha256": hashlib.sha256(text.encode()).hexdigest(),
             "loss_on": self.loss_on,
             "options": json.loads(json.dumps(self.switches, sort_keys=True, default=str)),
         }
+        if self.role_ids:  # only when set: datasets written before the option stay recoverable
+            identity["role_ids"] = True
+        return identity
 
     def encode_batch(
         self,
@@ -318,19 +334,20 @@ class ChatEncoder:
         ]
         encodings = self.tokenizer.hf().encode_batch([r.text for r in rendered], add_special_tokens=False)
         out = []
-        for chat, encoding in zip(rendered, encodings, strict=True):
+        for messages, chat, encoding in zip(conversations, rendered, encodings, strict=True):
             ids = np.asarray(encoding.ids, dtype=np.int32)
             mask = np.zeros(len(ids), dtype=np.uint8)
             spans = chat.assistant_spans[-1:] if self.loss_on == "last" else chat.assistant_spans
             for start, end in spans:
-                if end <= start:
-                    continue
-                first = encoding.char_to_token(start)
-                last = encoding.char_to_token(end - 1)
-                if first is None:
-                    continue
-                mask[first : (last + 1 if last is not None else len(ids))] = 1
-            out.append(ChatEncoding(ids, mask))
+                _mark(encoding, (start, end), mask, 1)
+            roles = None
+            if self.role_ids:
+                roles = np.zeros(len(ids), dtype=np.uint8)
+                for span, role in _content_spans(chat.text, messages):
+                    _mark(encoding, span, roles, ROLE_IDS.get(role, ROLE_IDS["other"]))
+                for span in chat.assistant_spans:
+                    _mark(encoding, span, roles, ROLE_IDS["assistant"])
+            out.append(ChatEncoding(ids, mask, roles))
         return out
 
     def encode(
@@ -338,3 +355,43 @@ class ChatEncoder:
     ) -> ChatEncoding:
         """One conversation's ids and mask."""
         return self.encode_batch([messages], None if tools is None else [tools])[0]
+
+
+def _mark(encoding: Any, span: tuple[int, int], out: npt.NDArray[np.uint8], value: int) -> None:
+    """Sets ``value`` on the tokens that hold ``span``'s characters.
+
+    From the token holding its first character to the one holding its last, as ``transformers``
+    places its assistant mask.
+    """
+    start, end = span
+    if end <= start:
+        return
+    first = encoding.char_to_token(start)
+    last = encoding.char_to_token(end - 1)
+    if first is None:
+        return
+    out[first : (last + 1 if last is not None else len(out))] = value
+
+
+def _content_spans(text: str, messages: Sequence[Mapping[str, Any]]) -> list[tuple[tuple[int, int], str]]:
+    """Where each message's content (its text parts, trimmed) is in ``text``, with its role.
+
+    Searched in order, each after the previous; a content the template rewrote is not found and
+    has no span.
+    """
+    spans = []
+    at = 0
+    for message in messages:
+        content = message.get("content")
+        parts: list[str] = [content] if isinstance(content, str) else []
+        if isinstance(content, list):  # content parts: [{"type": "text", "text": ...}, ...]
+            parts = [
+                str(p["text"]) for p in content if isinstance(p, Mapping) and isinstance(p.get("text"), str)
+            ]
+        for part in parts:
+            needle = part.strip()
+            found = text.find(needle, at) if needle else -1
+            if found >= 0:
+                spans.append(((found, found + len(needle)), str(message.get("role"))))
+                at = found + len(needle)
+    return spans

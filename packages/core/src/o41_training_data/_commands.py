@@ -324,6 +324,11 @@ def build(
     help="A template switch, such as enable_thinking=false (with --chat; repeatable).",
 )
 @click.option("--tools-field", default=None, help="The field holding tool schemas (with --chat).")
+@click.option(
+    "--role-ids",
+    is_flag=True,
+    help="Also write role_ids: who wrote each token (with --chat; docs/post_training.md).",
+)
 @click.option("--split", default="train", show_default=True, help="The split to write.")
 @click.option("--input-format", default=None, help="The inputs' encoding (default: from their suffix).")
 @click.option(
@@ -364,6 +369,7 @@ def tokenize(
     loss_on: str,
     chat_options: tuple[str, ...],
     tools_field: str | None,
+    role_ids: bool,
     split: str,
     input_format: str | None,
     data_format: str,
@@ -408,6 +414,7 @@ def tokenize(
             loss_on="last" if loss_on == "last" else "all",
             chat_options=switches or None,
             tools_field=tools_field,
+            role_ids=role_ids,
         )
     shards = result.manifest.splits.get(split)
     identity = result.tokenizer

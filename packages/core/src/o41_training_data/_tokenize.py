@@ -84,13 +84,18 @@ class _InputJob:
         return self.text_fields[0]
 
     @property
-    def fields(self) -> tuple[str, ...]:
-        """The output records' fields, one pair per conversation field when there are several."""
+    def per_conversation(self) -> tuple[str, ...]:
+        """The fields one rendered conversation gives."""
         if self.chat is None:
             return (TOKENS_FIELD,)
+        return (*CHAT_FIELDS, "role_ids") if self.chat.role_ids else CHAT_FIELDS
+
+    @property
+    def fields(self) -> tuple[str, ...]:
+        """The output records' fields, each conversation field's prefixed when there are several."""
         if len(self.text_fields) == 1:
-            return CHAT_FIELDS
-        return tuple(f"{field}_{out}" for field in self.text_fields for out in CHAT_FIELDS)
+            return self.per_conversation
+        return tuple(f"{field}_{out}" for field in self.text_fields for out in self.per_conversation)
 
 
 @dataclass(frozen=True)
@@ -209,6 +214,8 @@ def _documents(job: _InputJob, skip: int) -> Iterator[tuple[npt.NDArray[Any], ..
                     raise data_error(f"{job.path}, records from {row}: {err}", job.path, row, field) from None
                 for arrays, chat in zip(pairs, encoded, strict=True):
                     arrays += (chat.input_ids, chat.loss_mask)
+                    if chat.role_ids is not None:
+                        arrays.append(chat.role_ids)
             yield from (tuple(arrays) for arrays in pairs)
         else:
             offsets, ids = job.tokenizer.encode_batch(columns[0])
@@ -219,7 +226,7 @@ def _documents(job: _InputJob, skip: int) -> Iterator[tuple[npt.NDArray[Any], ..
 
 def _document_tokens(job: _InputJob, document: tuple[npt.NDArray[Any], ...]) -> int:
     """The ids a document holds: its tokens, or every conversation's ids (not their masks)."""
-    ids = document if job.chat is None else document[0::2]
+    ids = document if job.chat is None else document[0 :: len(job.per_conversation)]
     return sum(len(a) for a in ids)
 
 
@@ -409,6 +416,7 @@ def tokenize_dataset(
     chat_options: Mapping[str, Any] | None = None,
     tools_field: str | None = None,
     prompt_field: str | None = None,
+    role_ids: bool = False,
 ) -> TokenizedDataset:
     """Tokenises the text field of every record of ``inputs`` into a token dataset at ``output``.
 
@@ -446,6 +454,8 @@ def tokenize_dataset(
     ``<field>_loss_mask`` for each, which a stacked :class:`ProjectedField` delivers as
     ``[B, 2, S]``. ``prompt_field`` names a field of messages that leads every conversation
     field (TRL's explicit prompt layout, whose completions hold the assistant's turns only).
+    ``role_ids=True`` adds ``role_ids`` (uint8, :data:`ROLE_IDS`: who wrote each token) beside
+    each ``loss_mask``.
 
     Examples:
         >>> result = tokenize_dataset(["corpus.jsonl.gz"], "tokens/data-manifest-v1.json")  # doctest: +SKIP
@@ -495,9 +505,11 @@ def tokenize_dataset(
             chat_template = ChatTemplate.from_tokenizer_config(
                 chat_template, chat_template_name, storage=config
             )
-        chat = ChatEncoder(text_tokenizer, chat_template, loss_on=loss_on, **dict(chat_options or {}))
-    elif chat_template_name is not None or chat_options is not None:
-        raise _invalid("chat_template", "chat_template_name and chat_options need chat_template")
+        chat = ChatEncoder(
+            text_tokenizer, chat_template, loss_on=loss_on, role_ids=role_ids, **dict(chat_options or {})
+        )
+    elif chat_template_name is not None or chat_options is not None or role_ids:
+        raise _invalid("chat_template", "chat_template_name, chat_options and role_ids need chat_template")
     saver = DatasetSaver(output, data_format, storage=config)
     digits = max(5, len(str(len(paths) - 1)))
     jobs = [
