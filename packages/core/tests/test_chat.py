@@ -654,3 +654,82 @@ def test_tokenize_writes_role_ids(tokenizer_dir: Path, tmp_path: Path) -> None:
         tokenize_dataset(
             [source], tmp_path / "x" / "data-manifest-v1.json", text_field="chosen", role_ids=True
         )
+
+
+def test_rl_prompts_arrive_left_padded_with_their_length_and_answer(
+    tokenizer_dir: Path, tmp_path: Path
+) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    from o41_testkit import collect
+    from o41_training_data import BatchStreamConfig, FileSource, ProjectedField, Stage, load_manifest
+    from o41_training_data._cli import main
+
+    config = family_config(tokenizer_dir, "qwen3")
+    # verl's layout: a prompt conversation and a reward_model struct, flattened to columns.
+    rows = [
+        {
+            "data_source": "arith",
+            "prompt": [{"role": "user", "content": f"What is {k} × {k}? ünï"}],
+            "reward_model": {"style": "rule", "ground_truth": f"{k * k} (là)"},
+        }
+        for k in range(10)
+    ]
+    source = tmp_path / "prompts.parquet"
+    pq.write_table(pa.Table.from_pylist(rows).flatten(), source)
+    out = tmp_path / "rl" / "data-manifest-v1.json"
+    argv = [
+        "tokenize",
+        str(source),
+        "--output",
+        str(out),
+        "--tokenizer",
+        str(config.parent / "tokenizer.json"),
+    ]
+    argv += ["--eos", "<|im_end|>", "--chat", str(config), "--text-field", "prompt"]
+    argv += ["--chat-option", "add_generation_prompt=true", "--keep-field", "reward_model.ground_truth"]
+    assert main(argv) == 0
+    shards = [s.path for s in load_manifest(out).splits["train"].shards]
+    width = 48
+    stream = BatchStreamConfig(
+        fields=[
+            ProjectedField(
+                "prompt", "input_ids", "i32", length=width, pad=-1, pad_side="left", overflow="drop"
+            ),
+            ProjectedField("prompt_length", "@length:prompt", "i64"),
+            ProjectedField("answer", "reward_model.ground_truth", "u8", length=16, overflow="error"),
+        ],
+        stages=[Stage(sources=[FileSource(shards)], batch_size=5)],
+    )
+    batches = collect(stream)
+    got = [(b["prompt"][k], b["prompt_length"][k], b["answer"][k]) for b in batches for k in range(5)]
+    assert len(got) == len(rows)
+    for (prompt, length, answer), row in zip(got, rows, strict=True):
+        ids, _ = reference(config, row["prompt"], add_generation_prompt=True)
+        assert int(length) == len(ids) < width
+        assert prompt.tolist() == [-1] * (width - len(ids)) + ids  # the last token ends the row
+        text = row["reward_model"]["ground_truth"]
+        assert bytes(answer[: len(text.encode())]).decode() == text
+        assert not answer[len(text.encode()) :].any()
+
+
+def test_keep_fields_are_checked_and_carried_for_text_too(tmp_path: Path) -> None:
+    import pyarrow.parquet as pq
+    from o41_training_data import load_manifest, tokenize_dataset
+
+    source = tmp_path / "docs.jsonl"
+    source.write_text(
+        "".join(json.dumps({"text": f"doc {k}", "id": k, "meta": {"k": k}}) + "\n" for k in range(3))
+    )
+    out = tmp_path / "t" / "data-manifest-v1.json"
+    tokenize_dataset([source], out, keep_fields=["id", "meta"])
+    written = [
+        r for s in load_manifest(out).splits["train"].shards for r in pq.read_table(s.path).to_pylist()
+    ]
+    assert [(r["id"], r["meta"]) for r in written] == [(k, {"k": k}) for k in range(3)]
+    assert [bytes(r["tokens"][:-1]).decode() for r in written] == [f"doc {k}" for k in range(3)]
+    for keep, message in ((["id", "id"], "distinct"), (["tokens"], "overwrite"), ([""], "distinct")):
+        with pytest.raises(ConfigError, match=message):
+            tokenize_dataset([source], tmp_path / "x" / "data-manifest-v1.json", keep_fields=keep)
+    with pytest.raises(DataError, match="no column 'nope'"):
+        tokenize_dataset([source], tmp_path / "y" / "data-manifest-v1.json", keep_fields=["nope"])

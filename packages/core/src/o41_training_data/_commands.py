@@ -325,6 +325,12 @@ def build(
 )
 @click.option("--tools-field", default=None, help="The field holding tool schemas (with --chat).")
 @click.option(
+    "--keep-field",
+    "keep_fields",
+    multiple=True,
+    help="An input field copied into each output record as it is (repeatable; an RL prompt's answer).",
+)
+@click.option(
     "--role-ids",
     is_flag=True,
     help="Also write role_ids: who wrote each token (with --chat; docs/post_training.md).",
@@ -369,6 +375,7 @@ def tokenize(
     loss_on: str,
     chat_options: tuple[str, ...],
     tools_field: str | None,
+    keep_fields: tuple[str, ...],
     role_ids: bool,
     split: str,
     input_format: str | None,
@@ -415,6 +422,7 @@ def tokenize(
             chat_options=switches or None,
             tools_field=tools_field,
             role_ids=role_ids,
+            keep_fields=keep_fields,
         )
     shards = result.manifest.splits.get(split)
     identity = result.tokenizer

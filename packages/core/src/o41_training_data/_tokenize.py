@@ -19,6 +19,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
 
@@ -44,7 +45,7 @@ DEFAULT_TOKENS_PER_SHARD = 1 << 26  # 256 MiB of int32 ids: a Parquet shard far 
 DEFAULT_BATCH = 1024
 _PART_DIGITS = 6
 # Options a completed shard records, in the order a refused restart names them.
-_OPTIONS = ("tokenizer", "chat", "text_field", "prompt_field", "tokens_per_shard")
+_OPTIONS = ("tokenizer", "chat", "text_field", "prompt_field", "keep_fields", "tokens_per_shard")
 
 
 @dataclass(frozen=True)
@@ -77,6 +78,7 @@ class _InputJob:
     chat: ChatEncoder | None = None
     tools_field: str | None = None
     prompt_field: str | None = None
+    keep_fields: tuple[str, ...] = ()
 
     @property
     def text_field(self) -> str:
@@ -94,8 +96,9 @@ class _InputJob:
     def fields(self) -> tuple[str, ...]:
         """The output records' fields, each conversation field's prefixed when there are several."""
         if len(self.text_fields) == 1:
-            return self.per_conversation
-        return tuple(f"{field}_{out}" for field in self.text_fields for out in self.per_conversation)
+            return (*self.per_conversation, *self.keep_fields)
+        rendered = tuple(f"{field}_{out}" for field in self.text_fields for out in self.per_conversation)
+        return (*rendered, *self.keep_fields)
 
 
 @dataclass(frozen=True)
@@ -106,8 +109,20 @@ class _InputResult:
 
 
 def _column(job: _InputJob, chunk: Any, field: str, row: int, option: str) -> list[Any]:
-    """One field's values of a chunk (records or a record batch); a missing column raises."""
+    """One field's values of a chunk (records or a record batch); a missing column raises.
+
+    Text to tokenise must be strings; a kept field (``option`` ``keep_fields``) may be anything.
+    """
     if isinstance(chunk, list):
+        if option == "keep_fields":  # a missing field would be written as null: refused
+            for k, record in enumerate(chunk):
+                if field not in record:
+                    raise data_error(
+                        f"{job.path}, record {row + k}: no column '{field}' to keep ({option})",
+                        job.path,
+                        row + k,
+                        field,
+                    )
         return [record.get(field) for record in chunk]
     index = chunk.schema.get_field_index(field)
     if index < 0:
@@ -119,7 +134,7 @@ def _column(job: _InputJob, chunk: Any, field: str, row: int, option: str) -> li
         )
     column = chunk.column(index)
     text = pa.types.is_string(column.type) or pa.types.is_large_string(column.type)
-    if job.chat is None and not text:
+    if job.chat is None and not text and option != "keep_fields":
         raise data_error(
             f"{job.path}, field '{field}': a {column.type} column, not text", job.path, row, field
         )
@@ -156,11 +171,11 @@ def _check_conversation(job: _InputJob, value: Any, row: int, field: str, tools:
                 )
 
 
-def _texts(job: _InputJob, skip: int) -> Iterator[tuple[list[list[Any]], list[Any] | None]]:
+def _texts(job: _InputJob, skip: int) -> Iterator[tuple[list[list[Any]], list[Any] | None, list[list[Any]]]]:
     """The input's values in chunks, from record ``skip`` on, one list per text field.
 
     A conversation is led by its record's prompt (``prompt_field``); each record's tools come
-    beside (chat only). Bad records raise naming them.
+    beside (chat only), and the values of ``keep_fields``. Bad records raise naming them.
     """
     records = _core.ShardRecords(job.path, job.encoding, job.storage.core(), job.batch_size)
     row = 0
@@ -174,6 +189,7 @@ def _texts(job: _InputJob, skip: int) -> Iterator[tuple[list[list[Any]], list[An
         prompts = (
             None if job.prompt_field is None else _column(job, chunk, job.prompt_field, row, "prompt_field")
         )
+        kept = [_column(job, chunk, field, row, "keep_fields") for field in job.keep_fields]
         for field, texts in zip(job.text_fields, columns, strict=True):
             for k, text in enumerate(texts):
                 if job.chat is None:
@@ -193,18 +209,21 @@ def _texts(job: _InputJob, skip: int) -> Iterator[tuple[list[list[Any]], list[An
         if start:
             columns = [texts[start:] for texts in columns]
             tools = None if tools is None else tools[start:]
-        yield columns, tools
+            kept = [values[start:] for values in kept]
+        yield columns, tools, kept
 
 
 def _documents(job: _InputJob, skip: int) -> Iterator[tuple[npt.NDArray[Any], ...]]:
     """Each document's arrays (one per output field), in input order, from ``skip`` on.
 
-    Text: its ids (views into its batch's buffer), eos last. Chat: its rendered ids and loss mask.
+    Text: its ids (views into its batch's buffer), eos last. Chat: its rendered ids and loss mask
+    (and role ids), per conversation field. Then the values of ``keep_fields``, as read.
     """
     # The engine's readers hand over valid UTF-8 only (a lone surrogate in JSON is a malformed
     # record, naming the shard and row), so every text encodes.
     row = skip
-    for columns, tools in _texts(job, skip):
+    for columns, tools, kept in _texts(job, skip):
+        carried = list(zip(*kept, strict=True)) if kept else [() for _ in columns[0]]
         if job.chat is not None:
             pairs: list[list[npt.NDArray[Any]]] = [[] for _ in columns[0]]
             for field, texts in zip(job.text_fields, columns, strict=True):
@@ -216,18 +235,18 @@ def _documents(job: _InputJob, skip: int) -> Iterator[tuple[npt.NDArray[Any], ..
                     arrays += (chat.input_ids, chat.loss_mask)
                     if chat.role_ids is not None:
                         arrays.append(chat.role_ids)
-            yield from (tuple(arrays) for arrays in pairs)
+            yield from ((*arrays, *values) for arrays, values in zip(pairs, carried, strict=True))
         else:
             offsets, ids = job.tokenizer.encode_batch(columns[0])
             for k in range(len(columns[0])):
-                yield (ids[offsets[k] : offsets[k + 1]],)
+                yield (ids[offsets[k] : offsets[k + 1]], *carried[k])
         row += len(columns[0])
 
 
 def _document_tokens(job: _InputJob, document: tuple[npt.NDArray[Any], ...]) -> int:
     """The ids a document holds: its tokens, or every conversation's ids (not their masks)."""
-    ids = document if job.chat is None else document[0 :: len(job.per_conversation)]
-    return sum(len(a) for a in ids)
+    arrays = document[: len(document) - len(job.keep_fields)]
+    return sum(len(a) for a in arrays[0 :: len(job.per_conversation)])
 
 
 def _expected_metadata(job: _InputJob, first_row: int) -> dict[str, Any]:
@@ -242,6 +261,8 @@ def _expected_metadata(job: _InputJob, first_row: int) -> dict[str, Any]:
     }
     if job.prompt_field is not None:
         expected["prompt_field"] = job.prompt_field
+    if job.keep_fields:
+        expected["keep_fields"] = list(job.keep_fields)
     if job.chat is not None:
         expected["chat"] = job.chat.identity()
     return expected
@@ -313,7 +334,10 @@ def _tokenize_input(job: _InputJob, progress: Callable[[int], None] | None = Non
         if job.saver.data_format == "parquet":
             records: list[dict[str, Any]] = [dict(zip(fields, doc, strict=True)) for doc in part_docs]
         else:  # the engine's record writers take Python lists
-            records = [{f: a.tolist() for f, a in zip(fields, doc, strict=True)} for doc in part_docs]
+            records = [
+                {f: a.tolist() if isinstance(a, np.ndarray) else a for f, a in zip(fields, doc, strict=True)}
+                for doc in part_docs
+            ]
         shard = job.saver.save(
             job.split,
             None,
@@ -417,6 +441,7 @@ def tokenize_dataset(
     tools_field: str | None = None,
     prompt_field: str | None = None,
     role_ids: bool = False,
+    keep_fields: Sequence[str] = (),
 ) -> TokenizedDataset:
     """Tokenises the text field of every record of ``inputs`` into a token dataset at ``output``.
 
@@ -456,6 +481,9 @@ def tokenize_dataset(
     field (TRL's explicit prompt layout, whose completions hold the assistant's turns only).
     ``role_ids=True`` adds ``role_ids`` (uint8, :data:`ROLE_IDS`: who wrote each token) beside
     each ``loss_mask``.
+
+    ``keep_fields`` are input fields copied into each output record as they are (an RL prompt's
+    reference answer, delivered by a ``dtype="u8"`` field), text or conversations alike.
 
     Examples:
         >>> result = tokenize_dataset(["corpus.jsonl.gz"], "tokens/data-manifest-v1.json")  # doctest: +SKIP
@@ -497,6 +525,9 @@ def tokenize_dataset(
             raise _invalid(option, f"{option} is for conversations; give chat_template too")
     if prompt_field is not None and prompt_field in text_fields:
         raise _invalid("prompt_field", f"'{prompt_field}' is also a text_field")
+    kept = (keep_fields,) if isinstance(keep_fields, str) else tuple(keep_fields)
+    if not all(isinstance(f, str) and f for f in kept) or len(set(kept)) != len(kept):
+        raise _invalid("keep_fields", f"expected distinct field names, got {keep_fields!r}")
     config = storage or StorageConfig.resolve()
     text_tokenizer = _tokenizer_of(tokenizer, eos, config)
     chat = None
@@ -528,9 +559,13 @@ def tokenize_dataset(
             chat,
             tools_field,
             prompt_field,
+            kept,
         )
         for k, (path, encoding) in enumerate(zip(paths, encodings, strict=True))
     ]
+    clash = set(kept) & set(jobs[0].fields[: len(jobs[0].fields) - len(kept)]) if jobs else set()
+    if clash:
+        raise _invalid("keep_fields", f"{sorted(clash)} would overwrite the fields the job writes")
     # Shards no input of this job could have written are refused before any work; the rest
     # are checked against their recorded metadata as they are recovered.
     names = re.compile(
