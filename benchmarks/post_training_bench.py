@@ -17,7 +17,10 @@ encoder thread (`RAYON_NUM_THREADS=1`), and rates are per CPU-second of the whol
 - `packed tokens` / `packed tokens + mask` / `packed tokens + @segment_lengths` and `...+ mask`:
   a packed stage (`seq_len` 2,048, batches of 8) over that dataset, delivering the tokens alone,
   the tokens with their aligned `loss_mask`, and the packed batch of the 0.9x goal (tokens and
-  `@segment_lengths`) without and with the mask; tokens/s counts the tokens that are not padding.
+  `@segment_lengths`) without and with the mask; tokens/s counts the tokens that are not padding,
+  in steady state: the stream (an infinite stage) is timed over 640 batches after 640 untimed
+  ones, since the planner's first two groups of batches are fresh allocations and every later
+  batch reuses them, as a training run's do.
 
 Writes the "post-training" section of benchmarks/RESULTS.md.
 """
@@ -41,6 +44,7 @@ from report import preamble, run_child, write_section
 
 BATCH = 256
 SEQ_LEN = 2048
+WARM_UP = 640  # batches: more than the planner's two groups ahead (2 x 256 of tokens alone)
 SPECIAL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 TEMPLATE = (
     "{% for message in messages %}{% if message['role'] == 'assistant' %}"
@@ -49,6 +53,12 @@ TEMPLATE = (
     "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}"
     "{% endif %}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
 )
+MISSED = """**The 0.9x goal is missed.** The mask is a second list column as long as the tokens,
+decoded value by value like them (a uint8 mask now takes the page-by-page reader the ids take,
+no longer arrow-rs' casting one, which cost more than the ids), so it costs about what they
+cost. The way to the goal: decode an aligned column by its runs (a mask is long runs of 0 and
+1, which its dictionary's RLE runs already are) into the batch, with its list lengths checked
+against the tokens' once at open rather than assembled as lists at every read."""
 RENDER = ["transformers apply_chat_template", "o41 ChatEncoder", "o41 tokenize --chat"]
 STREAM = [
     "packed tokens",
@@ -192,19 +202,23 @@ def stream_child(name: str, directory: Path) -> dict[str, Any]:
                 sources=[FileSource(shards)],
                 batch_size=8,
                 packing=Packing(field="input_ids", seq_len=SEQ_LEN),
+                infinite=True,
             )
         ],
         threads=1,
     )
     tokens = 0
-    wall, cpu = time.perf_counter(), time.process_time()
     with open_batch_stream(config) as stream:
-        for batch in stream:
+        # Steady state, as a training run reads: the planner fills two groups of batches ahead
+        # (16 MiB of rows each) in fresh allocations, which every later batch reuses. Those are
+        # read first, untimed; then as many batches again.
+        for _, batch in zip(range(WARM_UP), stream, strict=False):
+            batch.arrays()
+        wall, cpu = time.perf_counter(), time.process_time()
+        for _, batch in zip(range(WARM_UP), stream, strict=False):
             arrays = batch.arrays()
             tokens += int((arrays["input_ids"] != 0).sum())
-            if "loss_mask" in arrays:
-                arrays["loss_mask"].sum()
-    wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+        wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
     return {"tokens": tokens, "wall": wall, "cpu": cpu}
 
 
@@ -298,6 +312,8 @@ def main() -> None:
 core (goal: at least 1.0x); `o41 tokenize --chat`, reading the shards and publishing the dataset
 as well, at {end_to_end:.2f}x. The packed batch with its mask streams at **{goal:.2f}x** the tokens
 + `@segment_lengths` batch (goal: at least 0.9x); tokens + mask at {mask_cost:.2f}x tokens alone.
+Stream rates are steady state (after 640 untimed batches, over 640 more, as the list above says).
+{"The mask goal is met." if goal >= 0.9 else MISSED}
 """
     print(body)
     write_section("post-training", body)

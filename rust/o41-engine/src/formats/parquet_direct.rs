@@ -52,12 +52,33 @@ enum Kind {
 impl Kind {
     fn of(arrow: &DataType, physical: Physical) -> Option<Self> {
         match (arrow, physical) {
-            (DataType::Int32, Physical::INT32) => Some(Kind::I32),
+            // Narrow integers are stored as INT32 holding their value (the format's INT(8|16)
+            // annotations): read as it is stored, which every projection converts exactly (a
+            // uint8 loss mask costs what an i32 list costs, not arrow-rs' casting reader).
+            (
+                DataType::Int32
+                | DataType::Int16
+                | DataType::Int8
+                | DataType::UInt16
+                | DataType::UInt8,
+                Physical::INT32,
+            ) => Some(Kind::I32),
             (DataType::Int64, Physical::INT64) => Some(Kind::I64),
             (DataType::Float32, Physical::FLOAT) => Some(Kind::F32),
             (DataType::Float64, Physical::DOUBLE) => Some(Kind::F64),
             (DataType::Boolean, Physical::BOOLEAN) => Some(Kind::Bool),
             _ => None,
+        }
+    }
+
+    /// The Arrow type of the values decoded.
+    fn arrow_type(self) -> DataType {
+        match self {
+            Kind::I32 => DataType::Int32,
+            Kind::I64 => DataType::Int64,
+            Kind::F32 => DataType::Float32,
+            Kind::F64 => DataType::Float64,
+            Kind::Bool => DataType::Boolean,
         }
     }
 
@@ -91,11 +112,10 @@ impl Layout {
         let (kind, list, element) = match (arrow, column.max_rep_level()) {
             (DataType::List(item) | DataType::LargeList(item), 1) => {
                 let large = matches!(arrow, DataType::LargeList(_));
-                (
-                    Kind::of(item.data_type(), physical)?,
-                    Some((item.clone(), large)),
-                    element_level(&column),
-                )
+                let kind = Kind::of(item.data_type(), physical)?;
+                // The arrays built here hold the values as decoded (a narrow integer as i32).
+                let item = Arc::new(item.as_ref().clone().with_data_type(kind.arrow_type()));
+                (kind, Some((item, large)), element_level(&column))
             }
             (other, 0) => (Kind::of(other, physical)?, None, max_def),
             _ => return None,

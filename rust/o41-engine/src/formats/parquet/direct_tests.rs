@@ -4,9 +4,10 @@ use std::ops::Range;
 use std::sync::Arc;
 
 use arrow_array::builder::{
-    BooleanBuilder, Int32Builder, Int64Builder, LargeListBuilder, ListBuilder,
+    BooleanBuilder, Int32Builder, Int64Builder, Int8Builder, LargeListBuilder, ListBuilder,
+    UInt16Builder, UInt8Builder,
 };
-use arrow_array::{ArrayRef, Float32Array, Int64Array, RecordBatch};
+use arrow_array::{ArrayRef, Float32Array, Int16Array, Int64Array, RecordBatch};
 use parquet::arrow::ArrowWriter;
 use parquet::basic::{Compression, ZstdLevel};
 use parquet::file::properties::{WriterProperties, WriterVersion};
@@ -47,6 +48,11 @@ fn projection() -> Projection {
         field("t", DType::I32, vec![6]),
         field("m", DType::Bool, vec![6]),
         field("l", DType::I64, vec![3]),
+        // Narrow integers, stored as INT32 (a uint8 loss mask, int8 labels, ...).
+        field("u8", DType::I32, vec![6]),
+        field("i8", DType::I64, vec![6]),
+        field("u16", DType::I32, vec![6]),
+        field("i16", DType::I64, vec![]),
     ])
     .unwrap()
 }
@@ -58,17 +64,31 @@ fn write(lengths: &[usize], layout: &Layout, path: &std::path::Path) {
     let mut t = ListBuilder::new(Int32Builder::new());
     let mut m = ListBuilder::new(BooleanBuilder::new());
     let mut l = LargeListBuilder::new(Int64Builder::new());
+    let mut u8s = ListBuilder::new(UInt8Builder::new());
+    let mut i8s = ListBuilder::new(Int8Builder::new());
+    let mut u16s = ListBuilder::new(UInt16Builder::new());
     for (row, &n) in lengths.iter().enumerate() {
         for k in 0..n {
             t.values()
                 .append_value(((row * 7 + k * 3) % 50) as i32 - 20);
             m.values().append_value((row + k) % 3 == 0);
             l.values().append_value((row * 1000 + k) as i64);
+            u8s.values()
+                .append_value(((row / 3 + k / 4) % 2 * 255) as u8);
+            i8s.values()
+                .append_value(((row * 31 + k) % 256) as u8 as i8);
+            u16s.values().append_value((row * 4099 + k) as u16);
         }
         t.append(true);
         m.append(true);
         l.append(true);
+        u8s.append(true);
+        i8s.append(true);
+        u16s.append(true);
     }
+    let i16s: ArrayRef = Arc::new(Int16Array::from_iter_values(
+        (0..rows).map(|r| (r as i16).wrapping_mul(257)),
+    ));
     let i: ArrayRef = Arc::new(Int64Array::from_iter_values(
         (0..rows as i64).map(|r| r * 11),
     ));
@@ -81,6 +101,10 @@ fn write(lengths: &[usize], layout: &Layout, path: &std::path::Path) {
         ("t", Arc::new(t.finish()) as ArrayRef),
         ("m", Arc::new(m.finish()) as ArrayRef),
         ("l", Arc::new(l.finish()) as ArrayRef),
+        ("u8", Arc::new(u8s.finish()) as ArrayRef),
+        ("i8", Arc::new(i8s.finish()) as ArrayRef),
+        ("u16", Arc::new(u16s.finish()) as ArrayRef),
+        ("i16", i16s),
     ])
     .unwrap();
     let properties = WriterProperties::builder()
