@@ -323,3 +323,28 @@ def test_u8_reads_every_arrow_string_and_binary_type(tmp_path: Path, kind: str) 
     got = collect(config_for([FileSource([str(path)])], fields, batch_size=3))[0]
     assert got["a"].tolist() == [[97, 98, 0, 0], [99, 100, 195, 169], [0, 0, 0, 0]]
     assert got["n"].tolist() == [2, 4, 0]
+
+
+def test_a_trace_names_the_records_a_drop_stream_delivers(shard: ShardWriter) -> None:
+    from o41_training_data import read_traced_rows, trace_batches
+
+    paths = [shard("jsonl", records() * 2), shard("parquet", records())]
+    fields = [
+        ProjectedField("prompt", "prompt", "i32", length=3, overflow="drop"),
+        ProjectedField("id", "id", "i64"),
+        ProjectedField("row", "@row", "i64"),
+    ]
+    config = config_for([FileSource(paths)], fields, batch_size=2)
+    delivered = collect(config)
+    traced = trace_batches(config, range(len(delivered)))
+    # Each traced row is the record's number in its file, the one `@row` delivers ...
+    assert [t.row for t in traced] == [int(r) for b in delivered for r in b["row"]]
+    # ... so reading it back gives the record delivered (record 1 of each file was left out).
+    read = read_traced_rows(traced)
+    assert [r["id"] for r in read if r] == [int(i) for b in delivered for i in b["id"]]
+    assert 1 not in [t.row for t in traced]
+    with open_batch_stream(config) as stream:
+        next(stream)
+        checkpoint = stream.checkpoint()
+    from_checkpoint = trace_batches(checkpoint, range(1, len(delivered)))
+    assert [t.row for t in from_checkpoint] == [t.row for t in traced[2:]]

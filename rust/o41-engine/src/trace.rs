@@ -150,3 +150,48 @@ pub fn trace(
     }
     Ok(out)
 }
+
+/// Turns the rows of `traced` into the shards' own record numbers where a field's overflow rule
+/// `drop` left records out: the order counts a shard's kept records, so each shard traced is
+/// read once, its `drop` fields only, as open reads it. Nothing is read for any other stream.
+pub fn file_rows(
+    config: &ResolvedConfig,
+    storage: &crate::storage::Storage,
+    traced: &mut [TracedRow],
+) -> Result<()> {
+    let (records, _) = crate::fields::Projection::new(&config.fields)?.record_columns();
+    if !crate::formats::drops_rows(&records) {
+        return Ok(());
+    }
+    let mut dropped: std::collections::HashMap<(usize, usize, usize), crate::formats::Dropped> =
+        std::collections::HashMap::new();
+    for row in traced.iter_mut().filter(|r| !r.padding) {
+        let stage = &config.stages[row.stage];
+        if stage.token_layout().is_some() {
+            continue; // a window, not a record: drops are for stages of records
+        }
+        let key = (row.stage, row.source, row.shard);
+        let known = match dropped.entry(key) {
+            std::collections::hash_map::Entry::Occupied(known) => known.into_mut(),
+            std::collections::hash_map::Entry::Vacant(slot) => {
+                let shard = &stage.sources[row.source].shards[row.shard];
+                // Held to the document: a shard changed since fails closed, as a resume would.
+                let promise = shard.promise(crate::formats::PromiseOrigin::Checkpoint);
+                let meta = crate::formats::inspect(
+                    storage,
+                    &shard.path,
+                    shard.encoding,
+                    &records,
+                    crate::formats::MAX_RECORD_BYTES,
+                    crate::formats::Checks {
+                        promise: Some(&promise),
+                        ..crate::formats::Checks::default()
+                    },
+                )?;
+                slot.insert(meta.dropped)
+            }
+        };
+        row.row = known.file_row(row.row);
+    }
+    Ok(())
+}

@@ -4,13 +4,12 @@
 use o41_engine::config::ResolvedConfig;
 use o41_engine::order::Segment;
 use o41_engine::resolve::resolve;
-use o41_engine::trace::{trace, TraceFrom, TracedRow};
+use o41_engine::trace::{file_rows, trace, TraceFrom, TracedRow};
 use o41_engine::StreamConfig;
 use pyo3::prelude::*;
 
 use crate::blocking::blocking;
 use crate::checkpoint::Checkpoint;
-use crate::errors::to_py;
 use crate::storage::{engine, Storage};
 
 /// One traced row: global batch, rank, slot, stage, source, shard index, shard path and
@@ -85,28 +84,38 @@ pub fn trace_config(
             segment: Segment::first(),
             origin: 0,
         };
-        let traced = trace(&resolved, from, start..end, world_size)?;
+        let mut traced = trace(&resolved, from, start..end, world_size)?;
+        file_rows(&resolved, &storage.with_cancel(cancel.clone()), &mut traced)?;
         Ok(rows(&resolved, traced))
     })
 }
 
 /// The rows of global batches `start..end` of the stream a checkpoint is in, from its
-/// position's segment on, for `world_size` ranks. Reads nothing.
+/// position's segment on, for `world_size` ranks. Reads nothing, unless a field's overflow rule
+/// `drop` left records out (the traced shards' `drop` fields are then read).
 #[pyfunction]
+#[pyo3(signature = (checkpoint, start, end, world_size, storage=None))]
 pub fn trace_checkpoint(
     py: Python<'_>,
     checkpoint: &Checkpoint,
     start: u64,
     end: u64,
     world_size: u64,
+    storage: Option<&Storage>,
 ) -> PyResult<Vec<Row>> {
+    let storage = engine(storage);
     let inner = &checkpoint.inner;
     let from = TraceFrom {
         segment: inner.position.cursor.segment,
         origin: inner.position.cursor.next_batch,
     };
-    py.detach(|| {
-        trace(&inner.resolved, from, start..end, world_size).map(|t| rows(&inner.resolved, t))
+    blocking(py, |cancel| {
+        let mut traced = trace(&inner.resolved, from, start..end, world_size)?;
+        file_rows(
+            &inner.resolved,
+            &storage.with_cancel(cancel.clone()),
+            &mut traced,
+        )?;
+        Ok(rows(&inner.resolved, traced))
     })
-    .map_err(|e| to_py(py, &e))
 }

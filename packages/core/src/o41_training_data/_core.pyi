@@ -24,8 +24,14 @@ def trace_config(
     row, padding, whether the row is a token stage's window, and whether its batch is skipped.
     """
 
-def trace_checkpoint(checkpoint: Checkpoint, start: int, end: int, world_size: int) -> list[_TracedRow]:
-    """Rows of global batches ``start..end`` of a checkpoint's stream, from its segment on."""
+def trace_checkpoint(
+    checkpoint: Checkpoint, start: int, end: int, world_size: int, storage: Storage | None = None
+) -> list[_TracedRow]:
+    """Rows of global batches ``start..end`` of a checkpoint's stream, from its segment on.
+
+    Reads nothing unless a field drops rows (``overflow="drop"``): the traced shards' drop fields
+    are then read, to number their rows as the files do.
+    """
 
 def split_reference(text: str) -> str | None:
     """The resolved document a split rank file names (``resolved-<fingerprint>.json``), else None."""

@@ -84,7 +84,9 @@ def trace_batches(
     ``source`` is the config a run was opened with (its stream from the start: stage 0) or a
     checkpoint of the run (batches from its position's segment on, which is how a run that
     switched stages is traced; the checkpoint's document is used, so a manifest republished since
-    does not change the answer, and nothing is read). ``world_size`` (default: the config's or
+    does not change the answer, and nothing is read, unless a field's ``overflow="drop"`` left
+    records out: the order counts a shard's kept records, so the traced shards' drop fields are
+    read to give each row's number in its file). ``world_size`` (default: the config's or
     checkpoint's) decides which rank receives each row; the rows of a global batch are the same
     for every world size. Each :class:`TracedRow` names the stage, source, shard (path and
     index) and row; a batch past the end of a finite stage, or before the checkpoint's segment,
@@ -97,7 +99,8 @@ def trace_batches(
     start, end = _batches(global_batches)
     if isinstance(source, Checkpoint):
         world = source.world_size if world_size is None else world_size
-        raw = _core.trace_checkpoint(source, start, end, world)
+        core_storage = None if storage is None else storage.core()
+        raw = _core.trace_checkpoint(source, start, end, world, core_storage)
     elif isinstance(source, BatchStreamConfig):
         world = source.world_size if world_size is None else world_size
         core_storage = None if storage is None else storage.core()
