@@ -53,12 +53,13 @@ TEMPLATE = (
     "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}"
     "{% endif %}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
 )
-MISSED = """**The 0.9x goal is missed.** The mask is a second list column as long as the tokens,
-decoded value by value like them (a uint8 mask now takes the page-by-page reader the ids take,
-no longer arrow-rs' casting one, which cost more than the ids), so it costs about what they
-cost. The way to the goal: decode an aligned column by its runs (a mask is long runs of 0 and
-1, which its dictionary's RLE runs already are) into the batch, with its list lengths checked
-against the tokens' once at open rather than assembled as lists at every read."""
+MISSED = """**The 0.9x goal is missed.** A uint8 mask now takes the page-by-page reader the ids take (no
+longer arrow-rs' casting one, which cost more than the ids), and its values decode cheaply
+(its dictionary indices are long RLE runs), but it is still materialised as the ids are: a
+value vector per page, a list per record, a copy into the read job's chunk and another into the
+batch, each as long as the ids. The way to the goal: write an aligned column's runs straight
+into the batch, with its list lengths checked against the tokens' once at open rather than
+assembled as lists at every read."""
 RENDER = ["transformers apply_chat_template", "o41 ChatEncoder", "o41 tokenize --chat"]
 STREAM = [
     "packed tokens",
