@@ -80,6 +80,26 @@ def test_a_stream_from_s3_equals_the_stream_from_local_copies(
     assert len(expected) == 900 // 16
 
 
+@pytest.mark.parametrize("encoding", ["parquet", "jsonl.gz"])
+def test_a_drop_stream_from_s3_equals_the_one_from_local_copies(
+    tmp_path: Path, s3_server: LocalS3Server, boto3_client: Any, s3_prefix: str, encoding: str
+) -> None:
+    from dataclasses import replace
+
+    local, remote = make_shards(tmp_path, boto3_client, s3_prefix, encoding)
+    # Records whose `tokens` list holds 3 values are left out: a quarter of them.
+    dropping = ProjectedField("t", "tokens", "i32", length=2, overflow="drop")
+    local_config = replace(config([FileSource(local)]), fields=[V, dropping])
+    remote_config = replace(config([FileSource(remote)]), fields=[V, dropping])
+    expected = batches(lambda: open_batch_stream(local_config))
+    training_data = data_for(s3_server)
+    got = batches(lambda: training_data.batch_stream(remote_config))
+    assert got == expected
+    assert len(expected) == (900 - 225) // 16
+    with training_data.batch_stream(remote_config) as stream:
+        assert [s.dropped_rows for s in stream.stats.sources] == [225]
+
+
 def test_local_and_s3_sources_mix_in_one_stream(
     tmp_path: Path, s3_server: LocalS3Server, boto3_client: Any, s3_prefix: str
 ) -> None:
