@@ -348,3 +348,11 @@ def test_a_trace_names_the_records_a_drop_stream_delivers(shard: ShardWriter) ->
         checkpoint = stream.checkpoint()
     from_checkpoint = trace_batches(checkpoint, range(1, len(delivered)))
     assert [t.row for t in from_checkpoint] == [t.row for t in traced[2:]]
+
+
+def test_a_source_whose_every_record_is_dropped_says_so(shard: ShardWriter) -> None:
+    path = shard("jsonl", [{"prompt": [1, 2, 3, 4]}] * 3)
+    field = ProjectedField("prompt", "prompt", "i32", length=2, overflow="drop")
+    with pytest.raises(ConfigError, match=r"stages\[0\].sources\[0\].*overflow 'drop'.*all 3") as info:
+        open_batch_stream(config_for([FileSource([path])], [field]))
+    assert info.value.option == "stages[0].sources[0]"

@@ -572,6 +572,7 @@ pub fn resolve(config: &StreamConfig, storage: &Storage) -> Result<Resolved> {
     drop(texts);
     let mut settled = settle(storage, &jobs, &setup)?;
     let inspected = inspections(&mut settled);
+    let drops = formats::drops_rows(&setup.projection.record_columns().0);
     let mut learnt = settled.shards.into_iter().peekable();
     let mut stages = Vec::with_capacity(config.stages.len());
     let mut next = jobs.into_iter().enumerate();
@@ -580,8 +581,13 @@ pub fn resolve(config: &StreamConfig, storage: &Storage) -> Result<Resolved> {
         for (j, source) in stage.sources.iter().enumerate() {
             let count = counts[s][j];
             let mut shards = Vec::with_capacity(count);
+            let mut dropped = 0u64;
             for _ in 0..count {
                 let (i, job) = next.next().expect("one job per shard");
+                if let Some(Ok(k)) = drops.then(|| inspected.binary_search_by_key(&i, |(k, _)| *k))
+                {
+                    dropped += inspected[k].1.dropped.len();
+                }
                 debug_assert_eq!((job.stage, job.source), (s, j));
                 let looked = learnt.next_if(|(k, _)| *k == i).map(|(_, shard)| shard);
                 let (promised_rows, promised, sha256) =
@@ -613,10 +619,15 @@ pub fn resolve(config: &StreamConfig, storage: &Storage) -> Result<Resolved> {
                 manifest: source.manifest_selection(),
             };
             if resolved.rows() == 0 {
-                return Err(Error::config(
-                    format!("stages[{s}].sources[{j}]"),
-                    "the source's shards hold no records",
-                ));
+                let message = if dropped > 0 {
+                    format!(
+                        "the source's shards hold no records a field's overflow 'drop' keeps: \
+                         all {dropped} are longer than it allows"
+                    )
+                } else {
+                    "the source's shards hold no records".to_owned()
+                };
+                return Err(Error::config(format!("stages[{s}].sources[{j}]"), message));
             }
             sources.push(resolved);
         }
