@@ -120,9 +120,11 @@ def test_a_stack_delivers_its_fields_on_a_leading_axis(shard: ShardWriter, encod
     fields = [
         ProjectedField("both", ("prompt", "same"), "i32", shape=(2, 3), pad=-1, pad_side="left"),
         ProjectedField("id", "id", "i64"),
+        ProjectedField("lengths", "@length:both", "i32", length=2),
     ]
     got = collect(config_for([FileSource([path])], fields, batch_size=5))[0]
     assert got["both"].shape == (5, 2, 3)
+    assert got["lengths"].tolist() == [[min(len(p), 3)] * 2 for p in PROMPTS]
     for k, prompt in enumerate(PROMPTS):
         fitted = ([-1] * 3 + prompt)[-3:] if len(prompt) <= 3 else prompt[:3]
         assert got["both"][k].tolist() == [fitted, fitted]
@@ -243,6 +245,10 @@ def test_length_is_checked(shard: ShardWriter) -> None:
     cases = [
         (ProjectedField("n", "@length:nothing", "i64"), "no field has that name"),
         (ProjectedField("n", "@length:id", "i64"), "'id' is not one"),
+        (
+            ProjectedField("n", "@length:prompt", "i64", length=2),
+            "declare dtype i64 \\(or i32\\) and no length",
+        ),
         (ProjectedField("n", "@length:prompt", "f32"), "declare dtype i64"),
         (ProjectedField("n", "@lengths:prompt", "i64"), r"@length:<field>"),
     ]

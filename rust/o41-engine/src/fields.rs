@@ -305,15 +305,6 @@ fn measured(mut columns: Vec<ProjectedColumn>) -> Result<Vec<ProjectedColumn>> {
         };
         let option = format!("fields[{i}]");
         let column = &columns[i];
-        if !column.shape.is_empty() || !matches!(column.dtype, DType::I32 | DType::I64) {
-            return Err(Error::config(
-                option,
-                format!(
-                    "'{}' is a scalar integer: declare dtype i64 (or i32) and no length or shape",
-                    column.source
-                ),
-            ));
-        }
         let Some(target) = columns.iter().find(|c| c.name == name) else {
             return Err(Error::config(
                 format!("{option}.source"),
@@ -323,22 +314,43 @@ fn measured(mut columns: Vec<ProjectedColumn>) -> Result<Vec<ProjectedColumn>> {
                 ),
             ));
         };
-        if target.shape.is_empty()
+        // A stack's lengths are one per entry, each of the entry's first axis.
+        let list_axis = usize::from(!target.parts.is_empty());
+        if target.shape.len() <= list_axis
             || target.synthetic.is_some()
-            || !target.parts.is_empty()
-            || target.source.starts_with('@')
+            || (target.parts.is_empty() && target.source.starts_with('@'))
         {
             return Err(Error::config(
                 format!("{option}.source"),
                 format!(
-                    "'{}' measures a list read from one record field; '{name}' is not one (a \
-                     scalar, a stack or a reserved source)",
+                    "'{}' measures a list read from record fields; '{name}' is not one (a \
+                     scalar or a reserved source)",
                     column.source
                 ),
             ));
         }
-        let (source, axis) = (target.source.clone(), target.shape[0]);
+        let shape = &target.shape[..list_axis];
+        if column.shape != shape || !matches!(column.dtype, DType::I32 | DType::I64) {
+            let declare = match shape {
+                [] => "no length or shape".to_owned(),
+                [k] => format!("length {k} (one per entry of the stack)"),
+                _ => unreachable!("a stack has one leading axis"),
+            };
+            return Err(Error::config(
+                option,
+                format!(
+                    "'{}' is an integer per list measured: declare dtype i64 (or i32) and {declare}",
+                    column.source
+                ),
+            ));
+        }
+        let (source, parts, axis) = (
+            target.source.clone(),
+            target.parts.clone(),
+            target.shape[list_axis],
+        );
         columns[i].source = source;
+        columns[i].parts = parts;
         columns[i].measure = Some(axis);
     }
     Ok(columns)
