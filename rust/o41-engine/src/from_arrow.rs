@@ -34,62 +34,44 @@ pub fn project_arrow_column(
     path: &str,
     row_base: u64,
 ) -> Result<()> {
+    let at = |i: usize, message: String| Error::Projection {
+        path: path.to_owned(),
+        row: row_base + i as u64,
+        field: column.name.clone(),
+        source_field: column.source.clone(),
+        message,
+    };
     if let Some(axis) = column.measure {
-        return measure_lists(array, (column, axis), rows, out, out_row, (path, row_base));
+        for (k, i) in rows.enumerate() {
+            out.set_int(
+                out_row + k,
+                list_length(array, i, axis).map_err(|m| at(i, m))?,
+            );
+        }
+        return Ok(());
     }
     let w = column.width;
     crate::with_column!(out, buf => {
         let pad = column.pad.element();
         for (k, i) in rows.enumerate() {
             let dst = &mut buf[(out_row + k) * w..(out_row + k + 1) * w];
-            project_row(array, i, column, dst, pad).map_err(|message| {
-                Error::Projection {
-                    path: path.to_owned(),
-                    row: row_base + i as u64,
-                    field: column.name.clone(),
-                    source_field: column.source.clone(),
-                    message,
-                }
-            })?;
+            project_row(array, i, column, dst, pad).map_err(|m| at(i, m))?;
         }
         Ok(())
     })
 }
 
-/// Writes how many entries of a list field's first axis (`axis`) each row's list fills: a
-/// `@length:<field>` column.
-fn measure_lists(
-    array: &dyn Array,
-    (column, axis): (&ProjectedColumn, usize),
-    rows: Range<usize>,
-    out: &mut ColumnBuf,
-    out_row: usize,
-    (path, row_base): (&str, u64),
-) -> Result<()> {
-    for (k, i) in rows.enumerate() {
-        let length = if array.is_null(i) {
-            Err("value is null".to_owned())
-        } else {
-            list_range(array, i)
-                .map(|(_, range)| range.len())
-                .or_else(|| bytes_of(array, i).map(<[u8]>::len))
-                .map(|len| len.min(axis))
-                .ok_or_else(|| format!("expected a list to measure, found {}", array.data_type()))
-        };
-        match length {
-            Ok(length) => out.set_int(out_row + k, length as i64),
-            Err(message) => {
-                return Err(Error::Projection {
-                    path: path.to_owned(),
-                    row: row_base + i as u64,
-                    field: column.name.clone(),
-                    source_field: column.source.clone(),
-                    message,
-                })
-            }
-        }
+/// How many entries of a list field's first axis (`axis`) row `i`'s list (or string) fills: a
+/// `@length:<field>` value.
+fn list_length(array: &dyn Array, i: usize, axis: usize) -> Result<i64, String> {
+    if array.is_null(i) {
+        return Err("value is null".to_owned());
     }
-    Ok(())
+    list_range(array, i)
+        .map(|(_, range)| range.len())
+        .or_else(|| bytes_of(array, i).map(<[u8]>::len))
+        .map(|len| len.min(axis) as i64)
+        .ok_or_else(|| format!("expected a list to measure, found {}", array.data_type()))
 }
 
 /// Projects row `i` of `array` into `out` as `column` says: its first axis under the column's
@@ -165,10 +147,6 @@ fn bytes_of(array: &dyn Array, i: usize) -> Option<&[u8]> {
     })
 }
 
-/// How a row too long for a field whose overflow rule is `drop` is reported: the scan at open
-/// (`crate::drops`) knows such rows by it.
-pub(crate) const DROPPED: &str = "(overflow 'drop')";
-
 /// Applies a list field's overflow rule and pad side to a row projected with the list's values
 /// first: `len` is the list's length along the first axis.
 pub(crate) fn fit_first_axis<T: Element>(
@@ -184,7 +162,7 @@ pub(crate) fn fit_first_axis<T: Element>(
     if len > dim && column.overflow != Overflow::Truncate {
         let rule = if column.overflow == Overflow::Drop {
             // Open leaves such rows out: one read here means the shard is not what open saw.
-            DROPPED
+            "(overflow 'drop')"
         } else {
             "(overflow 'error')"
         };

@@ -9,10 +9,11 @@
 use std::ops::Range;
 use std::sync::Arc;
 
-use crate::columns::Chunk;
+use crate::columns::{Chunk, ColumnBuf};
 use crate::config::Overflow;
-use crate::error::{Error, Result};
-use crate::fields::Projection;
+use crate::dtype::{DType, Scalar};
+use crate::error::Result;
+use crate::fields::{ProjectedColumn, Projection};
 use crate::storage::Storage;
 
 use super::{Prefetch, ReadFailure, ShardMeta, ShardReader};
@@ -117,55 +118,68 @@ pub(super) fn kept_as_truncated(projection: &Projection) -> Option<Projection> {
 }
 
 /// Finds the rows of the shard `meta` describes (all of them, before any is left out) that are
-/// too long for a field of `projection` whose rule is `drop`. Any other fault of those fields
-/// fails the scan, as it would fail the read.
+/// too long for a field of `projection` whose rule is `drop`, in one pass: each such field is
+/// read (truncated) with its length beside it, as `@length` reads one. Any other fault of those
+/// fields fails the scan, as it would fail the read.
 pub(super) fn scan(
     storage: &Storage,
     path: &str,
     meta: &ShardMeta,
     projection: &Projection,
 ) -> Result<Vec<u64>> {
-    let dropping = Projection {
-        columns: projection
-            .columns
-            .iter()
-            .filter(|c| c.overflow == Overflow::Drop)
-            .cloned()
-            .collect(),
-    };
-    let row_bytes = dropping.row_bytes().max(1);
+    let limits: Vec<usize> = projection
+        .columns
+        .iter()
+        .filter(|c| c.overflow == Overflow::Drop)
+        .map(|c| c.shape[0])
+        .collect();
+    let truncated = kept_as_truncated(projection).expect("a scan is for fields that drop rows");
+    let dropping: Vec<&ProjectedColumn> = truncated
+        .columns
+        .iter()
+        .zip(&projection.columns)
+        .filter(|(_, c)| c.overflow == Overflow::Drop)
+        .map(|(t, _)| t)
+        .collect();
+    // The lists, then their lengths (unbounded: the axis is what they are compared with).
+    let mut columns: Vec<ProjectedColumn> = dropping.iter().map(|&c| c.clone()).collect();
+    columns.extend(dropping.iter().map(|&c| ProjectedColumn {
+        dtype: DType::I64,
+        shape: Vec::new(),
+        width: 1,
+        pad: Scalar::Int(0),
+        measure: Some(usize::MAX),
+        ..c.clone()
+    }));
+    let scanning = Projection { columns };
+    let row_bytes = scanning.row_bytes().max(1);
     let chunk_rows = (SCAN_CHUNK_BYTES / row_bytes).clamp(1, SCAN_CHUNK_ROWS);
     let mut reader = super::open(storage, path, meta, None)?;
-    let mut chunk = Chunk::padded(&dropping, chunk_rows);
+    let mut chunk = Chunk::padded(&scanning, chunk_rows);
     let mut dropped = Vec::new();
     let mut row = 0u64;
     while row < meta.rows {
         storage.cancel().check(path)?;
         let end = (row + chunk_rows as u64).min(meta.rows);
-        match reader.read_ranges(
-            std::slice::from_ref(&(row..end)),
-            &dropping,
-            &mut chunk,
-            None,
-        ) {
-            Ok(()) => row = end,
-            Err(ReadFailure { rows_done, error }) => {
-                let at = row + rows_done as u64;
-                match error {
-                    Error::Projection {
-                        row: bad,
-                        ref message,
-                        ..
-                    } if bad == at && message.ends_with(crate::from_arrow::DROPPED) => {
-                        dropped.push(at);
-                        row = at + 1;
-                        // A reader that failed is not used again.
-                        reader = super::open(storage, path, meta, None)?;
-                    }
-                    other => return Err(other),
-                }
+        reader
+            .read_ranges(
+                std::slice::from_ref(&(row..end)),
+                &scanning,
+                &mut chunk,
+                None,
+            )
+            .map_err(|failure| failure.error)?;
+        let lengths = &chunk.columns[limits.len()..];
+        for k in 0..(end - row) as usize {
+            let too_long = lengths
+                .iter()
+                .zip(&limits)
+                .any(|(column, &limit)| matches!(column, ColumnBuf::I64(v) if v[k] > limit as i64));
+            if too_long {
+                dropped.push(row + k as u64);
             }
         }
+        row = end;
     }
     Ok(dropped)
 }
