@@ -118,7 +118,10 @@ impl ProjectedColumn {
             FieldSource::Stack(parts) => parts.clone(),
         };
         // A stack's overflow rule and pad side apply to each part's first axis.
-        let list_axes = spec.shape.len() - usize::from(!parts.is_empty()).min(spec.shape.len());
+        let list_axes = spec
+            .shape
+            .len()
+            .saturating_sub(usize::from(!parts.is_empty()));
         if spec.dtype == DType::U8 && list_axes != 1 {
             return Err(Error::config(
                 format!("{option}.shape"),
@@ -141,7 +144,7 @@ impl ProjectedColumn {
                 format!("{option}.{which}"),
                 format!(
                     "'{}' is a scalar: {which} applies to a list field (a length or shape)",
-                    spec.source.describe()
+                    spec.source
                 ),
             ));
         }
@@ -150,7 +153,7 @@ impl ProjectedColumn {
             overflow: spec.overflow,
             pad_side: spec.pad_side,
             name: spec.name.clone(),
-            source: spec.source.describe(),
+            source: spec.source.to_string(),
             parts,
             measure: None,
             dtype: spec.dtype,

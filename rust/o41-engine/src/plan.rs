@@ -668,6 +668,8 @@ fn fill_synthetic(plan: &Plan, buffer: &mut Chunk, slot: usize, at: &Slot) {
             Synthetic::Source => at.row.source as i64,
             Synthetic::Shard => at.row.at.shard as i64,
             // The row in the shard itself, also where a field's overflow rule left rows out.
+            // Where no shard left a row out, a kept row is the file's: no lookup per row.
+            Synthetic::Row if plan.dropped_before.is_empty() => at.row.at.row as i64,
             Synthetic::Row => {
                 let id = plan.shards.id(at.stage, at.row.source, at.row.at.shard);
                 file_row(plan, id, at.row.at.row) as i64

@@ -57,11 +57,6 @@ impl FieldSource {
             FieldSource::Stack(_) => None,
         }
     }
-
-    /// The source for messages: the name, or the stack's names in brackets.
-    pub fn describe(&self) -> String {
-        self.to_string()
-    }
 }
 
 impl std::fmt::Display for FieldSource {

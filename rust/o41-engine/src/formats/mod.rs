@@ -223,10 +223,11 @@ pub fn inspect(
     meta.pin = pin;
     // A manifest counts the shard's records; a checkpoint or an open stream, those it kept.
     let manifest = promise.is_some_and(|p| p.origin == PromiseOrigin::Manifest);
-    if let Some(promise) = promise.filter(|_| manifest || !drops_rows(projection)) {
+    let drops = drops_rows(projection);
+    if let Some(promise) = promise.filter(|_| manifest || !drops) {
         promise.check_rows(path, encoding, meta.rows)?;
     }
-    if drops_rows(projection) {
+    if drops {
         let dropped = drops::scan(storage, path, &meta, projection)?;
         meta.rows -= dropped.len() as u64;
         meta.dropped = Dropped::from(dropped);
