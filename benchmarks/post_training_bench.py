@@ -57,12 +57,10 @@ MISSED = """**The 0.9x goal is missed.** A uint8 mask now takes the page-by-page
 longer arrow-rs' casting one, which cost more than the ids), and its values decode cheaply
 (its dictionary indices are long RLE runs), but it is still materialised as the ids are: a
 value vector per page, a list per record, a copy into the read job's chunk and another into the
-batch, each as long as the ids. Measured by skipping the mask's decode altogether (the column
-only padded), the stream still runs at about 0.70x: at 100M tokens per CPU-second a second
-column's copy into the job's chunk, its copy into the batch and its export cost that much. The
-way to the goal is structural: token readers that write windows straight into the batch (no
-job chunk between, for the ids too), and an aligned column's runs written there as they are
-decoded, its list lengths checked against the tokens' once at open."""
+batch, each as long as the ids; at 100M tokens per CPU-second those copies weigh as much as
+the decoding. The way to the goal is structural: token readers that write windows straight
+into the batch (no job chunk between, for the ids too), and an aligned column's runs written
+there as they are decoded, its list lengths checked against the tokens' once at open."""
 RENDER = ["transformers apply_chat_template", "o41 ChatEncoder", "o41 tokenize --chat"]
 STREAM = [
     "packed tokens",
