@@ -14,8 +14,8 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import secrets
 import sys
-import tempfile
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -455,14 +455,32 @@ def find_rank_files(directory: _Dir) -> dict[tuple[int, int], _Dir]:
     return {key: entries[name] for key, name in rank_files_among(entries, directory).items()}
 
 
+def _create_beside(path: Path) -> tuple[int, Path]:
+    """A new, empty temporary file beside ``path``, open for writing, and its name.
+
+    Created with mode ``0o666`` as ``open()`` creates files, so the umask (and a directory's
+    default ACL) decide its permissions; ``tempfile.mkstemp`` would make it ``0o600``, and the
+    rename would keep that.
+    """
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_BINARY", 0)
+    while True:
+        temporary = path.parent / f".{path.name}.{secrets.token_hex(8)}.tmp"
+        try:
+            return os.open(temporary, flags, 0o666), temporary
+        except FileExistsError:  # another writer's name: draw another
+            continue
+
+
 def write_rank_file(path: Path, text: str, *, overwrite: bool) -> None:
     """Writes ``text`` to ``path`` all or nothing: a reader sees the old file or the new one.
 
     The text goes to a temporary file in the same directory and is flushed to disk, then renamed
     over ``path`` (``overwrite``) or linked to it, which fails with :class:`FileExistsError` when
-    ``path`` exists; the directory is flushed too, so the new name survives a crash.
+    ``path`` exists; the directory is flushed too, so the new name survives a crash. The file
+    gets the mode a plain ``open(path, "w")`` gives (``0o666`` less the umask), like the model
+    checkpoint beside it.
     """
-    descriptor, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    descriptor, temporary = _create_beside(path)
     try:
         with os.fdopen(descriptor, "w", encoding="utf-8") as file:
             file.write(text)
