@@ -215,6 +215,9 @@ class O41IterableDataset(IterableDataset[O41Batch]):
             self._publish(switch)
         self._stream: BatchStream | None = None
         self._stream_pid = 0  # a forked worker inherits the parent's stream object, not its threads
+        # The counters of this process's last stream, read as it closed (a finished pass, a loop
+        # that broke out), so `stats` still answers after the loop.
+        self._final_stats: tuple[int, StreamStats] | None = None
         self._last_position: Position | None = None
         self._loaded: dict[str, Any] | None = None
 
@@ -244,6 +247,7 @@ class O41IterableDataset(IterableDataset[O41Batch]):
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
         state["_stream"] = None  # engine threads never cross a process boundary
+        state["_final_stats"] = None  # this process's counters, not another's
         if multiprocessing.context.get_spawning_popen() is None:
             # Shared memory travels only to processes being started; a plain pickle drops it.
             state["_requests"] = None
@@ -296,7 +300,7 @@ class O41IterableDataset(IterableDataset[O41Batch]):
     def __iter__(self) -> Iterator[O41Batch]:
         _, _, workers = self._worker_share()
         if self._stream is not None and self._stream_pid == os.getpid():
-            self._stream.close()
+            self._close(self._stream)
         stream = self._open()
         if stream is None:
             return  # the first worker streams the rank's batches; this one has none
@@ -307,7 +311,7 @@ class O41IterableDataset(IterableDataset[O41Batch]):
             if latest is not None and latest.due(stream.position):
                 stream.advance(latest.stage, at=latest.at)
         except BaseException:
-            stream.close()
+            self._close(stream)
             raise
         # In a DataLoader worker, batches go through the shared-memory ring so that only small
         # handles cross the DataLoader's queue (see _ring); in-process, tensors view the engine's
@@ -345,6 +349,14 @@ class O41IterableDataset(IterableDataset[O41Batch]):
                 yield item
                 del item
         finally:
+            self._close(stream)
+
+    def _close(self, stream: BatchStream) -> None:
+        """Closes ``stream``, keeping its final counters for :attr:`stats`."""
+        try:
+            if not stream.closed:
+                self._final_stats = (os.getpid(), stream.stats)
+        finally:
             stream.close()
 
     @property
@@ -357,11 +369,14 @@ class O41IterableDataset(IterableDataset[O41Batch]):
         directly. With workers, each worker's stream and its counters stay in that worker's
         process, and this is None in the main process: time the loop's fetches instead (the
         Lightning plugin's ``O41StatsLogger`` does both, see docs/metrics.md). A new pass
-        (``iter()``) opens a new stream, whose counters start at zero.
+        (``iter()``) opens a new stream, whose counters start at zero. Once a pass ends, or the
+        loop breaks out of it, this is the counters that stream ended with, until the next pass.
         """
         stream = self._stream
         if stream is not None and self._stream_pid == os.getpid() and not stream.closed:
             return stream.stats
+        if self._final_stats is not None and self._final_stats[0] == os.getpid():
+            return self._final_stats[1]
         return None
 
     def _checkpoint_at(self, position: Position) -> Checkpoint:
