@@ -12,9 +12,9 @@ import math
 import operator
 import os
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, fields
+from dataclasses import MISSING, dataclass, fields
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 from ._errors import ConfigError
 from ._errors import invalid as _invalid
@@ -123,6 +123,17 @@ def _weight(option: str, value: object) -> None:
         raise _invalid(option, f"must be a positive finite number, got {value!r}")
 
 
+def _plain_number(value: object) -> object:
+    """A NumPy (or other) subclass of int or float as the plain number, so documents are JSON."""
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, int):
+        return int(value)
+    if isinstance(value, float):
+        return float(value)
+    return value
+
+
 def _check_field(option: str, field: ProjectedField) -> None:
     if not isinstance(field, ProjectedField):
         raise _invalid(option, f"expected a ProjectedField, got {type(field).__name__}")
@@ -220,7 +231,8 @@ _MAX_BINS = LIMITS["max_bins"]
 class ProjectedField:
     """One fixed-shape column read from a record field.
 
-    Give ``length`` for a 1-D column, ``shape`` for a nested one, or neither for a scalar.
+    Give ``length`` for a 1-D column, ``shape`` for a nested one, or neither for a scalar
+    (``length`` then reads the size of a 1-D shape however it was given, and None otherwise).
     Every axis truncates longer lists and pads shorter ones with ``pad``. For the first axis,
     ``overflow="error"`` makes a longer list a :class:`ProjectionError` naming the shard, row
     and field instead (a truncated completion would train on another answer);
@@ -265,17 +277,23 @@ class ProjectedField:
                 f"invalid field '{self.name}'.dtype: unknown dtype {self.dtype!r}; "
                 f"expected one of {', '.join(DTYPES)}"
             )
-        if self.length is not None and self.shape is not None:
-            raise ConfigError(f"invalid field '{self.name}': give length or shape, not both")
         # Sizes are checked with the field's path by BatchStreamConfig; integer-like values
         # (NumPy integers) become ints here.
         if self.shape is not None:
-            shape = _sequence(f"field '{self.name}'.shape", self.shape)
-            object.__setattr__(self, "shape", tuple(_as_int(d) for d in shape))
+            shape = tuple(_as_int(d) for d in _sequence(f"field '{self.name}'.shape", self.shape))
+            # Both only as a field's own values come back (dataclasses.replace passes both).
+            if self.length is not None and shape != (_as_int(self.length),):
+                raise ConfigError(f"invalid field '{self.name}': give length or shape, not both")
+            object.__setattr__(self, "shape", shape)
         elif self.length is not None:
             object.__setattr__(self, "shape", (_as_int(self.length),))
         else:
             object.__setattr__(self, "shape", ())
+        # ``length`` is the 1-D shape's size however it was given, so a field given ``length=8``
+        # equals one given ``shape=(8,)`` (to_dict writes the shape) and from_dict round-trips.
+        shape = self.shape or ()
+        object.__setattr__(self, "length", shape[0] if len(shape) == 1 else None)
+        object.__setattr__(self, "pad", _plain_number(self.pad))
 
     def to_dict(self) -> dict[str, Any]:
         """The field as the engine's JSON document expects it."""
@@ -303,6 +321,10 @@ class FileSource:
     ``.jsonl.gz`` (or ``.json.gz``, as Dolma names it), ``.msgpack`` or an in-place format's
     suffix (``docs/corpora.md``). ``weight`` is the source's relative share of its stage.
 
+    Paths are kept as written. A relative local path is resolved against the working
+    directory when the stream opens, or, in a config file, against the file's directory
+    (:meth:`BatchStreamConfig.from_file`).
+
     Examples:
         >>> FileSource(files=["part-000.parquet"], weight=3.0).encoding is None
         True
@@ -321,15 +343,17 @@ class FileSource:
             if not isinstance(item, (str, os.PathLike)) or not isinstance(os.fspath(item), str):
                 raise _invalid(f"FileSource.files[{i}]", f"expected a path, got {type(item).__name__}")
         object.__setattr__(self, "files", tuple(os.fspath(f) for f in files))
+        object.__setattr__(self, "weight", _plain_number(self.weight))
 
     def to_dict(self) -> dict[str, Any]:
         """The source as the engine's JSON document expects it."""
-        return {
+        out: dict[str, Any] = {
             "kind": "files",
             "files": list(self.files),
             "encoding": self.encoding,
             "weight": self.weight,
         }
+        return out
 
 
 @dataclass(frozen=True)
@@ -357,10 +381,14 @@ class ManifestSource:
             raise ConfigError(
                 "invalid ManifestSource.curriculum_stages: expected a list of names, got one string"
             )
-        if not isinstance(self.manifest_uri, (str, os.PathLike)):
+        if not isinstance(self.manifest_uri, (str, os.PathLike)) or not isinstance(
+            os.fspath(self.manifest_uri), str
+        ):
             raise _invalid(
                 "ManifestSource.manifest_uri", f"expected a path, got {type(self.manifest_uri).__name__}"
             )
+        object.__setattr__(self, "manifest_uri", os.fspath(self.manifest_uri))
+        object.__setattr__(self, "weight", _plain_number(self.weight))
         if not isinstance(self.split, str):
             raise _invalid("ManifestSource.split", f"expected a string, got {type(self.split).__name__}")
         if self.curriculum_stages is not None:
@@ -373,13 +401,14 @@ class ManifestSource:
 
     def to_dict(self) -> dict[str, Any]:
         """The source as the engine's JSON document expects it."""
-        return {
+        out: dict[str, Any] = {
             "kind": "manifest",
-            "manifest_uri": str(self.manifest_uri),
+            "manifest_uri": self.manifest_uri,
             "split": self.split,
             "curriculum_stages": list(self.curriculum_stages) if self.curriculum_stages is not None else None,
             "weight": self.weight,
         }
+        return out
 
 
 @dataclass(frozen=True)
@@ -636,7 +665,23 @@ class BatchStreamConfig:
             _check_stage(f"stages[{s}]", stage)
 
     def to_dict(self) -> dict[str, Any]:
-        """The config as the engine's JSON document expects it."""
+        """The config as a document of plain values: what :meth:`from_dict` reads back.
+
+        Every option is in it (a field's ``length`` as its ``shape``; options at their default
+        that appeared after the first release, such as ``overflow`` or a stage's ``packing``,
+        are left out, so the document of a config without them is what it always was), and
+        ``BatchStreamConfig.from_dict(config.to_dict()) == config``. Paths are as written:
+        a relative local path is resolved against the working directory when a stream opens.
+
+        Examples:
+            >>> config = BatchStreamConfig(
+            ...     fields=[ProjectedField(name="x", source="x", dtype="f32")],
+            ...     stages=[Stage(sources=[FileSource(files=["a.parquet"])], batch_size=8)],
+            ... )
+            >>> BatchStreamConfig.from_dict(config.to_dict()) == config
+            True
+
+        """
         return {
             "fields": [f.to_dict() for f in self.fields],
             "stages": [s.to_dict() for s in self.stages],
@@ -651,7 +696,12 @@ class BatchStreamConfig:
         }
 
     def to_json(self) -> str:
-        """The config as JSON for the engine."""
+        """:meth:`to_dict` as JSON: what the engine receives, and a config file's content.
+
+        Paths are as written. Saved as a config file, a relative local path is then taken
+        relative to the file's directory by :meth:`from_file`; write absolute paths (or the file
+        in the working directory) for a file that opens the same shards as the config.
+        """
         return json.dumps(self.to_dict(), allow_nan=False)
 
     @classmethod
@@ -660,13 +710,20 @@ class BatchStreamConfig:
     ) -> BatchStreamConfig:
         """The config a document of plain values describes (what :meth:`to_dict` returns).
 
-        Keys mirror the dataclasses' arguments: ``fields`` (each with ``length`` or ``shape``),
-        ``stages`` (each with ``sources``, ``batch_size``, ``shuffle``, ``infinite``), ``seed``
-        and the resources. A source with ``files`` is a :class:`FileSource`, one with
-        ``manifest_uri`` a :class:`ManifestSource` (``kind: files|manifest`` may say so too).
-        With ``base_dir``, relative local paths in ``files`` and ``manifest_uri`` are taken
-        relative to it. An unknown or missing key, or a value of the wrong type, raises
-        :class:`ConfigError` whose ``option`` is the key's path (``stages[0].shuffle.buffer_rows``).
+        Keys mirror the dataclasses' arguments, every one of them: ``fields`` (each with
+        ``length`` or ``shape``, ``overflow``, ``pad_side``; a stack's ``source`` a list),
+        ``stages`` (each with ``sources``, ``batch_size``, ``shuffle``, ``infinite``, ``ramp``,
+        ``packing``, ``windows``), ``seed``, the resources, ``validation_pass`` and
+        ``skip_batches`` (a list of ``[start, end]`` pairs). A source with ``files`` is a
+        :class:`FileSource`, one with ``manifest_uri`` a :class:`ManifestSource` (``kind:
+        files|manifest`` may say so too). An unknown or missing key, or a value of the wrong
+        type, raises :class:`ConfigError` whose ``option`` is the key's path
+        (``stages[0].shuffle.buffer_rows``).
+
+        Paths are kept as written, except that with ``base_dir`` a relative local path in
+        ``files`` or ``manifest_uri`` is joined to it (:meth:`from_file` passes the file's
+        directory). Without it, a relative path stays relative and is resolved against the
+        working directory when a stream opens.
 
         Examples:
             >>> config = BatchStreamConfig.from_dict({
@@ -678,7 +735,7 @@ class BatchStreamConfig:
 
         """
         base = None if base_dir is None else Path(base_dir)
-        values = _keys("config", document, _CONFIG_KEYS, required=("fields", "stages"))
+        values = _arguments(cls, "config", document)
         values["fields"] = [
             _field_from(f"fields[{i}]", item) for i, item in enumerate(_list("fields", values["fields"]))
         ]
@@ -731,12 +788,27 @@ def _skip_ranges(value: Any) -> tuple[tuple[int, int], ...]:
     return tuple((int(start), int(end)) for start, end in ranges)
 
 
-_CONFIG_KEYS = tuple(f.name for f in fields(BatchStreamConfig))
-_FIELD_KEYS = ("name", "source", "dtype", "length", "shape", "pad", "overflow", "pad_side")
-_STAGE_KEYS = ("sources", "batch_size", "shuffle", "infinite")
-_SHUFFLE_KEYS = ("buffer_rows", "unit_rows")
-_FILE_SOURCE_KEYS = ("kind", "files", "encoding", "weight")
-_MANIFEST_SOURCE_KEYS = ("kind", "manifest_uri", "split", "curriculum_stages", "weight")
+_Part = TypeVar("_Part")
+
+
+def _arguments(cls: type[Any], option: str, document: object, extra: Sequence[str] = ()) -> dict[str, Any]:
+    """The entries of ``document`` as ``cls``'s keyword arguments.
+
+    The known keys are the dataclass's fields (and ``extra``), the required ones those without a
+    default, so that an option added to a class is read from documents without another list.
+    """
+    known = (*extra, *(f.name for f in fields(cls) if f.init))
+    required = [
+        f.name for f in fields(cls) if f.init and f.default is MISSING and f.default_factory is MISSING
+    ]
+    return _keys(option, document, known, required)
+
+
+def _part(cls: type[_Part], option: str, document: object) -> _Part | None:
+    """The optional part (``shuffle``, ``ramp``, ``packing``, ``windows``) ``document`` describes."""
+    if document is None:
+        return None
+    return cls(**_arguments(cls, option, document))
 
 
 def _kind(value: object) -> str:
@@ -774,16 +846,20 @@ def _strings(option: str, value: object) -> list[str]:
 
 
 def _local(location: str, base: Path | None) -> str:
-    """``location`` made relative to ``base`` when it is a relative local path."""
+    """``location`` joined to ``base`` when it is a relative local path, else as written."""
     if base is None or "://" in location or Path(location).is_absolute():
         return location
-    return str(base / location)
+    return os.path.join(base, location)
 
 
 def _field_from(option: str, document: object) -> ProjectedField:
-    values = _keys(option, document, _FIELD_KEYS, required=("name", "source", "dtype"))
+    values = _arguments(ProjectedField, option, document)
+    if not isinstance(values["source"], str):
+        values["source"] = tuple(_strings(f"{option}.source", values["source"]))
     if values.get("shape") is not None:
         values["shape"] = tuple(_list(f"{option}.shape", values["shape"]))
+    if values.get("length") is not None and values.get("shape") is not None:
+        raise _invalid(option, f"field '{values['name']}': give length or shape, not both")
     if values["dtype"] not in DTYPES:
         raise _invalid(
             f"{option}.dtype", f"unknown dtype {values['dtype']!r}; expected one of {', '.join(DTYPES)}"
@@ -800,12 +876,14 @@ def _source_from(option: str, document: object, base: Path | None) -> FileSource
     kind = document.get("kind")
     if kind is None:
         kind = "files" if "files" in document else "manifest" if "manifest_uri" in document else None
+    cls: type[FileSource | ManifestSource]
     if kind == "files":
-        values = _keys(option, document, _FILE_SOURCE_KEYS, required=("files",))
+        cls = FileSource
+        values = _arguments(cls, option, document, extra=("kind",))
         values["files"] = [_local(f, base) for f in _strings(f"{option}.files", values["files"])]
-        return FileSource(**values)
-    if kind == "manifest":
-        values = _keys(option, document, _MANIFEST_SOURCE_KEYS, required=("manifest_uri", "split"))
+    elif kind == "manifest":
+        cls = ManifestSource
+        values = _arguments(cls, option, document, extra=("kind",))
         if not isinstance(values["manifest_uri"], str):
             raise _invalid(
                 f"{option}.manifest_uri", f"expected a string, got {_kind(values['manifest_uri'])}"
@@ -813,22 +891,38 @@ def _source_from(option: str, document: object, base: Path | None) -> FileSource
         values["manifest_uri"] = _local(values["manifest_uri"], base)
         if values.get("curriculum_stages") is not None:
             values["curriculum_stages"] = _strings(f"{option}.curriculum_stages", values["curriculum_stages"])
-        return ManifestSource(**values)
-    if "kind" in document:
+    elif "kind" in document:
         raise _invalid(f"{option}.kind", f"unknown source kind {kind!r}; expected files or manifest")
-    raise _invalid(option, "a source needs 'files' (a file list) or 'manifest_uri' (a manifest selection)")
+    else:
+        raise _invalid(
+            option, "a source needs 'files' (a file list) or 'manifest_uri' (a manifest selection)"
+        )
+    try:
+        return cls(**values)
+    except ConfigError as error:
+        # The class names its own options (``ManifestSource.split``); name the key's path instead.
+        at = error.option
+        if at is None or not at.startswith(f"{cls.__name__}."):
+            raise
+        message = str(error).removeprefix(f"invalid {at}: ")
+        raise _invalid(option + at.removeprefix(cls.__name__), message) from None
 
 
 def _stage_from(option: str, document: object, base: Path | None) -> Stage:
-    values = _keys(option, document, _STAGE_KEYS, required=("sources", "batch_size"))
+    values = _arguments(Stage, option, document)
     values["sources"] = [
         _source_from(f"{option}.sources[{j}]", item, base)
         for j, item in enumerate(_list(f"{option}.sources", values["sources"]))
     ]
-    if values.get("shuffle") is not None:
-        values["shuffle"] = Shuffle(
-            **_keys(f"{option}.shuffle", values["shuffle"], _SHUFFLE_KEYS, required=("buffer_rows",))
-        )
+    parts: dict[str, type[Any]] = {
+        "shuffle": Shuffle,
+        "ramp": Ramp,
+        "packing": Packing,
+        "windows": TokenWindows,
+    }
+    for key, cls in parts.items():
+        if key in values:
+            values[key] = _part(cls, f"{option}.{key}", values[key])
     return Stage(**values)
 
 
