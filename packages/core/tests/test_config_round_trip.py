@@ -1,8 +1,8 @@
 """Every config survives ``to_dict``/``from_dict``, ``to_json`` and a JSON or YAML file exactly.
 
 The configs are drawn over every option of the API (packing, windows, ramps, stacks, skip ranges,
-...); :func:`test_the_strategies_draw_every_option` fails when a class gains an option the
-strategies below do not draw, so a new option cannot miss the round trip.
+column mappings, ...); :func:`test_the_strategies_draw_every_option` fails when a class gains an
+option the strategies below do not draw, so a new option cannot miss the round trip.
 """
 
 from __future__ import annotations
@@ -50,6 +50,7 @@ names = st.one_of(
 )
 # A record field a config reads: not a reserved `@` name.
 record_names = names.filter(lambda name: not name.startswith("@"))
+columns = st.none() | st.dictionaries(record_names, record_names, max_size=3)
 
 
 def location(relative: bool) -> st.SearchStrategy[str]:
@@ -96,6 +97,7 @@ def sources(relative: bool) -> st.SearchStrategy[FileSource | ManifestSource]:
         files=st.lists(location(relative), min_size=1, max_size=3),
         encoding=st.none() | st.sampled_from(_SOURCE_ENCODINGS),
         weight=weights,
+        columns=columns,
     )
     manifests = st.builds(
         ManifestSource,
@@ -103,6 +105,7 @@ def sources(relative: bool) -> st.SearchStrategy[FileSource | ManifestSource]:
         split=names,
         curriculum_stages=st.none() | st.lists(names, max_size=3),
         weight=weights,
+        columns=columns,
     )
     return files | manifests
 
@@ -160,8 +163,8 @@ def configs(draw: st.DrawFn, relative: bool = False) -> BatchStreamConfig:
 # The options each strategy above draws: a class that gains one fails the test below.
 DRAWN: dict[type, set[str]] = {
     ProjectedField: {"name", "source", "dtype", "length", "shape", "pad", "overflow", "pad_side"},
-    FileSource: {"files", "encoding", "weight"},
-    ManifestSource: {"manifest_uri", "split", "curriculum_stages", "weight"},
+    FileSource: {"files", "encoding", "weight", "columns"},
+    ManifestSource: {"manifest_uri", "split", "curriculum_stages", "weight", "columns"},
     Shuffle: {"buffer_rows", "unit_rows"},
     Ramp: {"start", "increment", "rows"},
     Packing: {"field", "seq_len", "bins", "eos_id"},
@@ -259,7 +262,7 @@ def test_a_packed_and_windowed_document_is_read() -> None:
         ],
         "stages": [
             {
-                "sources": [{"files": ["/d/a.bin"]}],
+                "sources": [{"files": ["/d/a.bin"], "columns": {"tokens": "ids"}}],
                 "batch_size": 4,
                 "packing": {"field": "tokens", "seq_len": 9, "bins": 2, "eos_id": 0},
                 "ramp": {"start": 2, "increment": 2, "rows": 100},

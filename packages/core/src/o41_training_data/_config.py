@@ -11,7 +11,7 @@ import json
 import math
 import operator
 import os
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import MISSING, dataclass, fields
 from pathlib import Path
 from typing import Any, Literal, TypeVar
@@ -132,6 +132,63 @@ def _plain_number(value: object) -> object:
     if isinstance(value, float):
         return float(value)
     return value
+
+
+class _Columns(Mapping[str, str]):
+    """A source's column mapping as a config holds it: read-only, sorted by name, hashable.
+
+    Equal to any mapping of the same pairs (a plain ``dict`` included).
+    """
+
+    __slots__ = ("_pairs",)
+
+    def __init__(self, pairs: Iterable[tuple[str, str]]) -> None:
+        self._pairs = dict(sorted(pairs))
+
+    def __getitem__(self, key: str) -> str:
+        return self._pairs[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._pairs)
+
+    def __len__(self) -> int:
+        return len(self._pairs)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Mapping):
+            return NotImplemented
+        return self._pairs == dict(other.items())
+
+    def __hash__(self) -> int:
+        return hash(tuple(self._pairs.items()))
+
+    def __repr__(self) -> str:
+        return repr(self._pairs)
+
+    def __reduce__(self) -> tuple[type[_Columns], tuple[tuple[tuple[str, str], ...]]]:
+        return _Columns, (tuple(self._pairs.items()),)
+
+
+def _columns(option: str, value: object) -> _Columns | None:
+    """A source's ``columns`` checked and frozen; None for no mapping (an empty one too).
+
+    Names and columns are non-empty strings; neither may be a reserved ``@`` name, which is no
+    record's column.
+    """
+    if value is None:
+        return None
+    if not isinstance(value, Mapping):
+        raise _invalid(option, f"expected a mapping of field names to column names, got {_kind(value)}")
+    for name, column in value.items():
+        at = f"{option}[{name!r}]"
+        for what, text in (("name", name), ("column", column)):
+            if not isinstance(text, str) or not text:
+                raise _invalid(at, f"expected a non-empty string as the {what}, got {text!r}")
+            if text.startswith("@"):
+                raise _invalid(at, f"{text!r} is a reserved column (@...), not one a shard holds")
+            if "\0" in text:
+                raise _invalid(at, f"{text!r} holds a NUL character; a column name cannot")
+    return _Columns(value.items()) if value else None
 
 
 def _check_field(option: str, field: ProjectedField) -> None:
@@ -321,6 +378,13 @@ class FileSource:
     ``.jsonl.gz`` (or ``.json.gz``, as Dolma names it), ``.msgpack`` or an in-place format's
     suffix (``docs/corpora.md``). ``weight`` is the source's relative share of its stage.
 
+    ``columns`` maps a name the fields read (a :class:`ProjectedField`'s ``source``,
+    :class:`Packing`'s or :class:`TokenWindows`' ``field``) to the column this source's shards
+    hold it under, so corpora that name one thing differently mix in one stage: with
+    ``columns={"input_ids": "tokens"}``, where the fields read ``input_ids`` this source's
+    ``tokens`` column is read. A name not mapped is read as it is. The mapping is kept sorted
+    and read-only; reserved ``@`` names cannot be mapped.
+
     Paths are kept as written. A relative local path is resolved against the working
     directory when the stream opens, or, in a config file, against the file's directory
     (:meth:`BatchStreamConfig.from_file`).
@@ -328,12 +392,15 @@ class FileSource:
     Examples:
         >>> FileSource(files=["part-000.parquet"], weight=3.0).encoding is None
         True
+        >>> FileSource(files=["corpus.idx"], columns={"input_ids": "tokens"}).columns
+        {'input_ids': 'tokens'}
 
     """
 
     files: Sequence[str]
     encoding: Encoding | None = None
     weight: float = 1.0
+    columns: Mapping[str, str] | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.files, (str, os.PathLike)):
@@ -344,6 +411,7 @@ class FileSource:
                 raise _invalid(f"FileSource.files[{i}]", f"expected a path, got {type(item).__name__}")
         object.__setattr__(self, "files", tuple(os.fspath(f) for f in files))
         object.__setattr__(self, "weight", _plain_number(self.weight))
+        object.__setattr__(self, "columns", _columns("FileSource.columns", self.columns))
 
     def to_dict(self) -> dict[str, Any]:
         """The source as the engine's JSON document expects it."""
@@ -353,6 +421,9 @@ class FileSource:
             "encoding": self.encoding,
             "weight": self.weight,
         }
+        # Only when set: the document (and fingerprint) of an unmapped source is unchanged.
+        if self.columns:
+            out["columns"] = dict(self.columns)
         return out
 
 
@@ -363,11 +434,14 @@ class ManifestSource:
     ``curriculum_stages`` reads the union of those curriculum selections (or, where no selection
     has the name, the shards saved under that curriculum stage) in the listed order; omitted, the
     split's root order. The resolved config pins the selected shards and their row counts, so a
-    manifest republished later does not change what a resumed stream reads.
+    manifest republished later does not change what a resumed stream reads. ``columns`` maps the
+    names the fields read to the columns of this source's shards, as for :class:`FileSource`.
 
     Examples:
         >>> ManifestSource(manifest_uri="data/data-manifest-v1.json", split="train").weight
         1.0
+        >>> ManifestSource(manifest_uri="m.json", split="train", columns={"text": "content"}).columns
+        {'text': 'content'}
 
     """
 
@@ -375,6 +449,7 @@ class ManifestSource:
     split: str
     curriculum_stages: Sequence[str] | None = None
     weight: float = 1.0
+    columns: Mapping[str, str] | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.curriculum_stages, str):
@@ -389,6 +464,7 @@ class ManifestSource:
             )
         object.__setattr__(self, "manifest_uri", os.fspath(self.manifest_uri))
         object.__setattr__(self, "weight", _plain_number(self.weight))
+        object.__setattr__(self, "columns", _columns("ManifestSource.columns", self.columns))
         if not isinstance(self.split, str):
             raise _invalid("ManifestSource.split", f"expected a string, got {type(self.split).__name__}")
         if self.curriculum_stages is not None:
@@ -408,6 +484,8 @@ class ManifestSource:
             "curriculum_stages": list(self.curriculum_stages) if self.curriculum_stages is not None else None,
             "weight": self.weight,
         }
+        if self.columns:  # only when set, as for FileSource
+            out["columns"] = dict(self.columns)
         return out
 
 
@@ -668,7 +746,7 @@ class BatchStreamConfig:
         """The config as a document of plain values: what :meth:`from_dict` reads back.
 
         Every option is in it (a field's ``length`` as its ``shape``; options at their default
-        that appeared after the first release, such as ``overflow`` or a stage's ``packing``,
+        that appeared after the first release, such as ``overflow`` or a source's ``columns``,
         are left out, so the document of a config without them is what it always was), and
         ``BatchStreamConfig.from_dict(config.to_dict()) == config``. Paths are as written:
         a relative local path is resolved against the working directory when a stream opens.
@@ -716,9 +794,9 @@ class BatchStreamConfig:
         ``packing``, ``windows``), ``seed``, the resources, ``validation_pass`` and
         ``skip_batches`` (a list of ``[start, end]`` pairs). A source with ``files`` is a
         :class:`FileSource`, one with ``manifest_uri`` a :class:`ManifestSource` (``kind:
-        files|manifest`` may say so too). An unknown or missing key, or a value of the wrong
-        type, raises :class:`ConfigError` whose ``option`` is the key's path
-        (``stages[0].shuffle.buffer_rows``).
+        files|manifest`` may say so too); either may have ``columns``. An unknown or missing key,
+        or a value of the wrong type, raises :class:`ConfigError` whose ``option`` is the key's
+        path (``stages[0].shuffle.buffer_rows``).
 
         Paths are kept as written, except that with ``base_dir`` a relative local path in
         ``files`` or ``manifest_uri`` is joined to it (:meth:`from_file` passes the file's
@@ -897,6 +975,8 @@ def _source_from(option: str, document: object, base: Path | None) -> FileSource
         raise _invalid(
             option, "a source needs 'files' (a file list) or 'manifest_uri' (a manifest selection)"
         )
+    # Checked here with the key's path; the class checks them again as ``FileSource.columns``.
+    values["columns"] = _columns(f"{option}.columns", values.get("columns"))
     try:
         return cls(**values)
     except ConfigError as error:
