@@ -281,12 +281,16 @@ def test_checkpoint_show_prints_stage_counters_position_and_fingerprint(
     assert lines["drain"] == f"stage 0, positions {drain.start}..{drain.end}"
     assert lines["seed"] == "5"
     assert lines["version"] == "1 (self-contained)"
-    # The split form: the rank file says so and names its resolved document.
+    # The split form: the rank file says so and names its resolved document by the file's real
+    # name, in which the fingerprint's ':' is spelled '-'.
     split = tmp_path / "split"
     write_checkpoint(checkpoint, split / "stream-rank0.json")
     assert main(["checkpoint", "show", str(split / "stream-rank0.json")]) == 0
     shown = capsys.readouterr().out
-    assert f"2 (split form: resolved document resolved-{checkpoint.fingerprint}.json" in shown
+    [resolved] = [p.name for p in split.iterdir() if p.name.startswith("resolved-")]
+    assert ":" in checkpoint.fingerprint
+    assert ":" not in resolved
+    assert f"2 (split form: resolved document {resolved} beside it)" in shown
     assert checkpoint.fingerprint in shown
 
 

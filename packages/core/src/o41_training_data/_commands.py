@@ -26,6 +26,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, ProgressColum
 from rich.table import Table
 from rich.text import Text
 
+from . import _core
 from ._checkpoint_files import read_checkpoint, reshard
 from ._config import ENCODINGS, IN_PLACE_ENCODINGS, BatchStreamConfig
 from ._core import __version__
@@ -495,14 +496,17 @@ def show(file: Path) -> int:
 def _file_form(file: Path, loaded: Checkpoint) -> str:
     """The format version of the file itself, and its form: a split rank file holds version 2.
 
-    The document opens with its version (docs/checkpoint.md), so the first bytes tell.
+    The document opens with its version (docs/checkpoint.md), so the first bytes tell. A split
+    rank file names its resolved document as the engine spells it (the fingerprint's ':' is a
+    '-' in the file name); read_checkpoint has read the small file whole already.
     """
     with file.open("rb") as f:
         head = f.read(256).decode(errors="replace")
     match = re.match(r'\s*\{\s*"version"\s*:\s*(\d+)', head)
     version = int(match.group(1)) if match else loaded.version
     if version == 2:
-        return f"2 (split form: resolved document resolved-{loaded.fingerprint}.json beside it)"
+        name = _core.split_reference(file.read_text())
+        return f"2 (split form: resolved document {name} beside it)"
     return f"{version} (self-contained)"
 
 
