@@ -17,83 +17,181 @@ Examples:
 
 """
 
-from ._chat import ROLE_IDS, ChatEncoder, ChatEncoding, ChatTemplate, RenderedChat
-from ._checkpoint_files import checkpoint_from_text, read_checkpoint, write_checkpoint
-from ._config import (
-    DTYPES,
-    ENCODINGS,
-    BatchStreamConfig,
-    DType,
-    Encoding,
-    FileSource,
-    ManifestSource,
-    Packing,
-    ProjectedField,
-    Ramp,
-    Shuffle,
-    Stage,
-    TokenWindows,
-)
-from ._core import __version__
-from ._errors import (
-    AccessDeniedError,
-    CheckpointError,
-    ConfigError,
-    DataError,
-    MalformedShardError,
-    O41Error,
-    ObjectConflictError,
-    ObjectNotFoundError,
-    ProjectionError,
-    StorageError,
-    StreamClosedError,
-    UnsupportedFormatError,
-)
-from ._iter_shard import iter_shard
-from ._limits import LIMITS
-from ._manifest import Curriculum, DataManifest, ManifestShard, ManifestSplit, load_manifest, save_manifest
-from ._manifest_build import manifest_from_files
-from ._rules import (
-    RANK_FILE,
-    DeliveredField,
-    StageBatches,
-    StreamRules,
-    SwitchPoint,
-    check_same_place,
-    check_same_stream,
-    find_rank_files,
-    move_to_world,
-    observed_ranks,
-    parse_rank_file_name,
-    process_ranks,
-    rank_file_name,
-    rank_files_among,
-    resume_point,
-    switch_point,
-    write_rank_file,
-)
-from ._saver import DatasetSaver, SavedShard
-from ._stats import RETRY_CAUSES, DecodeStats, MixShare, ReadStats, SourceStats, StageDelivered
-from ._stats_log import log_stats_every
-from ._storage import CredentialProvider, RetryPolicy, StorageConfig, TemporaryCredentials
-from ._stream import (
-    Batch,
-    BatchStream,
-    Checkpoint,
-    Drain,
-    MemoryBound,
-    Position,
-    Segment,
-    StreamStats,
-    TokenStats,
-    open_batch_stream,
-    resolve_batch_stream_config,
-    resume_batch_stream,
-)
-from ._tokenize import TokenizedDataset, tokenize_dataset
-from ._tokenizer import TextTokenizer, TokenizerIdentity
-from ._trace import TracedRow, read_traced_rows, trace_batches
-from ._training_data import TrainingData
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+# Names are imported from their modules when first used (PEP 562), so that `import
+# o41_training_data` and the `o41` command line start without NumPy, PyArrow or Jinja; a
+# command that needs a module imports it. Type checkers and IDEs read the imports below.
+if TYPE_CHECKING:
+    from ._chat import ROLE_IDS, ChatEncoder, ChatEncoding, ChatTemplate, RenderedChat
+    from ._checkpoint_files import checkpoint_from_text, read_checkpoint, write_checkpoint
+    from ._config import (
+        DTYPES,
+        ENCODINGS,
+        BatchStreamConfig,
+        DType,
+        Encoding,
+        FileSource,
+        ManifestSource,
+        Packing,
+        ProjectedField,
+        Ramp,
+        Shuffle,
+        Stage,
+        TokenWindows,
+    )
+    from ._core import Checkpoint, Drain, Position, Segment, __version__
+    from ._errors import (
+        AccessDeniedError,
+        CheckpointError,
+        ConfigError,
+        DataError,
+        MalformedShardError,
+        O41Error,
+        ObjectConflictError,
+        ObjectNotFoundError,
+        ProjectionError,
+        StorageError,
+        StreamClosedError,
+        UnsupportedFormatError,
+    )
+    from ._iter_shard import iter_shard
+    from ._limits import LIMITS
+    from ._manifest import (
+        Curriculum,
+        DataManifest,
+        ManifestShard,
+        ManifestSplit,
+        load_manifest,
+        save_manifest,
+    )
+    from ._manifest_build import manifest_from_files
+    from ._rules import (
+        RANK_FILE,
+        DeliveredField,
+        StageBatches,
+        StreamRules,
+        SwitchPoint,
+        check_same_place,
+        check_same_stream,
+        find_rank_files,
+        move_to_world,
+        observed_ranks,
+        parse_rank_file_name,
+        process_ranks,
+        rank_file_name,
+        rank_files_among,
+        resume_point,
+        switch_point,
+        write_rank_file,
+    )
+    from ._saver import DatasetSaver, SavedShard
+    from ._stats import RETRY_CAUSES, DecodeStats, MixShare, ReadStats, SourceStats, StageDelivered
+    from ._stats_log import log_stats_every
+    from ._storage import CredentialProvider, RetryPolicy, StorageConfig, TemporaryCredentials
+    from ._stream import (
+        Batch,
+        BatchStream,
+        MemoryBound,
+        StreamStats,
+        TokenStats,
+        open_batch_stream,
+        resolve_batch_stream_config,
+        resume_batch_stream,
+    )
+    from ._tokenize import TokenizedDataset, tokenize_dataset
+    from ._tokenizer import TextTokenizer, TokenizerIdentity
+    from ._trace import TracedRow, read_traced_rows, trace_batches
+    from ._training_data import TrainingData
+
+# The module each public name is defined in; tests/test_startup.py checks it against __all__
+# and the imports above.
+_EXPORTS: dict[str, tuple[str, ...]] = {
+    "_chat": ("ChatEncoder", "ChatEncoding", "ChatTemplate", "ROLE_IDS", "RenderedChat"),
+    "_checkpoint_files": ("checkpoint_from_text", "read_checkpoint", "write_checkpoint"),
+    "_config": (
+        "BatchStreamConfig",
+        "DTYPES",
+        "DType",
+        "ENCODINGS",
+        "Encoding",
+        "FileSource",
+        "ManifestSource",
+        "Packing",
+        "ProjectedField",
+        "Ramp",
+        "Shuffle",
+        "Stage",
+        "TokenWindows",
+    ),
+    "_core": ("Checkpoint", "Drain", "Position", "Segment", "__version__"),
+    "_errors": (
+        "AccessDeniedError",
+        "CheckpointError",
+        "ConfigError",
+        "DataError",
+        "MalformedShardError",
+        "O41Error",
+        "ObjectConflictError",
+        "ObjectNotFoundError",
+        "ProjectionError",
+        "StorageError",
+        "StreamClosedError",
+        "UnsupportedFormatError",
+    ),
+    "_iter_shard": ("iter_shard",),
+    "_limits": ("LIMITS",),
+    "_manifest": (
+        "Curriculum",
+        "DataManifest",
+        "ManifestShard",
+        "ManifestSplit",
+        "load_manifest",
+        "save_manifest",
+    ),
+    "_manifest_build": ("manifest_from_files",),
+    "_rules": (
+        "DeliveredField",
+        "RANK_FILE",
+        "StageBatches",
+        "StreamRules",
+        "SwitchPoint",
+        "check_same_place",
+        "check_same_stream",
+        "find_rank_files",
+        "move_to_world",
+        "observed_ranks",
+        "parse_rank_file_name",
+        "process_ranks",
+        "rank_file_name",
+        "rank_files_among",
+        "resume_point",
+        "switch_point",
+        "write_rank_file",
+    ),
+    "_saver": ("DatasetSaver", "SavedShard"),
+    "_stats": ("DecodeStats", "MixShare", "RETRY_CAUSES", "ReadStats", "SourceStats", "StageDelivered"),
+    "_stats_log": ("log_stats_every",),
+    "_storage": ("CredentialProvider", "RetryPolicy", "StorageConfig", "TemporaryCredentials"),
+    "_stream": (
+        "Batch",
+        "BatchStream",
+        "MemoryBound",
+        "StreamStats",
+        "TokenStats",
+        "open_batch_stream",
+        "resolve_batch_stream_config",
+        "resume_batch_stream",
+    ),
+    "_tokenize": ("TokenizedDataset", "tokenize_dataset"),
+    "_tokenizer": ("TextTokenizer", "TokenizerIdentity"),
+    "_trace": ("TracedRow", "read_traced_rows", "trace_batches"),
+    "_training_data": ("TrainingData",),
+}
+_MODULE_OF = {name: module for module, names in _EXPORTS.items() for name in names}
 
 __all__ = [
     "DTYPES",
@@ -190,3 +288,19 @@ __all__ = [
     "write_checkpoint",
     "write_rank_file",
 ]
+
+
+# Hidden from type checkers, which would otherwise take any name to exist (as Any), typos too.
+if not TYPE_CHECKING:
+
+    def __getattr__(name: str) -> Any:
+        module = _MODULE_OF.get(name)
+        if module is None:
+            raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+        value = getattr(importlib.import_module(f".{module}", __name__), name)
+        globals()[name] = value  # later lookups find it without this function
+        return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})

@@ -4,6 +4,10 @@ Imported only by ``_cli.main`` once the ``cli`` extra is known to be installed. 
 is done by the package's public functions and by ``_manifest_check`` and ``_checkpoint_files``;
 this module parses arguments and presents results. ``s3://`` locations are read with the
 storage settings of the standard ``AWS_*`` environment variables.
+
+The modules that import NumPy or PyArrow are imported by the commands that use them, and rich
+when something is drawn: ``o41 --version``, ``o41 --help`` and ``o41 trace`` of a config load
+neither (``tests/test_startup.py``; ``benchmarks/startup_bench.py`` has the times).
 """
 
 from __future__ import annotations
@@ -18,26 +22,26 @@ import sys
 import tempfile
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
-from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, ProgressColumn, Task, TextColumn
-from rich.table import Table
-from rich.text import Text
 
+# None of these imports NumPy or PyArrow; _checkpoint_files and _stream do, and are imported
+# by the commands that use them.
 from . import _core
-from ._checkpoint_files import read_checkpoint, reshard
 from ._config import ENCODINGS, IN_PLACE_ENCODINGS, BatchStreamConfig
-from ._core import __version__
+from ._core import Checkpoint, __version__
 from ._errors import O41Error, ObjectNotFoundError
 from ._exit import EXIT_ERROR, EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK
 from ._manifest import load_manifest
 from ._manifest_check import diff_manifests, manifest_summary, verify_manifest
 from ._rules import RANK_FILE
 from ._storage import StorageConfig, normalize
-from ._stream import Checkpoint, resolve_batch_stream_config
 from ._trace import read_traced_rows, trace_batches
+
+if TYPE_CHECKING:
+    from rich.console import Console
+    from rich.table import Table
 
 __all__ = ["run"]
 
@@ -47,6 +51,8 @@ def _console(stderr: bool = False) -> Console:
 
     Lines are not wrapped when the output is not a terminal, so scripts can match them.
     """
+    from rich.console import Console
+
     console = Console(stderr=stderr, highlight=False)
     if not console.is_terminal:
         console = Console(stderr=stderr, highlight=False, width=10_000)
@@ -54,23 +60,12 @@ def _console(stderr: bool = False) -> Console:
 
 
 def _table(*columns: str) -> Table:
+    from rich.table import Table
+
     table = Table(*columns, box=None, header_style="bold", pad_edge=False)
     for column in table.columns[1:]:
         column.justify = "right"
     return table
-
-
-class _Rate(ProgressColumn):
-    """Units per second so far."""
-
-    def __init__(self, unit: str) -> None:
-        super().__init__()
-        self.unit = unit
-
-    def render(self, task: Task) -> Text:
-        elapsed = task.elapsed or 0.0
-        rate = task.completed / elapsed if elapsed > 0 else 0.0
-        return Text(f"{rate:,.0f} {self.unit}/s")
 
 
 @contextlib.contextmanager
@@ -79,8 +74,19 @@ def _progress(label: str, total: int, unit: str) -> Iterator[Callable[[int], Non
 
     The clock starts at the first advance, so that the rate leaves out the set-up before it.
     """
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, ProgressColumn, Task, TextColumn
+    from rich.text import Text
+
+    class Rate(ProgressColumn):
+        """Units per second so far."""
+
+        def render(self, task: Task) -> Text:
+            elapsed = task.elapsed or 0.0
+            rate = task.completed / elapsed if elapsed > 0 else 0.0
+            return Text(f"{rate:,.0f} {unit}/s")
+
     console = _console(stderr=True)
-    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), _Rate(unit))
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), Rate())
     with Progress(*columns, console=console, disable=not console.is_terminal) as bar:
         task = bar.add_task(label, total=total, start=False)
 
@@ -447,6 +453,8 @@ def config() -> None:
 @click.argument("file", type=click.Path(exists=True, dir_okay=False, path_type=Path))
 def resolve(file: Path) -> int:
     """Print the resolved document a stream over FILE would run and a checkpoint would store."""
+    from ._stream import resolve_batch_stream_config
+
     loaded = BatchStreamConfig.from_file(file)
     resolved = resolve_batch_stream_config(loaded, storage=StorageConfig.resolve())
     click.echo(json.dumps(resolved, indent=2))
@@ -465,6 +473,8 @@ def checkpoint() -> None:
 @click.argument("file", type=click.Path(exists=True, dir_okay=False, path_type=Path))
 def show(file: Path) -> int:
     """Show a checkpoint's stage, counters, position and fingerprint."""
+    from ._checkpoint_files import read_checkpoint
+
     loaded = read_checkpoint(file)
     position = loaded.position
     segment = position.segment
@@ -544,6 +554,8 @@ def reshard_command(
     Positions are global: the new ranks continue the same global batch sequence from the
     checkpoints' position, partitioned over --world-size. Each file is written atomically.
     """
+    from ._checkpoint_files import reshard
+
     try:
         distinct = len({name.format(rank=rank, world_size=world_size) for rank in range(2)}) == 2
     except (KeyError, IndexError, ValueError):
@@ -571,6 +583,8 @@ def _trace_source(file: Path) -> BatchStreamConfig | Checkpoint:
         with file.open("rb") as f:
             head = f.read(4096)
         if b'"fingerprint"' in head and b'"cursor"' in head:
+            from ._checkpoint_files import read_checkpoint
+
             return read_checkpoint(file)
     return BatchStreamConfig.from_file(file)
 

@@ -16,7 +16,6 @@ from . import _core
 from ._config import BatchStreamConfig, config_json
 from ._core import Checkpoint
 from ._errors import ConfigError
-from ._iter_shard import iter_shard
 from ._storage import StorageConfig
 
 __all__ = ["TracedRow", "read_traced_rows", "trace_batches"]
@@ -121,6 +120,9 @@ def read_traced_rows(
     :func:`iter_shard` reads it. Rows of a stage that packs or windows tokens are windows, not
     records: pass only rows of stages of records (:class:`ConfigError` otherwise).
     """
+    # Here, not at the top: iter_shard imports PyArrow, which tracing alone does not need.
+    from ._iter_shard import iter_shard
+
     rows = list(rows)
     for row in rows:
         if row.window:
