@@ -8,6 +8,12 @@ PYTHON ?= python3
 export CARGO_TARGET_DIR ?= $(HOME)/.cache/o41/target
 export UV_CACHE_DIR ?= $(HOME)/.cache/uv
 UV = $(shell command -v uv 2>/dev/null || echo "$(PYTHON) -m uv")
+# uv shows a build backend's output only in its debug log: this filter shows that output (cargo's
+# `Compiling ...` lines while maturin builds the engine) and none of uv's other debug lines, so
+# a first build is seen to progress instead of sitting at "Preparing packages...".
+SHOW_BUILD = RUST_LOG=uv_build_frontend=debug
+BUILD_NOTE = building the Rust engine in release mode unless it is up to date (a first build \
+  compiles ~236 crates: about 7 minutes on 2 cores; later builds reuse $(CARGO_TARGET_DIR))
 
 .PHONY: help bootstrap sync demo test test-rust test-fuzz-capped test-python lint fmt bench docs wheel wheel-test
 
@@ -20,12 +26,14 @@ bootstrap: ## install uv from PyPI when it is missing
 	  || $(PYTHON) -m pip install --quiet --break-system-packages uv
 
 sync: bootstrap ## build the Rust engine and install every package and dev tool into .venv
-	$(UV) sync --all-packages --group dev
+	@echo "make sync: $(BUILD_NOTE)"
+	$(SHOW_BUILD) $(UV) sync --all-packages --group dev
 
 # The demo needs the core and its CLI only: no framework, no dev tools (--inexact keeps whatever
 # `make sync` installed before).
 demo: bootstrap ## build the core with its CLI, write a synthetic corpus and stream it
-	$(UV) sync --package o41-training-data --extra cli --no-default-groups --inexact
+	@echo "make demo: $(BUILD_NOTE)"
+	$(SHOW_BUILD) $(UV) sync --package o41-training-data --extra cli --no-default-groups --inexact
 	$(UV) run --no-sync o41 demo
 
 test: sync lint docs test-rust test-fuzz-capped test-python wheel-test ## run every lint, the docs build, the Rust tests, the capped fuzz run, the Python tests and the wheel test

@@ -82,7 +82,11 @@ def test_demo_s3_without_the_test_kit_names_it(
 def test_make_demo_installs_the_core_with_its_cli_only() -> None:
     recipe = re.search(r"^demo:.*?\n((?:\t.*\n)+)", (ROOT / "Makefile").read_text(), flags=re.MULTILINE)
     assert recipe is not None
-    sync, run = recipe.group(1).strip().splitlines()
+    say, sync, run = recipe.group(1).strip().splitlines()
+    # It says what the first, long build is doing before it starts, and cargo's lines show.
+    assert say.startswith("@echo")
+    assert "$(BUILD_NOTE)" in say
+    assert "$(SHOW_BUILD)" in sync
     assert "sync --package o41-training-data --extra cli --no-default-groups" in sync
     assert "--all-packages" not in sync
     assert "run --no-sync o41 demo" in run
