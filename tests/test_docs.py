@@ -1,10 +1,12 @@
 """The README's and the docs' examples run as written.
 
-Most pages hold independent Python examples, each run alone in a fresh directory. The pages in
-``SESSIONS`` are walkthroughs instead: their blocks run in order in one directory, as a reader
-would type them: Python blocks in one namespace, a block titled ``title="NAME"`` written to the
-file NAME, and each ``$ command`` line of a ``console`` block run in a shell, where it must exit
-with 0 (or with the status a trailing ``# exits N`` names).
+Every Python block runs on its own, in a fresh namespace: it imports what it uses, so a reader
+can paste any one of them into a new interpreter. Most pages hold independent examples, each run
+in a fresh directory. The pages in ``SESSIONS`` are walkthroughs instead: their blocks run in
+order in one directory, as a reader would type them, so a block may use the files an earlier
+one wrote (never its variables): a block titled ``title="NAME"`` is written to the file NAME,
+and each ``$ command`` line of a ``console`` block runs in a shell, where it must exit with 0
+(or with the status a trailing ``# exits N`` names).
 """
 
 from __future__ import annotations
@@ -75,7 +77,6 @@ def test_walkthrough_runs_in_order(name: str, tmp_path: Path, monkeypatch: pytes
     # `o41 bench` runs the benchmark suite of the checkout around the current directory.
     (tmp_path / "benchmarks").symlink_to(ROOT / "benchmarks")
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
-    namespace: dict[str, object] = {"__name__": f"walkthrough_{name}"}
     ran = 0
     for index, (lang, info, code) in enumerate(blocks(ROOT / "docs" / name)):
         where = f"{name}[{index}]"
@@ -83,6 +84,7 @@ def test_walkthrough_runs_in_order(name: str, tmp_path: Path, monkeypatch: pytes
         if title:
             (tmp_path / title.group(1)).write_text(code)
         elif lang == "python":
+            namespace: dict[str, object] = {"__name__": f"walkthrough_{name}_{index}"}
             exec(compile(code, where, "exec"), namespace)
         elif lang == "console":
             ran += run_console(code, where, env)
@@ -99,6 +101,7 @@ def test_docstring_examples_are_sections_the_api_reference_renders() -> None:
     singular = [
         f"{path.relative_to(ROOT)}:{number}"
         for path in sorted((ROOT / "packages").glob("*/src/**/*.py*"))
+        if path.suffix in {".py", ".pyi"}  # not the bytecode a run may leave in __pycache__
         for number, line in enumerate(path.read_text().splitlines(), start=1)
         if line.strip() == "Example:"
     ]
