@@ -250,6 +250,17 @@ impl ColumnBuf {
         }
     }
 
+    /// Element `index` of an integer or bool column as an `i64`.
+    pub fn int_at(&self, index: usize) -> i64 {
+        match self {
+            ColumnBuf::I32(v) => i64::from(v[index]),
+            ColumnBuf::I64(v) => v[index],
+            ColumnBuf::Bool(v) => i64::from(v[index]),
+            // Not read as integers: a float is never a token, a mask or a target.
+            ColumnBuf::F32(_) | ColumnBuf::F64(_) => 0,
+        }
+    }
+
     /// Sets elements `range` of an integer column to `value` (a token stage's window columns).
     pub fn fill_int(&mut self, range: std::ops::Range<usize>, value: i64) {
         match self {

@@ -195,6 +195,17 @@ impl Encoding {
         format!("{prefix}.bin")
     }
 
+    /// Whether `configured` names a dataset directory of this encoding, whose own listing
+    /// names the shards (a `datasets` `save_to_disk` directory's `state.json`, an MDS
+    /// dataset's `index.json`), rather than one shard.
+    pub fn names_directory(self, configured: &str) -> bool {
+        match self {
+            Encoding::Arrow => configured.strip_suffix(".arrow").is_none(),
+            Encoding::Mds => !configured.contains(".mds"),
+            _ => false,
+        }
+    }
+
     fn names() -> String {
         Self::ALL
             .iter()

@@ -14,6 +14,7 @@ pub mod fnv;
 pub mod formats;
 pub mod from_arrow;
 pub mod inspect_cache;
+pub mod labels;
 pub mod limits;
 pub mod manifest;
 pub mod memory;

@@ -209,9 +209,12 @@ fn decode(
     // Decode time is the time in the reader less its storage waits, which the reader's metered
     // object adds to this thread's total.
     let (start, waited) = (Instant::now(), metrics::thread_waited());
-    let outcome = readers[0]
-        .1
-        .read_ranges(&job.ranges, &plan.records, chunk, job.prefetch.take());
+    let outcome = readers[0].1.read_ranges(
+        &job.ranges,
+        plan.records_of(job.shard),
+        chunk,
+        job.prefetch.take(),
+    );
     let decode = start
         .elapsed()
         .saturating_sub(Duration::from_nanos(metrics::thread_waited() - waited));
@@ -333,7 +336,7 @@ impl Assembler {
                         entry.path(),
                         meta,
                         &job.ranges,
-                        &plan.records,
+                        plan.records_of(job.shard),
                         plan.pages.as_ref(),
                     )
                 });
@@ -359,7 +362,12 @@ impl Assembler {
             // One batch at a time, topping up reads in between, so workers never wait for the
             // consumer to drain a whole group.
             if front.is_some_and(|(_, missing)| missing == 0) {
-                let done = pending.pop_front().expect("front exists");
+                let mut done = pending.pop_front().expect("front exists");
+                if let Some(labels) = &plan.labels {
+                    let width = plan.projection.columns[labels.column()].width;
+                    let rows = done.buffer.rows;
+                    labels.fill(&mut done.buffer, rows, width);
+                }
                 let batch = Assembled {
                     columns: done
                         .buffer

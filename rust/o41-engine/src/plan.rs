@@ -83,6 +83,8 @@ pub struct Plan {
     /// By flat shard id, the rows its source's earlier shards leave out (empty when none
     /// does): `@row_id` counts the records as listed, left-out ones included.
     dropped_before: Vec<u64>,
+    /// The `@labels` column, filled from the tokens once a batch's rows are read.
+    pub labels: Option<crate::labels::Labels>,
 }
 
 impl Plan {
@@ -114,7 +116,7 @@ impl Plan {
             .filter_map(|(_, meta)| meta.tokens())
             .map(TokenIndex::bytes)
             .sum();
-        let mut shards = Shards::new(config.clone(), resumed_from.is_some(), inspected);
+        let mut shards = Shards::new(config.clone(), resumed_from.is_some(), inspected)?;
         let encodings = shards.encodings();
         let prefetching = shards.any_remote();
         let shape = config.pipeline_shape()?;
@@ -158,6 +160,7 @@ impl Plan {
             plan_room: bound.limit - bound.total(),
         });
         let (dropped_rows, dropped_before) = shards.dropped_rows();
+        let labels = crate::labels::Labels::of(&config, &projection)?;
         let plan = Plan {
             schema: batch_schema(&projection),
             resolved: config,
@@ -187,6 +190,7 @@ impl Plan {
             job_buffers: BufferPool::new(bound.decode_units),
             dropped_rows,
             dropped_before,
+            labels,
         };
         check_window_columns(&plan)?;
         Ok(plan)
@@ -195,6 +199,11 @@ impl Plan {
     /// Shard `id` (a flat id).
     pub fn shard(&self, id: usize) -> ShardEntry<'_> {
         self.shards.entry(id)
+    }
+
+    /// The record columns shard `id` is read with (its source may map them to other names).
+    pub fn records_of(&self, id: usize) -> &Projection {
+        self.shards.records(id, &self.records)
     }
 
     /// Shard `id`'s inspection, if it has been inspected.

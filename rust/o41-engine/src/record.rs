@@ -25,13 +25,72 @@ pub enum RecordError {
     Malformed(String),
 }
 
+/// Where the fields of a record that lacks a projected one can be listed from, for its error:
+/// read again only then, so reading records costs nothing for it.
+#[derive(Clone, Copy)]
+pub enum RecordFields<'a> {
+    /// A JSON object's bytes.
+    Json(&'a [u8]),
+    /// A `MessagePack` map's bytes.
+    Msgpack(&'a [u8]),
+    /// Fields every record of the format has.
+    Known(&'a [&'a str]),
+}
+
+/// Fields listed in an error at most; a record may have thousands.
+const LISTED_FIELDS: usize = 32;
+
+impl RecordFields<'_> {
+    /// The record's field names, in order (at most [`LISTED_FIELDS`]); `None` when the bytes
+    /// are no map.
+    fn names(self) -> Option<Vec<String>> {
+        match self {
+            RecordFields::Json(bytes) => Keys
+                .deserialize(&mut serde_json::Deserializer::from_slice(bytes))
+                .ok(),
+            RecordFields::Msgpack(bytes) => Keys
+                .deserialize(&mut rmp_serde::Deserializer::from_read_ref(bytes))
+                .ok(),
+            RecordFields::Known(names) => Some(names.iter().map(|&n| n.to_owned()).collect()),
+        }
+    }
+}
+
+/// Reads a map's keys, skipping its values.
+struct Keys;
+
+impl<'de> DeserializeSeed<'de> for Keys {
+    type Value = Vec<String>;
+    fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<Vec<String>, D::Error> {
+        deserializer.deserialize_map(self)
+    }
+}
+
+impl<'de> Visitor<'de> for Keys {
+    type Value = Vec<String>;
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("a record")
+    }
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Vec<String>, A::Error> {
+        let mut names = Vec::new();
+        while let Some(name) = map.next_key::<String>()? {
+            map.next_value::<IgnoredAny>()?;
+            if names.len() < LISTED_FIELDS {
+                names.push(name);
+            }
+        }
+        Ok(names)
+    }
+}
+
 impl RecordError {
-    /// Attaches shard and row to make an engine error.
+    /// Attaches shard and row to make an engine error; a missing field's names the record's
+    /// fields, read from `fields`.
     pub fn into_error(
         self,
         projection: &Projection,
         path: &str,
-        encoding: &'static str,
+        (encoding, fields): (&'static str, Option<RecordFields<'_>>),
         row: u64,
     ) -> Error {
         let projection_error = |k: usize, message: String| Error::Projection {
@@ -44,7 +103,11 @@ impl RecordError {
         match self {
             RecordError::Field(k, message) => projection_error(k, message),
             RecordError::Missing(k) => {
-                projection_error(k, "the record has no such field".to_owned())
+                let names = fields.and_then(RecordFields::names);
+                let listed = names.map_or(String::new(), |names| {
+                    format!(" (its fields: {})", names.join(", "))
+                });
+                projection_error(k, format!("the record has no such field{listed}"))
             }
             RecordError::Malformed(message) => Error::Format {
                 path: path.to_owned(),

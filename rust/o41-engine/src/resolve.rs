@@ -8,13 +8,13 @@
 //! same way.
 
 use std::borrow::Cow;
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
 use crate::checkpoint::Checkpoint;
 use crate::config::{
-    FieldSpec, ResolvedConfig, ResolvedShard, ResolvedSource, SourceSpec, StreamConfig,
-    TokenLayout, RESOLVED_CONFIG_VERSION,
+    renamed_fields, renamed_layout, FieldSpec, NamedFile, ResolvedConfig, ResolvedShard,
+    ResolvedSource, SourceSpec, StreamConfig, TokenLayout, RESOLVED_CONFIG_VERSION,
 };
 use crate::encoding::Encoding;
 use crate::error::{Error, Result};
@@ -71,10 +71,12 @@ pub fn reopen(checkpoint: &Checkpoint, storage: &Storage) -> Result<Resolved> {
         let layout = stage.token_layout().map(Arc::new);
         for (j, source) in stage.sources.iter().enumerate() {
             jobs.reserve(source.shards.len());
+            let (reading, layout) = Reading::of(&config.fields, &source.columns, layout.as_ref())?;
             for shard in &source.shards {
                 storage.check(&shard.path)?;
                 jobs.push(Job {
                     layout: layout.clone(),
+                    reading: reading.clone(),
                     stage: s,
                     source: j,
                     path: Cow::Borrowed(&shard.path),
@@ -109,8 +111,51 @@ struct Job<'a> {
     /// A plain file list's shard: counted through the inspection cache. Token shards are
     /// listed too, and inspected (their windows are not in any manifest or cache).
     listed: bool,
-    /// How the shard's stage reads tokens, if it does.
+    /// How the shard's stage reads tokens, if it does (its token field as the source names it).
     layout: Option<Arc<TokenLayout>>,
+    /// How a source with a column mapping reads its records; `None`: as the fields say.
+    reading: Option<Arc<Reading>>,
+}
+
+impl Job<'_> {
+    /// The record columns the shard is read with: its source's, where it maps them.
+    fn records<'j>(&'j self, fields: &'j Projection) -> &'j Projection {
+        self.reading.as_ref().map_or(fields, |r| &r.records)
+    }
+
+    /// The inspection cache's key for the shard's projection.
+    fn key<'j>(&'j self, fields: &'j str) -> &'j str {
+        self.reading.as_ref().map_or(fields, |r| &r.key)
+    }
+}
+
+/// How the shards of a source with a column mapping are read: the record columns with their
+/// fields renamed, and the inspection cache's key for them.
+struct Reading {
+    records: Projection,
+    key: String,
+}
+
+impl Reading {
+    /// How a source with `columns` reads `fields` in a stage of `layout`: `None` without a
+    /// mapping; otherwise its records and the stage's layout, renamed.
+    #[allow(clippy::type_complexity)]
+    fn of(
+        fields: &[FieldSpec],
+        columns: &BTreeMap<String, String>,
+        layout: Option<&Arc<TokenLayout>>,
+    ) -> Result<(Option<Arc<Reading>>, Option<Arc<TokenLayout>>)> {
+        if columns.is_empty() {
+            return Ok((None, layout.cloned()));
+        }
+        let fields = renamed_fields(fields, columns);
+        let reading = Reading {
+            records: Projection::new(&fields)?.record_columns().0,
+            key: projection_key(&fields),
+        };
+        let layout = layout.map(|l| Arc::new(renamed_layout(l, columns)));
+        Ok((Some(Arc::new(reading)), layout))
+    }
 }
 
 /// What open learnt about the shards it looked at. Every other shard is pinned as promised
@@ -184,20 +229,23 @@ fn check_token_sources(
     Ok(())
 }
 
-/// Appends the shards `source` (stage `s`, index `j`) reads to `jobs`.
+/// Appends the shards `source` (stage `s`, index `j`) reads to `jobs`. Returns a file list's
+/// entries as named, where one of them names other files than itself.
 fn source_jobs(
     source: &SourceSpec,
     (s, j): (usize, usize),
-    layout: Option<&Arc<TokenLayout>>,
+    (layout, reading): (Option<&Arc<TokenLayout>>, Option<&Arc<Reading>>),
     manifests: &HashMap<String, Manifest<'_>>,
     jobs: &mut Vec<Job>,
     storage: &Storage,
-) -> Result<()> {
+) -> Result<Option<Vec<NamedFile>>> {
     let option = format!("stages[{s}].sources[{j}]");
     match source {
         SourceSpec::Files {
             files, encoding, ..
         } => {
+            let mut names = Vec::with_capacity(files.len());
+            let mut expanded = false;
             for (f, file) in files.iter().enumerate() {
                 let encoding = match encoding {
                     Some(name) => Encoding::parse(name, &format!("{option}.encoding"))?,
@@ -209,18 +257,30 @@ fn source_jobs(
                 // A `datasets` save_to_disk directory is the Arrow files its state.json lists,
                 // an MDS dataset directory the shards its index.json lists.
                 let named = format!("{option}.files[{f}]");
+                if encoding == Encoding::Megatron && file.strip_suffix(".idx").is_some() {
+                    // Looked for by the name given first: a missing `.idx` is reported as the
+                    // file the config names, not as the `.bin` it stands for.
+                    storage.open(&absolute(file))?;
+                }
                 let paths = match encoding {
-                    Encoding::Arrow if file.strip_suffix(".arrow").is_none() => {
+                    Encoding::Arrow if encoding.names_directory(file) => {
                         formats::dataset_files(storage, &absolute(file), &named)?
                     }
-                    Encoding::Mds if !file.contains(".mds") => {
+                    Encoding::Mds if encoding.names_directory(file) => {
                         formats::mds_files(storage, &absolute(file), &named)?
                     }
                     _ => vec![absolute(&encoding.shard_location(file))],
                 };
+                let file = absolute(file);
+                expanded |= paths.len() != 1 || paths[0] != file;
+                names.push(NamedFile {
+                    file,
+                    shards: paths.len() as u64,
+                });
                 for path in paths {
                     jobs.push(Job {
                         layout: layout.cloned(),
+                        reading: reading.cloned(),
                         stage: s,
                         source: j,
                         path: Cow::Owned(path),
@@ -230,6 +290,7 @@ fn source_jobs(
                     });
                 }
             }
+            Ok(expanded.then_some(names))
         }
         SourceSpec::Manifest {
             manifest_uri,
@@ -245,6 +306,7 @@ fn source_jobs(
             for shard in selected {
                 jobs.push(Job {
                     layout: layout.cloned(),
+                    reading: reading.cloned(),
                     stage: s,
                     source: j,
                     path: Cow::Owned(
@@ -275,9 +337,9 @@ fn source_jobs(
                     format!("split '{split}' of {uri} lists no shards"),
                 ));
             }
+            Ok(None)
         }
     }
-    Ok(())
 }
 
 /// The documents of the manifests `config` reads, each once, by absolute location, in the order
@@ -403,7 +465,7 @@ fn settle(storage: &Storage, jobs: &[Job], setup: &Setup<'_>) -> Result<Settled>
         let cached = cache
             .as_ref()
             .filter(|_| job.layout.is_none() && !drops)
-            .and_then(|c| c.lookup(&job.path, job.encoding, &pin, &key));
+            .and_then(|c| c.lookup(&job.path, job.encoding, &pin, job.key(&key)));
         if let (Some(promise), Some(cached)) = (&job.promise, &cached) {
             promise.check_rows(&job.path, job.encoding, cached.rows)?;
         }
@@ -462,7 +524,7 @@ fn settle(storage: &Storage, jobs: &[Job], setup: &Setup<'_>) -> Result<Settled>
                     layout,
                     cache: cache.as_ref(),
                 }),
-            &records,
+            job.records(&records),
             (max_record, max_plan),
             formats::Checks {
                 promise: job.promise.as_ref(),
@@ -481,7 +543,7 @@ fn settle(storage: &Storage, jobs: &[Job], setup: &Setup<'_>) -> Result<Settled>
                 rows: meta.rows,
                 scratch_bytes: Some(meta.scratch_bytes),
             };
-            cache.store(&job.path, job.encoding, &meta.pin, &key, cached);
+            cache.store(&job.path, job.encoding, &meta.pin, job.key(&key), cached);
         }
         metas.insert(i, Box::new(meta));
     }
@@ -548,22 +610,24 @@ pub fn resolve(config: &StreamConfig, storage: &Storage) -> Result<Resolved> {
         .map(|(uri, text)| Ok((uri.clone(), Manifest::from_json(text, uri)?)))
         .collect::<Result<HashMap<_, _>>>()?;
     let mut jobs = Vec::new();
-    let mut counts: Vec<Vec<usize>> = Vec::with_capacity(config.stages.len());
+    let mut counts: Vec<Vec<(usize, Option<Vec<NamedFile>>)>> =
+        Vec::with_capacity(config.stages.len());
     for (s, stage) in config.stages.iter().enumerate() {
         let mut stage_counts = Vec::with_capacity(stage.sources.len());
         let layout = stage.token_layout().map(Arc::new);
         for (j, source) in stage.sources.iter().enumerate() {
             let before = jobs.len();
-            source_jobs(
+            let (reading, layout) = Reading::of(&config.fields, source.columns(), layout.as_ref())?;
+            let named = source_jobs(
                 source,
                 (s, j),
-                layout.as_ref(),
+                (layout.as_ref(), reading.as_ref()),
                 &manifests,
                 &mut jobs,
                 storage,
             )?;
             check_token_sources(source, (s, j), layout.is_some(), &mut jobs[before..])?;
-            stage_counts.push(jobs.len() - before);
+            stage_counts.push((jobs.len() - before, named));
         }
         counts.push(stage_counts);
     }
@@ -579,7 +643,7 @@ pub fn resolve(config: &StreamConfig, storage: &Storage) -> Result<Resolved> {
     for (s, stage) in config.stages.iter().enumerate() {
         let mut sources = Vec::new();
         for (j, source) in stage.sources.iter().enumerate() {
-            let count = counts[s][j];
+            let (count, named) = std::mem::take(&mut counts[s][j]);
             let mut shards = Vec::with_capacity(count);
             let mut dropped = 0u64;
             for _ in 0..count {
@@ -617,6 +681,8 @@ pub fn resolve(config: &StreamConfig, storage: &Storage) -> Result<Resolved> {
                 weight: source.weight(),
                 shards,
                 manifest: source.manifest_selection(),
+                named,
+                columns: source.columns().clone(),
             };
             if resolved.rows() == 0 {
                 let message = if dropped > 0 {

@@ -5,7 +5,7 @@
 use std::ops::Range;
 use std::sync::{Arc, OnceLock};
 
-use crate::config::{ResolvedConfig, ResolvedShard, TokenLayout};
+use crate::config::{renamed_fields, renamed_layout, ResolvedConfig, ResolvedShard, TokenLayout};
 use crate::encoding::Encoding;
 use crate::error::{Error, Result};
 use crate::fields::Projection;
@@ -24,8 +24,11 @@ struct SourceShards {
     first: usize,
     /// Who promised the shards' row counts (and sizes or versions).
     origin: PromiseOrigin,
-    /// How the source's stage reads tokens: its shards' rows are then windows.
+    /// How the source's stage reads tokens: its shards' rows are then windows. Its token
+    /// field is named as the source's shards name it.
     layout: Option<Arc<TokenLayout>>,
+    /// The record columns of a source with a column mapping, renamed; `None`: the stream's.
+    records: Option<Arc<Projection>>,
 }
 
 /// One shard of the stream, by flat id: where it is, what the stream was promised about it,
@@ -104,7 +107,7 @@ impl Shards {
         config: Arc<ResolvedConfig>,
         resumed: bool,
         inspected: Vec<(usize, Box<ShardMeta>)>,
-    ) -> Self {
+    ) -> Result<Self> {
         let mut sources = Vec::new();
         let mut stage_sources = Vec::with_capacity(config.stages.len());
         let mut count = 0;
@@ -118,12 +121,23 @@ impl Shards {
                     (false, Some(_)) if layout.is_none() => PromiseOrigin::Manifest,
                     (false, _) => PromiseOrigin::Listing,
                 };
+                let (records, layout) = if source.columns.is_empty() {
+                    (None, layout.clone())
+                } else {
+                    let fields = renamed_fields(&config.fields, &source.columns);
+                    let records = Projection::new(&fields)?.record_columns().0;
+                    let layout = layout
+                        .as_deref()
+                        .map(|l| Arc::new(renamed_layout(l, &source.columns)));
+                    (Some(Arc::new(records)), layout)
+                };
                 sources.push(SourceShards {
                     stage: s,
                     source: j,
                     first: count,
                     origin,
-                    layout: layout.clone(),
+                    layout,
+                    records,
                 });
                 count += source.shards.len();
             }
@@ -133,14 +147,20 @@ impl Shards {
         for (id, meta) in inspected {
             inspections[id] = OnceLock::from(meta);
         }
-        Shards {
+        Ok(Shards {
             meters: sources.iter().map(|_| Arc::new(Meter::default())).collect(),
             resolved: config,
             sources,
             stage_sources,
             inspections,
             limits: InspectionLimits::default(),
-        }
+        })
+    }
+
+    /// The record columns shard `id` is read with: its source's, where the source maps them,
+    /// else `fields` (the stream's).
+    pub fn records<'s>(&'s self, id: usize, fields: &'s Projection) -> &'s Projection {
+        self.entry(id).source.records.as_deref().unwrap_or(fields)
     }
 
     /// Sets what shards inspected at their first read are held to (known once the stream's
@@ -221,7 +241,13 @@ impl Shards {
                 if let Some(slot) = before.get_mut(id) {
                     *slot = counts[j];
                 }
-                counts[j] += dropped;
+                // Documents packing left out are records left out too, though no row of
+                // windows is: they count here and not in `before`.
+                let documents = self
+                    .inspected(id)
+                    .and_then(ShardMeta::tokens)
+                    .map_or(0, crate::formats::TokenIndex::dropped_documents);
+                counts[j] += dropped + documents;
             }
         }
         (counts, before)
@@ -274,7 +300,7 @@ impl Shards {
                     layout,
                     cache: None,
                 }),
-            &limits.records,
+            entry.source.records.as_deref().unwrap_or(&limits.records),
             (
                 limits.scratch_reserved.min(formats::MAX_RECORD_BYTES),
                 limits.plan_room,

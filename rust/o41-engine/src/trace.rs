@@ -151,6 +151,93 @@ pub fn trace(
     Ok(out)
 }
 
+/// The documents each traced window holds, located in its shard (empty for a record or a
+/// padding row): what a packed batch was made of. Each token shard traced is inspected once as
+/// open inspects it (its document boundaries: a Parquet column's list lengths, an eos scan),
+/// held to the document's promise; `known` are inspections open already made, by flat shard id
+/// (stage, then source, then shard order).
+pub fn window_documents(
+    config: &ResolvedConfig,
+    storage: &crate::storage::Storage,
+    known: &[(usize, Box<crate::formats::ShardMeta>)],
+    traced: &[TracedRow],
+) -> Result<Vec<Vec<crate::formats::LocatedPiece>>> {
+    use crate::config::{renamed_fields, renamed_layout};
+    use crate::formats::{ShardMeta, TokenInspection};
+    use crate::memory::{MemoryBound, ShardScratch};
+    // Flat ids of each source's first shard, to find what open inspected.
+    let mut firsts = Vec::new();
+    let mut count = 0;
+    for stage in &config.stages {
+        firsts.push(
+            stage
+                .sources
+                .iter()
+                .map(|source| {
+                    let first = count;
+                    count += source.shards.len();
+                    first
+                })
+                .collect::<Vec<_>>(),
+        );
+    }
+    let projection = crate::fields::Projection::new(&config.fields)?;
+    let bound = MemoryBound::compute(
+        &config.pipeline_shape()?,
+        &projection,
+        ShardScratch::default(),
+    )?;
+    let max_plan = bound.limit - bound.total();
+    let cache = crate::inspect_cache::InspectCache::from_env();
+    let mut inspected: std::collections::HashMap<(usize, usize, usize), ShardMeta> =
+        std::collections::HashMap::new();
+    let mut out = Vec::with_capacity(traced.len());
+    for row in traced {
+        let stage = &config.stages[row.stage];
+        let Some(layout) = stage.token_layout().filter(|_| !row.padding) else {
+            out.push(Vec::new());
+            continue;
+        };
+        let flat = firsts[row.stage][row.source] + row.shard;
+        let key = (row.stage, row.source, row.shard);
+        let meta = if let Ok(k) = known.binary_search_by_key(&flat, |(id, _)| *id) {
+            &*known[k].1
+        } else {
+            if let std::collections::hash_map::Entry::Vacant(slot) = inspected.entry(key) {
+                let source = &stage.sources[row.source];
+                let shard = &source.shards[row.shard];
+                let fields = renamed_fields(&config.fields, &source.columns);
+                let records = crate::fields::Projection::new(&fields)?.record_columns().0;
+                let layout = renamed_layout(&layout, &source.columns);
+                let promise = shard.promise(crate::formats::PromiseOrigin::Checkpoint);
+                let meta = crate::formats::inspect_shard(
+                    storage,
+                    &shard.path,
+                    shard.encoding,
+                    Some(TokenInspection {
+                        layout: &layout,
+                        cache: cache.as_ref(),
+                    }),
+                    &records,
+                    (crate::formats::MAX_RECORD_BYTES, max_plan),
+                    crate::formats::Checks {
+                        promise: Some(&promise),
+                        cache: cache.as_ref(),
+                        ..crate::formats::Checks::default()
+                    },
+                )?;
+                slot.insert(meta);
+            }
+            &inspected[&key]
+        };
+        let pieces = meta
+            .tokens()
+            .map_or_else(Vec::new, |index| index.located_pieces(row.row));
+        out.push(pieces);
+    }
+    Ok(out)
+}
+
 /// Turns the rows of `traced` into the shards' own record numbers where a field's overflow rule
 /// `drop` left records out: the order counts a shard's kept records, so each shard traced is
 /// read once, its `drop` fields only, as open reads it. Nothing is read for any other stream.

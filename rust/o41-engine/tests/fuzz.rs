@@ -385,6 +385,7 @@ fn fuzz_token_plans(seed: Vec<u8>) {
         seq_len: 8,
         bins: 2,
         eos_id: None,
+        overflow: o41_engine::config::PackOverflow::default(),
     });
     let projection = projection();
     each_mutation(seed, |mutated, n| {
@@ -719,6 +720,7 @@ fn forged_cached_list_lengths() {
         seq_len: 2,
         bins: 2,
         eos_id: None,
+        overflow: o41_engine::config::PackOverflow::default(),
     });
     let projection = projection();
     let mut runner = proptest::test_runner::TestRunner::new(ProptestConfig {
@@ -951,6 +953,7 @@ fn token_plan(field: &str) -> (o41_engine::config::TokenLayout, Projection) {
         seq_len: 4,
         bins: 2,
         eos_id: None,
+        overflow: o41_engine::config::PackOverflow::default(),
     });
     let tokens = Projection::new(&[FieldSpec {
         overflow: o41_engine::config::Overflow::Truncate,
@@ -1097,6 +1100,7 @@ fn npy_arrays() {
         seq_len: 4,
         bins: 2,
         eos_id: Some(0),
+        overflow: o41_engine::config::PackOverflow::default(),
     });
     let tokens = Projection::new(&[FieldSpec {
         overflow: o41_engine::config::Overflow::Truncate,

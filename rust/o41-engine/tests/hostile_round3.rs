@@ -364,6 +364,7 @@ fn forged_cached_list_lengths_are_a_miss() {
             seq_len: 8,
             bins: 2,
             eos_id: None,
+            overflow: o41_engine::config::PackOverflow::default(),
         }),
         TokenLayout::Windows(WindowsSpec {
             field: "t".into(),
@@ -391,6 +392,7 @@ fn a_document_past_the_plan_bound_is_refused_before_it_is_placed() {
         seq_len: 1,
         bins: 1,
         eos_id: None,
+        overflow: o41_engine::config::PackOverflow::default(),
     });
     let error = inspect_tokens(&shard, &layout, None, 1 << 20).expect_err("too large");
     assert!(error.to_string().contains(&shard.uri()), "{error}");

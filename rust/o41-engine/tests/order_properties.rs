@@ -35,6 +35,8 @@ fn stage(
                     })
                     .collect(),
                 manifest: None,
+                named: None,
+                columns: std::collections::BTreeMap::new(),
             })
             .collect(),
         batch_size,

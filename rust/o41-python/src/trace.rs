@@ -4,7 +4,7 @@
 use o41_engine::config::ResolvedConfig;
 use o41_engine::order::Segment;
 use o41_engine::resolve::resolve;
-use o41_engine::trace::{file_rows, trace, TraceFrom, TracedRow};
+use o41_engine::trace::{file_rows, trace, window_documents, TraceFrom, TracedRow};
 use o41_engine::StreamConfig;
 use pyo3::prelude::*;
 
@@ -29,6 +29,25 @@ type Row = (
     bool,
     bool,
 );
+
+/// One document's run in a traced window: the record it starts in (`None` in a flat token
+/// stream), its tokens from that record's first (or the stream's), and its position in its
+/// document.
+type Piece = (Option<u64>, u64, u64, u64);
+
+/// The traced rows, and beside each the documents it holds if it is a window.
+type Traced = (Vec<Row>, Vec<Vec<Piece>>);
+
+fn documents(pieces: Vec<Vec<o41_engine::formats::LocatedPiece>>) -> Vec<Vec<Piece>> {
+    pieces
+        .into_iter()
+        .map(|row| {
+            row.into_iter()
+                .map(|p| (p.record, p.start, p.end, p.position))
+                .collect()
+        })
+        .collect()
+}
 
 fn rows(config: &ResolvedConfig, traced: Vec<TracedRow>) -> Vec<Row> {
     // Whether a stage's rows are token windows: once per stage, not per row.
@@ -75,18 +94,22 @@ pub fn trace_config(
     end: u64,
     world_size: u64,
     storage: Option<&Storage>,
-) -> PyResult<Vec<Row>> {
+) -> PyResult<Traced> {
     let storage = engine(storage);
     blocking(py, |cancel| {
         let config = StreamConfig::from_json(config_json)?;
-        let resolved = resolve(&config, &storage.with_cancel(cancel.clone()))?.config;
+        let opened = resolve(&config, &storage.with_cancel(cancel.clone()))?;
+        let resolved = opened.config;
         let from = TraceFrom {
             segment: Segment::first(),
             origin: 0,
         };
+        let storage = storage.with_cancel(cancel.clone());
         let mut traced = trace(&resolved, from, start..end, world_size)?;
-        file_rows(&resolved, &storage.with_cancel(cancel.clone()), &mut traced)?;
-        Ok(rows(&resolved, traced))
+        file_rows(&resolved, &storage, &mut traced)?;
+        // Open inspected every token shard: their windows' documents are known.
+        let pieces = window_documents(&resolved, &storage, &opened.inspected, &traced)?;
+        Ok((rows(&resolved, traced), documents(pieces)))
     })
 }
 
@@ -102,7 +125,7 @@ pub fn trace_checkpoint(
     end: u64,
     world_size: u64,
     storage: Option<&Storage>,
-) -> PyResult<Vec<Row>> {
+) -> PyResult<Traced> {
     let storage = engine(storage);
     let inner = &checkpoint.inner;
     let from = TraceFrom {
@@ -110,12 +133,10 @@ pub fn trace_checkpoint(
         origin: inner.position.cursor.next_batch,
     };
     blocking(py, |cancel| {
+        let storage = storage.with_cancel(cancel.clone());
         let mut traced = trace(&inner.resolved, from, start..end, world_size)?;
-        file_rows(
-            &inner.resolved,
-            &storage.with_cancel(cancel.clone()),
-            &mut traced,
-        )?;
-        Ok(rows(&inner.resolved, traced))
+        file_rows(&inner.resolved, &storage, &mut traced)?;
+        let pieces = window_documents(&inner.resolved, &storage, &[], &traced)?;
+        Ok((rows(&inner.resolved, traced), documents(pieces)))
     })
 }

@@ -95,7 +95,15 @@ fn first_difference(resolved: &ResolvedConfig, config: &StreamConfig) -> Result<
         }
         for (j, (theirs, ours)) in theirs.sources.iter().zip(&ours.sources).enumerate() {
             let option = format!("{option}.sources[{j}]");
-            if let Some(d) = differs(&format!("{option}.weight"), &theirs.weight, &ours.weight()) {
+            if let Some(d) = differs(&format!("{option}.weight"), &theirs.weight, &ours.weight())
+                .or_else(|| {
+                    differs(
+                        &format!("{option}.columns"),
+                        &theirs.columns,
+                        ours.columns(),
+                    )
+                })
+            {
                 return Ok(Some(d));
             }
             if let Some(difference) = source_difference(theirs, ours, &option)? {
@@ -135,37 +143,101 @@ fn source_difference(
                 files, encoding, ..
             },
             None,
-        ) => {
-            if files.len() != theirs.shards.len() {
-                return Ok(Some(format!(
-                    "{option}: the file list changed: the checkpoint read {} files, the config lists {}",
-                    theirs.shards.len(),
-                    files.len()
-                )));
-            }
-            for (f, (file, shard)) in files.iter().zip(&theirs.shards).enumerate() {
-                let path = absolute(file);
-                if path != shard.path {
-                    return Ok(Some(format!(
-                        "{option}: the file list changed: files[{f}] is {path} in the config, {} in the checkpoint",
-                        shard.path
-                    )));
-                }
-                let expected = match encoding {
-                    Some(name) => Encoding::parse(name, &format!("{option}.encoding"))?,
-                    None => Encoding::from_path(file, &format!("{option}.files[{f}]"))?,
-                };
-                if expected != shard.encoding {
-                    return Ok(Some(format!(
-                        "{option}: files[{f}] is read as {} in the config, as {} in the checkpoint",
-                        expected.name(),
-                        shard.encoding.name()
-                    )));
-                }
-            }
-            Ok(None)
+        ) => file_list_difference(theirs, files, encoding.as_deref(), option),
+    }
+}
+
+/// The first difference between the file list a config names and the one a checkpoint's source
+/// read, entry by entry: each entry must name what it named then (a Megatron dataset by its
+/// `.idx`, `.bin` or prefix, a dataset directory), stand for the same shards and read them with
+/// the same encoding.
+fn file_list_difference(
+    theirs: &ResolvedSource,
+    files: &[String],
+    encoding: Option<&str>,
+    option: &str,
+) -> Result<Option<String>> {
+    let changed = format!("{option}: the file list changed");
+    if let Some(named) = &theirs.named {
+        if named.len() != files.len() {
+            return Ok(Some(format!(
+                "{changed}: the checkpoint's source named {} files, the config lists {}",
+                named.len(),
+                files.len()
+            )));
         }
     }
+    let shards = &theirs.shards;
+    let mut next = 0usize;
+    for (f, file) in files.iter().enumerate() {
+        let expected = match encoding {
+            Some(name) => Encoding::parse(name, &format!("{option}.encoding"))?,
+            None => Encoding::from_path(file, &format!("{option}.files[{f}]"))?,
+        };
+        let path = absolute(file);
+        let count = match theirs.named.as_ref().map(|named| &named[f]) {
+            Some(named) if named.file != path => {
+                return Ok(Some(format!(
+                    "{changed}: files[{f}] is {path} in the config, {} in the checkpoint",
+                    named.file
+                )));
+            }
+            Some(named) => usize::try_from(named.shards).unwrap_or(usize::MAX),
+            // A document from before names were recorded: a directory stands for the shards
+            // under it, any other entry for the one shard it is known by.
+            None if expected.names_directory(file) => {
+                let under = format!("{}/", path.trim_end_matches('/'));
+                shards[next.min(shards.len())..]
+                    .iter()
+                    .take_while(|shard| shard.path.starts_with(&under))
+                    .count()
+                    .max(1)
+            }
+            None => 1,
+        };
+        let Some(group) = next
+            .checked_add(count)
+            .and_then(|end| shards.get(next..end))
+        else {
+            return Ok(Some(format!(
+                "{changed}: the checkpoint read {} files, the config names more",
+                shards.len()
+            )));
+        };
+        if theirs.named.is_none() && !expected.names_directory(file) {
+            let location = absolute(&expected.shard_location(file));
+            if group[0].path != location {
+                return Ok(Some(format!(
+                    "{changed}: files[{f}] is {location} in the config, {} in the checkpoint",
+                    group[0].path
+                )));
+            }
+        } else if theirs.named.is_none()
+            && !group[0]
+                .path
+                .starts_with(&format!("{}/", path.trim_end_matches('/')))
+        {
+            return Ok(Some(format!(
+                "{changed}: files[{f}] is {path} in the config, {} in the checkpoint",
+                group[0].path
+            )));
+        }
+        if let Some(shard) = group.iter().find(|shard| shard.encoding != expected) {
+            return Ok(Some(format!(
+                "{option}: files[{f}] is read as {} in the config, as {} in the checkpoint",
+                expected.name(),
+                shard.encoding.name()
+            )));
+        }
+        next += count;
+    }
+    Ok((next != shards.len()).then(|| {
+        format!(
+            "{changed}: the checkpoint read {} files, the config lists {}",
+            shards.len(),
+            next
+        )
+    }))
 }
 
 /// A value as compact JSON, for messages.

@@ -25,6 +25,9 @@ impl ResolvedConfig {
                         weight: source.weight,
                         shards: Vec::new(),
                         manifest: source.manifest.clone(),
+                        // How the files were named does not decide the order.
+                        named: None,
+                        columns: source.columns.clone(),
                     })
                     .collect();
                 stage.with_sources(sources)

@@ -5,6 +5,7 @@
 //! share, `resolved` the resolved document a checkpoint stores, `fingerprint` its hash.
 
 mod fingerprint;
+mod mapping;
 mod resolved;
 mod schema;
 mod validate;
@@ -12,13 +13,15 @@ mod validate;
 #[cfg(test)]
 mod tests;
 
+pub use mapping::{renamed_fields, renamed_layout, MappedSource};
 pub use resolved::{
-    ManifestSelection, ResolvedConfig, ResolvedShard, ResolvedSource, ResolvedStage,
+    ManifestSelection, NamedFile, ResolvedConfig, ResolvedShard, ResolvedSource, ResolvedStage,
     RESOLVED_CONFIG_VERSION,
 };
 pub use schema::{
-    is_window_source, parse_named, FieldSource, FieldSpec, Overflow, PackingSpec, PadSide,
-    RampSpec, ShuffleSpec, SourceSpec, Stage, StageSpec, StreamConfig, TokenLayout, WindowColumn,
-    WindowsSpec, MAX_BINS, MAX_SEQ_LEN, POSITIONS, SEGMENT_IDS, SEGMENT_LENGTHS,
+    is_window_source, parse_named, FieldSource, FieldSpec, Overflow, PackOverflow, PackingSpec,
+    PadSide, RampSpec, ShuffleSpec, SourceSpec, Stage, StageSpec, StreamConfig, TokenLayout,
+    WindowColumn, WindowsSpec, LABELS, LABELS_PREFIX, MAX_BINS, MAX_SEQ_LEN, POSITIONS,
+    SEGMENT_IDS, SEGMENT_LENGTHS,
 };
 pub use validate::{MAX_RAMP_STEPS, VALID_COLUMN};

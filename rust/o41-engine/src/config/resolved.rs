@@ -2,6 +2,7 @@
 //! checkpoint stores. It carries a version and no credentials.
 
 use std::borrow::Cow;
+use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
@@ -62,6 +63,17 @@ pub struct ManifestSelection {
     pub curriculum_stages: Option<Vec<String>>,
 }
 
+/// One entry of a file list as the config named it, and how many of the source's shards (the
+/// next ones, in order) it stands for.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NamedFile {
+    /// The entry as configured, made absolute.
+    pub file: String,
+    /// The shards it resolved to.
+    pub shards: u64,
+}
+
 /// A source with its shard list pinned.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ResolvedSource {
@@ -72,6 +84,17 @@ pub struct ResolvedSource {
     /// The manifest selection the shards came from; absent for a plain file list.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub manifest: Option<ManifestSelection>,
+    /// A file list's entries as the config named them, recorded where one names other files
+    /// than itself (a Megatron `.idx` or prefix, a dataset directory): a config is checked
+    /// against the names, as a manifest source is against its selection, so a directory
+    /// rewritten after the checkpoint does not change what a resumed stream reads. Absent
+    /// where every entry is its own shard, and in documents written before it existed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub named: Option<Vec<NamedFile>>,
+    /// The source's column mapping: the name a projected field (or a token stage's field)
+    /// reads, to the column this source's shards hold it under.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub columns: BTreeMap<String, String>,
 }
 
 impl ResolvedSource {

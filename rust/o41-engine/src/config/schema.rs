@@ -1,6 +1,8 @@
 //! The stream configuration as the engine receives it (JSON from the Python face): fields,
 //! sources, stages and their token layouts, the reserved sources and their limits.
 
+use std::collections::BTreeMap;
+
 use serde::{Deserialize, Serialize};
 
 use crate::dtype::{DType, Scalar};
@@ -246,6 +248,10 @@ pub enum SourceSpec {
         /// Relative share of the stage's rows.
         #[serde(default = "default_weight")]
         weight: f64,
+        /// The names the fields read, mapped to the columns this source's shards hold them
+        /// under (`{"input_ids": "tokens"}`); a name not mapped is read as it is.
+        #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+        columns: BTreeMap<String, String>,
     },
     /// A selection of a data manifest's split.
     Manifest {
@@ -260,6 +266,9 @@ pub enum SourceSpec {
         /// Relative share of the stage's rows.
         #[serde(default = "default_weight")]
         weight: f64,
+        /// See `Files::columns`.
+        #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+        columns: BTreeMap<String, String>,
     },
 }
 
@@ -268,6 +277,13 @@ impl SourceSpec {
     pub fn weight(&self) -> f64 {
         match self {
             SourceSpec::Files { weight, .. } | SourceSpec::Manifest { weight, .. } => *weight,
+        }
+    }
+
+    /// The source's column mapping (empty: every name is read as it is).
+    pub fn columns(&self) -> &BTreeMap<String, String> {
+        match self {
+            SourceSpec::Files { columns, .. } | SourceSpec::Manifest { columns, .. } => columns,
         }
     }
 }
@@ -344,6 +360,32 @@ pub struct PackingSpec {
     /// take it from their `meta.json`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub eos_id: Option<u64>,
+    /// What a document longer than a window does.
+    #[serde(default, skip_serializing_if = "PackOverflow::is_default")]
+    pub overflow: PackOverflow,
+}
+
+/// What packing does with a document longer than a window.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum PackOverflow {
+    /// Cut into full windows and a tail, the tail placed as any document (the default).
+    #[default]
+    Split,
+    /// Left out of the stream: found when the shard's windows are planned, so every rank and
+    /// every resume plans the same windows; counted in the source's `dropped_rows`. A
+    /// conversation is never trained on from its middle.
+    Drop,
+    /// The shard fails with a projection error naming it, the document and its length.
+    Error,
+}
+
+impl PackOverflow {
+    // A reference: serde's `skip_serializing_if` passes one.
+    #[allow(clippy::trivially_copy_pass_by_ref)]
+    fn is_default(&self) -> bool {
+        *self == PackOverflow::default()
+    }
 }
 
 pub(super) fn default_bins() -> u64 {
@@ -376,6 +418,14 @@ pub const POSITIONS: &str = "@positions";
 /// running sums are the `cu_seqlens` that `FlashAttention`'s varlen functions take).
 pub const SEGMENT_LENGTHS: &str = "@segment_lengths";
 
+/// The reserved source a token stage fills with next-token targets: each token's successor in
+/// its document, or the ignore index (the field's pad) where it has none in the window (a
+/// document's last token, padding). `@labels:<field>` also ignores a target whose token the
+/// aligned mask `<field>` (a projected field's name) marks 0.
+pub const LABELS: &str = "@labels";
+/// See [`LABELS`].
+pub const LABELS_PREFIX: &str = "@labels:";
+
 /// Whether `source` is one of the columns a token stage fills from its windows.
 pub fn is_window_source(source: &str) -> bool {
     WindowColumn::of(source).is_some()
@@ -393,6 +443,9 @@ pub enum WindowColumn {
     /// `@segment_lengths`: the tokens of each piece of the window, in order, then pad; one
     /// element per piece rather than per token.
     Lengths,
+    /// `@labels`: the planner marks which tokens have a successor in their piece (0) and
+    /// which do not (pad); the batch's tokens fill the marks once read (`crate::labels`).
+    Labels,
 }
 
 impl WindowColumn {
@@ -402,6 +455,8 @@ impl WindowColumn {
             SEGMENT_IDS => Some(WindowColumn::Segments),
             POSITIONS => Some(WindowColumn::Positions),
             SEGMENT_LENGTHS => Some(WindowColumn::Lengths),
+            LABELS => Some(WindowColumn::Labels),
+            _ if source.starts_with(LABELS_PREFIX) => Some(WindowColumn::Labels),
             _ => None,
         }
     }

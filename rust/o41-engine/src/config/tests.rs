@@ -50,6 +50,8 @@ fn streamed_fingerprint_equals_the_canonical_document_hash() {
             split: "train".into(),
             curriculum_stages: Some(vec!["a".into(), "\u{0}b".into()]),
         }),
+        named: None,
+        columns: std::collections::BTreeMap::new(),
     };
     let config = ResolvedConfig {
         version: RESOLVED_CONFIG_VERSION,
@@ -82,6 +84,7 @@ fn streamed_fingerprint_equals_the_canonical_document_hash() {
                     seq_len: 16,
                     bins: 4,
                     eos_id: Some(0),
+                    overflow: crate::config::PackOverflow::default(),
                 }),
                 windows: None,
             },

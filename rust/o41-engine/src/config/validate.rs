@@ -1,11 +1,12 @@
 //! The checks of a config and of a resolved document (they share one set of rules): every
 //! error names the option at fault by its path in the document.
 
+use super::mapping::{validate_columns, MappedSource};
 use super::resolved::ResolvedConfig;
 use super::schema::{
     is_window_source, FieldSource, FieldSpec, Overflow, PackingSpec, PadSide, RampSpec,
-    ShuffleSpec, SourceSpec, Stage, StreamConfig, TokenLayout, WindowsSpec, MAX_BINS, MAX_SEQ_LEN,
-    SEGMENT_LENGTHS,
+    ShuffleSpec, SourceSpec, Stage, StreamConfig, TokenLayout, WindowColumn, WindowsSpec,
+    LABELS_PREFIX, MAX_BINS, MAX_SEQ_LEN, SEGMENT_LENGTHS,
 };
 use crate::dtype::DType;
 use crate::encoding::Encoding;
@@ -98,6 +99,10 @@ pub(super) fn validate_tokens(
             }
             continue;
         }
+        if WindowColumn::of(source) == Some(WindowColumn::Labels) {
+            validate_labels((option, i), f, row, fields, layout.field())?;
+            continue;
+        }
         if source.starts_with(crate::fields::LENGTH_PREFIX) {
             return Err(Error::config(
                 format!("fields[{i}].source"),
@@ -115,23 +120,31 @@ pub(super) fn validate_tokens(
         // list of the same length in each record, cut and padded where the tokens are.
         found |= source == layout.field();
         if f.overflow != Overflow::default() || f.pad_side != PadSide::default() {
+            let instead = if packing.is_some() {
+                ": a document longer than a window is split, left out or refused by \
+                 packing.overflow ('split', 'drop', 'error')"
+            } else {
+                ""
+            };
             return Err(Error::config(
                 format!("fields[{i}]"),
                 format!(
                     "'{}' is cut into {option}'s token windows, which place and pad it \
-                     themselves: overflow and pad_side are for fields of records",
+                     themselves: overflow and pad_side are for fields of records{instead}",
                     f.source
                 ),
             ));
         }
-        if !matches!(f.dtype, DType::I32 | DType::I64) || f.shape != [row] {
+        // An aligned field may be a mask of bools; the tokens are ids.
+        let bool_mask = !token_column && f.dtype == DType::Bool;
+        if !(matches!(f.dtype, DType::I32 | DType::I64) || bool_mask) || f.shape != [row] {
             if !token_column {
                 return Err(Error::config(
                     format!("fields[{i}]"),
                     format!(
                         "'{}' is read beside the tokens of {option}, element for element (an \
-                         aligned field, such as a loss mask): declare dtype i32 or i64 and \
-                         length {row}, as the token field '{}'",
+                         aligned field, such as a loss mask): declare dtype i32, i64 or bool \
+                         and length {row}, as the token field '{}'",
                         f.source,
                         layout.field()
                     ),
@@ -140,7 +153,8 @@ pub(super) fn validate_tokens(
             return Err(Error::config(
                 format!("fields[{i}]"),
                 format!(
-                    "'{}' of {option} is a row of {row} tokens ({key} seq_len {seq_len}{}): declare                      dtype i32 or i64 and length {row}",
+                    "'{}' of {option} is a row of {row} tokens ({key} seq_len {seq_len}{}): declare \
+                     dtype i32 or i64 and length {row}",
                     f.source,
                     if packing.is_some() { "" } else { " plus the overlapping token" }
                 ),
@@ -156,9 +170,65 @@ pub(super) fn validate_tokens(
     Ok(())
 }
 
+/// Checks field `i` of a token stage (`option`), whose source is `@labels` or
+/// `@labels:<mask>`: a row of `row` integer targets whose pad, the ignore index, can be no token
+/// id, and a mask that is an aligned field of the stage.
+fn validate_labels(
+    (option, i): (&str, usize),
+    f: &FieldSpec,
+    row: usize,
+    fields: &[FieldSpec],
+    token_field: &str,
+) -> Result<()> {
+    if !matches!(f.dtype, DType::I32 | DType::I64) || f.shape != [row] {
+        return Err(Error::config(
+            format!("fields[{i}]"),
+            format!(
+                "'{}' of {option} holds each token's target, element for element: declare \
+                 dtype i32 or i64 and length {row}, as the token field",
+                f.source
+            ),
+        ));
+    }
+    if f.pad.as_i64().is_none_or(|pad| pad >= 0) {
+        return Err(Error::config(
+            format!("fields[{i}].pad"),
+            format!(
+                "the pad of '{}' is the ignore index, which no token id may equal: declare a \
+                 negative one, pad=-100 as PyTorch's cross_entropy ignores (got {})",
+                f.source, f.pad
+            ),
+        ));
+    }
+    let Some(mask) = f
+        .source
+        .single()
+        .and_then(|s| s.strip_prefix(LABELS_PREFIX))
+    else {
+        return Ok(());
+    };
+    let aligned = fields.iter().find(|m| m.name == mask).and_then(|m| {
+        m.source
+            .single()
+            .filter(|s| !s.starts_with('@') && *s != token_field)
+    });
+    if aligned.is_none() {
+        return Err(Error::config(
+            format!("fields[{i}].source"),
+            format!(
+                "'{}' ignores the targets that the field '{mask}' masks, and no field of that \
+                 name is read beside the tokens of {option}: name an aligned field (a loss \
+                 mask) by its name",
+                f.source
+            ),
+        ));
+    }
+    Ok(())
+}
+
 /// The checks a config and a resolved document share, in the order their errors are reported;
 /// `source(option, source)` checks a source, whose option path is `option`.
-pub(super) fn validate_document<S>(
+pub(super) fn validate_document<S: MappedSource>(
     fields: &[FieldSpec],
     stages: &[Stage<S>],
     validation_pass: bool,
@@ -185,8 +255,11 @@ pub(super) fn validate_document<S>(
                 "at least one source is required",
             ));
         }
+        let layout = stage.token_layout();
         for (j, spec) in stage.sources.iter().enumerate() {
-            source(&format!("{option}.sources[{j}]"), spec)?;
+            let at = format!("{option}.sources[{j}]");
+            source(&at, spec)?;
+            validate_columns(&at, spec.columns(), fields, layout.as_ref())?;
         }
     }
     if validation_pass {

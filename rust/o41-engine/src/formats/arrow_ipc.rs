@@ -372,7 +372,7 @@ impl ShardFormat for ArrowIpc {
         let column = index
             .schema
             .index_of(field)
-            .map_err(|_| not_ids("the shard has no such column".to_owned()))?;
+            .map_err(|_| not_ids(no_such_column(&index.schema)))?;
         let data_type = index.schema.field(column).data_type();
         let ids = match data_type {
             DataType::List(item) | DataType::LargeList(item) | DataType::FixedSizeList(item, _) => {
@@ -460,7 +460,8 @@ impl BatchReader {
         }
     }
 
-    /// The schema columns `projection` reads, in its order; a missing one is the error.
+    /// The schema columns `projection` reads, in its order; a missing one is the error, which
+    /// lists the shard's.
     fn columns(&self, projection: &Projection) -> Result<Vec<usize>> {
         projection
             .columns
@@ -474,7 +475,7 @@ impl BatchReader {
                         row: 0,
                         field: c.name.clone(),
                         source_field: c.source.clone(),
-                        message: "the shard has no such column".to_owned(),
+                        message: no_such_column(&self.index.schema),
                     })
             })
             .collect()
@@ -851,4 +852,13 @@ pub fn dataset_files(storage: &Storage, dir: &str, option: &str) -> Result<Vec<S
              state.json or dataset_dict.json in it)"
         ),
     ))
+}
+
+/// The message of a column the shard lacks, listing the ones it has.
+fn no_such_column(schema: &arrow_schema::Schema) -> String {
+    let names: Vec<&str> = schema.fields().iter().map(|f| f.name().as_str()).collect();
+    format!(
+        "the shard has no such column (its columns: {})",
+        names.join(", ")
+    )
 }

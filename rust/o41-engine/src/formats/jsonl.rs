@@ -350,7 +350,10 @@ fn project_line(
             de.end()
                 .map_err(|e| crate::record::RecordError::Malformed(e.to_string()))
         })
-        .map_err(|e| e.into_error(projection, path, encoding.name(), row))
+        .map_err(|e| {
+            let fields = Some(crate::record::RecordFields::Json(line));
+            e.into_error(projection, path, (encoding.name(), fields), row)
+        })
 }
 
 impl RecordCursor for Reader {

@@ -488,10 +488,11 @@ impl DocumentReader {
             let record = Value::Map(self.record(bytes, first, doc)).into_deserializer();
             let result = project_record(record, projection, &mut chunk.columns, out_row + k);
             result.map_err(|e| {
+                let fields = crate::record::RecordFields::Known(&[TOKEN_FIELD]);
                 e.into_error(
                     projection,
                     self.object.uri(),
-                    Encoding::Megatron.name(),
+                    (Encoding::Megatron.name(), Some(fields)),
                     doc,
                 )
             })?;

@@ -59,7 +59,9 @@ pub use msgpack::FRAME_HEADER_BYTES;
 pub use parquet::PageCache;
 pub use records::{RecordChunk, ShardRecords};
 pub use registry::{format_of, token_encodings};
-pub use tokens::{fill_window, TokenIndex, WindowColumn, META_FILE as TOKEN_META_FILE};
+pub use tokens::{
+    fill_window, LocatedPiece, TokenIndex, WindowColumn, META_FILE as TOKEN_META_FILE,
+};
 pub use value::{Record, Value};
 
 /// The longest JSON line or `MessagePack` frame any reader holds, whatever the memory limit

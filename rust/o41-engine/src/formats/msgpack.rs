@@ -238,8 +238,10 @@ fn project_frame(
     row: u64,
 ) -> Result<()> {
     let mut de = rmp_serde::Deserializer::from_read_ref(frame);
-    project_record(&mut de, projection, &mut chunk.columns, out_row)
-        .map_err(|e| e.into_error(projection, path, ENCODING, row))
+    project_record(&mut de, projection, &mut chunk.columns, out_row).map_err(|e| {
+        let fields = Some(crate::record::RecordFields::Msgpack(frame));
+        e.into_error(projection, path, (ENCODING, fields), row)
+    })
 }
 
 impl RecordCursor for Reader {

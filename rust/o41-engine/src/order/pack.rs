@@ -36,6 +36,8 @@ pub struct PackPlan {
     starts: Vec<u64>,
     pieces: Vec<Piece>,
     tokens: u64,
+    /// Documents left out (longer than a window, under `overflow="drop"`).
+    dropped: u64,
 }
 
 impl PackPlan {
@@ -73,6 +75,11 @@ impl PackPlan {
         self.tokens
     }
 
+    /// Documents left out rather than split.
+    pub fn dropped(&self) -> u64 {
+        self.dropped
+    }
+
     /// Bytes the plan holds.
     pub fn bytes(&self) -> u64 {
         self.pieces.len() as u64 * PLAN_BYTES_PER_PIECE
@@ -106,6 +113,7 @@ impl Packer {
                 starts: vec![0],
                 pieces: Vec::new(),
                 tokens: 0,
+                dropped: 0,
             },
         }
     }
@@ -126,6 +134,16 @@ impl Packer {
     fn emit(&mut self, pieces: &[Piece]) {
         self.plan.pieces.extend_from_slice(pieces);
         self.plan.starts.push(self.plan.pieces.len() as u64);
+    }
+
+    /// Tokens per window.
+    pub fn seq_len(&self) -> u64 {
+        self.seq_len
+    }
+
+    /// Counts a document left out of the plan.
+    pub fn leave_out(&mut self) {
+        self.plan.dropped += 1;
     }
 
     /// Places the document of `len` tokens that starts at token `start` of the stream. An

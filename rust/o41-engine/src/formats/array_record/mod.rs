@@ -550,7 +550,12 @@ impl ChunkReader {
                     )
                 }
             };
-            projected.map_err(|e| e.into_error(projection, path, name, row))?;
+            let fields = match payload {
+                RecordPayload::Json => crate::record::RecordFields::Json(bytes),
+                RecordPayload::Msgpack => crate::record::RecordFields::Msgpack(bytes),
+                RecordPayload::Ids { .. } => crate::record::RecordFields::Known(&["tokens"]),
+            };
+            projected.map_err(|e| e.into_error(projection, path, (name, Some(fields)), row))?;
         }
         Ok(())
     }

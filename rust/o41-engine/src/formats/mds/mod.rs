@@ -583,7 +583,9 @@ impl SampleReader {
                 &mut chunk.columns,
                 out_row + k,
             )
-            .map_err(|e| e.into_error(projection, self.path(), Encoding::Mds.name(), row))?;
+            .map_err(|e| {
+                e.into_error(projection, self.path(), (Encoding::Mds.name(), None), row)
+            })?;
         }
         Ok(())
     }

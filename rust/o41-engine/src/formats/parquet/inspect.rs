@@ -67,7 +67,7 @@ pub(super) fn inspect_unguarded(
                 field: column.name.clone(),
                 source_field: column.source.clone(),
                 message: format!(
-                    "the shard has no such column (columns: {})",
+                    "the shard has no such column (its columns: {})",
                     names.join(", ")
                 ),
             }

@@ -154,7 +154,7 @@ pub(super) fn scan_ids(
         let whole = filled - filled % width as usize;
         for id in buf[..whole].chunks_exact(width as usize) {
             if ids.get(id) == eos {
-                documents.push(doc_start, token + 1 - doc_start);
+                documents.push(doc_start, token + 1 - doc_start)?;
                 doc_start = token + 1;
             }
             token += 1;
@@ -181,7 +181,7 @@ pub(super) fn scan_ids(
         ));
     }
     if doc_start < token {
-        documents.push(doc_start, token - doc_start);
+        documents.push(doc_start, token - doc_start)?;
     }
     Ok(())
 }

@@ -22,7 +22,7 @@ mod tests;
 use std::sync::Arc;
 
 pub use crate::config::WindowColumn;
-use crate::config::{FieldSpec, TokenLayout};
+use crate::config::{FieldSpec, PackOverflow, TokenLayout};
 use crate::dtype::DType;
 use crate::encoding::Encoding;
 use crate::error::{Error, Result};
@@ -82,6 +82,21 @@ pub(super) struct Aligned {
     pub(super) projection: Projection,
 }
 
+/// A run of one document in a window, where it is in the shard.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LocatedPiece {
+    /// The record the run starts in; `None` in a flat token stream (`.bin`, `NumPy`, Megatron's
+    /// `.bin`), where `start` and `end` count from the stream's first token.
+    pub record: Option<u64>,
+    /// The run's first token, from the record's first token (or the stream's).
+    pub start: u64,
+    /// One past its last token, likewise (past the record's end where a document cut at an
+    /// eos id runs on into the next records).
+    pub end: u64,
+    /// The position of its first token within its document.
+    pub position: u64,
+}
+
 /// A token shard as a stage reads it: its stream, and its windows.
 #[derive(Debug)]
 pub struct TokenIndex {
@@ -110,6 +125,11 @@ impl TokenIndex {
     /// Tokens of the shard's stream.
     pub fn tokens(&self) -> u64 {
         self.tokens
+    }
+
+    /// Documents packing left out (longer than a window, `overflow="drop"`).
+    pub fn dropped_documents(&self) -> u64 {
+        self.plan.as_ref().map_or(0, PackPlan::dropped)
     }
 
     /// Tokens the windows hold, padding excluded: every token of a packing once; a stream
@@ -186,6 +206,38 @@ impl TokenIndex {
     /// Tokens between stream windows' starts.
     pub(super) fn stride(&self) -> u64 {
         self.layout.row_tokens() - 1
+    }
+
+    /// Window `w`'s pieces located in the shard: the record each starts in (`None` for a flat
+    /// token stream, whose documents are spans of it), its tokens counted from that record's
+    /// first (or the stream's first), and its position within its document.
+    pub fn located_pieces(&self, w: u64) -> Vec<LocatedPiece> {
+        let mut pieces = Vec::new();
+        self.pieces(w, &mut pieces);
+        let records = match &self.file {
+            TokenFile::Parquet { record_starts, .. } | TokenFile::Records { record_starts, .. } => {
+                Some(record_starts)
+            }
+            TokenFile::Flat { .. } => None,
+        };
+        pieces
+            .iter()
+            .map(|piece| {
+                let (record, first) = records.map_or((None, 0), |starts| {
+                    // The last record starting at or before the piece (empty ones share starts).
+                    let r = starts
+                        .partition_point(|&s| s <= piece.start)
+                        .saturating_sub(1);
+                    (Some(r as u64), starts[r])
+                });
+                LocatedPiece {
+                    record,
+                    start: piece.start - first,
+                    end: piece.start - first + u64::from(piece.len),
+                    position: piece.position,
+                }
+            })
+            .collect()
     }
 
     /// The tokens window `w` holds (its padding excluded); `scratch` holds its pieces after.
@@ -269,32 +321,71 @@ pub(super) fn check_token_column(
 /// Where inspection puts the documents it finds: packing places them in windows, stream
 /// windows cut at an eos id keep where each starts.
 pub(super) enum Documents {
-    Pack(Packer),
+    Pack(Packing),
     Starts(Vec<u64>),
 }
 
+/// A shard's documents being packed, and what a document longer than a window does.
+pub(super) struct Packing {
+    packer: Packer,
+    overflow: PackOverflow,
+    /// Documents seen so far (placed or left out): the next one's number, for errors.
+    seen: u64,
+    /// The shard and the field its tokens are read from, for errors.
+    path: String,
+    field: String,
+}
+
 impl Documents {
-    pub(super) fn of(layout: &TokenLayout) -> Option<Self> {
+    pub(super) fn of(layout: &TokenLayout, path: &str) -> Option<Self> {
         match layout {
-            TokenLayout::Packed(p) => {
-                Some(Documents::Pack(Packer::new(p.seq_len, p.bins as usize)))
-            }
+            TokenLayout::Packed(p) => Some(Documents::Pack(Packing {
+                packer: Packer::new(p.seq_len, p.bins as usize),
+                overflow: p.overflow,
+                seen: 0,
+                path: path.to_owned(),
+                field: p.field.clone(),
+            })),
             TokenLayout::Windows(w) => w.eos_id.map(|_| Documents::Starts(Vec::new())),
         }
     }
 
-    /// Document `start..start + len` of the stream.
-    pub(super) fn push(&mut self, start: u64, len: u64) {
+    /// Document `start..start + len` of the stream. A document longer than a window is split,
+    /// left out or refused, as the packing's overflow says.
+    pub(super) fn push(&mut self, start: u64, len: u64) -> Result<()> {
         match self {
-            Documents::Pack(packer) => packer.push(start, len),
+            Documents::Pack(packing) => {
+                let document = packing.seen;
+                packing.seen += 1;
+                let seq_len = packing.packer.seq_len();
+                match packing.overflow {
+                    _ if len <= seq_len => packing.packer.push(start, len),
+                    PackOverflow::Split => packing.packer.push(start, len),
+                    PackOverflow::Drop => packing.packer.leave_out(),
+                    PackOverflow::Error => {
+                        return Err(Error::Projection {
+                            path: packing.path.clone(),
+                            row: document,
+                            field: packing.field.clone(),
+                            source_field: packing.field.clone(),
+                            message: format!(
+                                "document {document} holds {len} tokens, more than a window's \
+                                 {seq_len}, and packing.overflow is 'error' ('drop' leaves such \
+                                 documents out, 'split' cuts them into windows)"
+                            ),
+                        })
+                    }
+                }
+            }
             Documents::Starts(starts) => starts.push(start),
         }
+        Ok(())
     }
 
     /// Bytes the document of `len` tokens may add (see [`Packer::growth`]).
     pub(super) fn growth(&self, len: u64) -> u64 {
         match self {
-            Documents::Pack(packer) => packer.growth(len),
+            Documents::Pack(packing) => packing.packer.growth(len),
             Documents::Starts(_) => 8,
         }
     }
@@ -302,7 +393,7 @@ impl Documents {
     /// Bytes held so far, against the stream's memory limit.
     pub(super) fn bytes(&self) -> u64 {
         match self {
-            Documents::Pack(packer) => packer.bytes(),
+            Documents::Pack(packing) => packing.packer.bytes(),
             Documents::Starts(starts) => 8 * starts.len() as u64,
         }
     }
@@ -310,7 +401,7 @@ impl Documents {
     /// The packing plan, or the starts followed by the stream's end.
     pub(super) fn finish(self, tokens: u64) -> (Option<PackPlan>, Option<Vec<u64>>) {
         match self {
-            Documents::Pack(packer) => (Some(packer.finish()), None),
+            Documents::Pack(packing) => (Some(packing.packer.finish()), None),
             Documents::Starts(mut starts) => {
                 starts.push(tokens);
                 (None, Some(starts))
@@ -348,7 +439,7 @@ pub fn inspect(
         TokenLayout::Packed(p) => p.eos_id,
         TokenLayout::Windows(w) => w.eos_id,
     };
-    let mut documents = Documents::of(layout);
+    let mut documents = Documents::of(layout, &path);
     let too_large = |bytes: u64| {
         Error::config(
             "memory_limit_bytes",
@@ -383,6 +474,23 @@ pub fn inspect(
             )
         }
         Encoding::Bin | Encoding::Npy | Encoding::Megatron => {
+            if encoding == Encoding::Megatron && layout.field() != megatron::TOKEN_FIELD {
+                // A `.bin` or NumPy stream has no field names; a Megatron dataset's records
+                // hold their ids under `tokens`, in token stages as in record stages.
+                return Err(Error::Projection {
+                    path: path.clone(),
+                    row: 0,
+                    field: layout.field().to_owned(),
+                    source_field: layout.field().to_owned(),
+                    message: format!(
+                        "a Megatron dataset holds its ids under '{tokens}' (its only column); \
+                         name it in the stage's field, or map the name for this source: \
+                         columns={{'{field}': '{tokens}'}}",
+                        tokens = megatron::TOKEN_FIELD,
+                        field = layout.field()
+                    ),
+                });
+            }
             let flat = flat_file(storage, object, encoding, max_plan, &too_large)?;
             let FlatFile {
                 ids,
@@ -423,7 +531,7 @@ pub fn inspect(
                         if after > max_plan {
                             return Err(too_large(max_plan));
                         }
-                        documents.push(w[0], w[1] - w[0]);
+                        documents.push(w[0], w[1] - w[0])?;
                     }
                 }
                 (Some(_), None, None) => {
@@ -494,7 +602,7 @@ pub fn inspect(
                         for (k, v) in values.iter().enumerate() {
                             if u64::try_from(v) == Ok(eos) {
                                 let end = tokens + k as u64 + 1;
-                                documents.push(doc_start, end - doc_start);
+                                documents.push(doc_start, end - doc_start)?;
                                 doc_start = end;
                             }
                         }
@@ -505,7 +613,7 @@ pub fn inspect(
                         if after > max_plan {
                             return Err(too_large(max_plan));
                         }
-                        documents.push(tokens, len);
+                        documents.push(tokens, len)?;
                     }
                     let bytes = documents.bytes() + 8 * record_starts.len() as u64;
                     if bytes > max_plan {
@@ -529,7 +637,7 @@ pub fn inspect(
             }
             if let (Some(documents), Some(_)) = (documents.as_mut(), eos) {
                 if doc_start < tokens {
-                    documents.push(doc_start, tokens - doc_start);
+                    documents.push(doc_start, tokens - doc_start)?;
                 }
             }
             // The Parquet decoder's own, one record of the longest list and a decode batch of
@@ -646,7 +754,7 @@ fn record_documents(
                 for (k, &v) in ids.iter().enumerate() {
                     if u64::try_from(v) == Ok(eos) {
                         let end = tokens + k as u64 + 1;
-                        documents.push(doc_start, end - doc_start);
+                        documents.push(doc_start, end - doc_start)?;
                         doc_start = end;
                     }
                 }
@@ -654,7 +762,7 @@ fn record_documents(
                 if documents.bytes().saturating_add(documents.growth(len)) > max_plan {
                     return Err(too_large(max_plan));
                 }
-                documents.push(tokens, len);
+                documents.push(tokens, len)?;
             }
             if documents.bytes() + 8 * record_starts.len() as u64 > max_plan {
                 return Err(too_large(max_plan));
@@ -677,7 +785,7 @@ fn record_documents(
     }
     if let (Some(documents), Some(_)) = (documents, eos) {
         if doc_start < tokens {
-            documents.push(doc_start, tokens - doc_start);
+            documents.push(doc_start, tokens - doc_start)?;
         }
     }
     Ok((record_starts, tokens))

@@ -35,10 +35,21 @@ pub fn fill_window(
     }
     let mut first = row.start;
     for (i, piece) in pieces.iter().enumerate() {
+        if kind == WindowColumn::Labels {
+            // Every token but the piece's last has its successor beside it: marked 0, to be
+            // filled with it; the last has none in the window.
+            let len = (piece.len as usize).min(row.end - first);
+            let inner = len.saturating_sub(1);
+            fill(out, first..first + inner, 0, 0)?;
+            out.fill_int(first + inner..first + len, pad);
+            first += len;
+            continue;
+        }
         let (len, value, step) = match kind {
             WindowColumn::Segments => (piece.len as usize, i as u64 + 1, 0),
             WindowColumn::Positions => (piece.len as usize, piece.position, 1),
             WindowColumn::Lengths => (1, piece.len.into(), 0),
+            WindowColumn::Labels => unreachable!("filled above"),
         };
         let len = len.min(row.end - first);
         fill(out, first..first + len, value, step)?;
@@ -403,9 +414,28 @@ pub(super) fn put(
                 *o = i64::from(v);
             }
         }
+        (ColumnBuf::Bool(buf), parquet::Ids::I32(ids)) => {
+            put_flags(
+                &mut buf[at..at + ids.len()],
+                ids.iter().map(|&v| i64::from(v)),
+            )?;
+        }
         (column, parquet::Ids::I64(values)) => return put_wide(column, at, values),
-        // Token columns are declared i32 or i64 (checked with the config).
-        (ColumnBuf::F32(_) | ColumnBuf::F64(_) | ColumnBuf::Bool(_), parquet::Ids::I32(_)) => {}
+        // Token columns are declared i32 or i64, aligned ones may be bool too (checked with the
+        // config).
+        (ColumnBuf::F32(_) | ColumnBuf::F64(_), parquet::Ids::I32(_)) => {}
+    }
+    Ok(())
+}
+
+/// Copies 0/1 `values` into a bool column (an aligned mask); any other value is the error.
+fn put_flags(out: &mut [u8], values: impl Iterator<Item = i64>) -> std::result::Result<(), i64> {
+    for (o, v) in out.iter_mut().zip(values) {
+        *o = match v {
+            0 => 0,
+            1 => 1,
+            other => return Err(other),
+        };
     }
     Ok(())
 }
@@ -431,8 +461,10 @@ pub(super) fn put_wide(
             }
         }
         ColumnBuf::I64(buf) => buf[at..at + values.len()].copy_from_slice(values),
-        // Token columns are declared i32 or i64 (checked with the config).
-        ColumnBuf::F32(_) | ColumnBuf::F64(_) | ColumnBuf::Bool(_) => {}
+        ColumnBuf::Bool(buf) => put_flags(&mut buf[at..at + values.len()], values.iter().copied())?,
+        // Token columns are declared i32 or i64, aligned ones may be bool too (checked with the
+        // config).
+        ColumnBuf::F32(_) | ColumnBuf::F64(_) => {}
     }
     Ok(())
 }

@@ -97,6 +97,7 @@ fn a_bin_shard_packs_its_eos_cut_documents() {
         seq_len: 4,
         bins: 2,
         eos_id: None,
+        overflow: crate::config::PackOverflow::default(),
     });
     let rows = windows(&uri, &layout).unwrap();
     assert_eq!(
