@@ -458,6 +458,92 @@ def test_a_packed_sft_stream_keeps_every_assistant_token_with_its_mask(
     assert_resumable(shuffled, batches=len(batches) // 2)
 
 
+def test_packed_sft_labels_are_the_next_token_of_the_same_conversation_and_long_ones_are_dropped(
+    tokenizer_dir: Path, tmp_path: Path
+) -> None:
+    # TRL users' packed SFT: whole conversations only (one longer than the window is left out,
+    # never split), a bool loss mask, and labels shifted by one with -100 where not trained.
+    from dataclasses import replace
+
+    from o41_testkit import collect
+    from o41_training_data import (
+        BatchStreamConfig,
+        FileSource,
+        Packing,
+        ProjectedField,
+        Shuffle,
+        Stage,
+        open_batch_stream,
+        tokenize_dataset,
+    )
+    from o41_training_data.testing import assert_resumable
+
+    config = family_config(tokenizer_dir, "chatml")
+    conversations = chat_corpus(tmp_path, count=24)
+    source = tmp_path / "chats.jsonl"
+    source.write_text("".join(json.dumps({"messages": c}) + "\n" for c in conversations))
+    result = tokenize_dataset(
+        [source],
+        tmp_path / "sft" / "data-manifest-v1.json",
+        tokenizer=config.parent / "tokenizer.json",
+        eos="<|im_end|>",
+        chat_template=config,
+        tokens_per_shard=300,
+    )
+    expected = [reference(config, c) for c in conversations]
+    lengths = sorted(len(ids) for ids, _ in expected)
+    seq_len = lengths[len(lengths) * 3 // 4]  # a quarter of the conversations do not fit
+    kept = [(ids, mask) for ids, mask in expected if len(ids) <= seq_len]
+    too_long = len(expected) - len(kept)
+    assert too_long > 0
+    assert kept
+    stream_config = BatchStreamConfig(
+        fields=[
+            ProjectedField("input_ids", "input_ids", "i32", length=seq_len),
+            ProjectedField("loss_mask", "loss_mask", "bool", length=seq_len),
+            ProjectedField("labels", "@labels:loss_mask", "i64", length=seq_len, pad=-100),
+            ProjectedField("segment_ids", "@segment_ids", "i32", length=seq_len),
+            ProjectedField("positions", "@positions", "i32", length=seq_len),
+        ],
+        stages=[
+            Stage(
+                sources=[FileSource([s.path for s in result.manifest.splits["train"].shards])],
+                batch_size=1,
+                packing=Packing(field="input_ids", seq_len=seq_len, bins=4, overflow="drop"),
+            )
+        ],
+        seed=3,
+    )
+    with open_batch_stream(stream_config) as stream:
+        batches = [{k: v.copy() for k, v in b.arrays().items()} for b in stream]
+        assert stream.stats.sources[0].dropped_rows == too_long
+    assert batches[0]["loss_mask"].dtype == np.uint8
+    # Every kept conversation arrives whole, from its first token; no long one arrives at all.
+    segments_seen = []
+    for batch in batches:
+        ids, mask, labels = batch["input_ids"][0], batch["loss_mask"][0], batch["labels"][0]
+        segments, positions = batch["segment_ids"][0], batch["positions"][0]
+        for segment in range(1, int(segments.max()) + 1):
+            at = np.flatnonzero(segments == segment)
+            assert positions[at[0]] == 0, "no conversation starts mid-way"
+            segments_seen.append(ids[at].tolist())
+        for t in range(seq_len):
+            same = t + 1 < seq_len and segments[t] > 0 and segments[t + 1] == segments[t]
+            if same and mask[t + 1]:
+                assert labels[t] == ids[t + 1], "a trained label is the next token of its conversation"
+            else:
+                assert labels[t] == -100, "ignored: masked, the conversation's end, or padding"
+    assert sorted(segments_seen) == sorted(ids for ids, _ in kept)
+    assert sum(int(b["loss_mask"].sum()) for b in batches) == sum(sum(m) for _, m in kept)
+    shuffled = replace(
+        stream_config,
+        stages=[replace(stream_config.stages[0], batch_size=2, shuffle=Shuffle(buffer_rows=8, unit_rows=1))],
+    )
+    assert_resumable(shuffled, batches=len(batches) // 2)
+    per_rank = [collect(replace(shuffled, rank=r, world_size=2)) for r in range(2)]
+    assert sum(int(b["loss_mask"].sum()) for rank in per_rank for b in rank) <= sum(sum(m) for _, m in kept)
+
+
 def preference_rows(count: int) -> list[dict[str, Any]]:
     """TRL's preference layout with an explicit prompt: the user's turn, then two answers, the
     rejected one longer on every third record."""

@@ -265,6 +265,11 @@ def _check_tokens(option: str, stage: Stage) -> None:
         _integer(f"{option}.packing.bins", packing.bins, minimum=1, maximum=_MAX_BINS)
         if packing.eos_id is not None:
             _integer(f"{option}.packing.eos_id", packing.eos_id, minimum=0)
+        if packing.overflow not in ("split", "drop", "error"):
+            raise _invalid(
+                f"{option}.packing.overflow",
+                f"unknown value {packing.overflow!r}; expected one of 'split', 'drop', 'error'",
+            )
     if stage.windows is not None:
         windows = stage.windows
         if not isinstance(windows, TokenWindows):
@@ -554,7 +559,11 @@ class Packing:
     Documents are the records of a Parquet column of token lists (``field``), or the spans of a
     token stream that end at ``eos_id`` (the eos token included): a ``.bin`` shard always, and a
     Parquet column when ``eos_id`` is given. Each document goes into the first of ``bins`` open
-    windows with room for it; one longer than a window is cut into full windows and a tail.
+    windows with room for it. ``overflow`` says what a document longer than a window does:
+    ``"split"`` (the default) cuts it into full windows and a tail; ``"drop"`` leaves it out of
+    the stream, so no window starts a conversation in its middle (the shard's plan finds every
+    such document, so every rank and every resume agrees; the stats' ``dropped_rows`` count
+    them); ``"error"`` fails with a :class:`ProjectionError` naming the shard and document.
     Every row is then one window, and three projected fields describe it, each an ``i32`` or
     ``i64`` of length ``seq_len``: the tokens (``source=field``), ``source="@segment_ids"``
     (which document of the window each token is from: 1, 2, ..., and the pad for padding) and
@@ -564,8 +573,14 @@ class Packing:
     (FlashAttention's ``cu_seqlens`` are their running sums), at a fraction of the bytes of a
     per-token column. Open refuses a ``k`` smaller than the most segments a window holds.
     Any other projected record field of a Parquet shard is aligned with the tokens: a list as
-    long as each record's token list (a loss mask, labels), an ``i32`` or ``i64`` of length
-    ``seq_len``, cut and padded exactly where the tokens are.
+    long as each record's token list (a loss mask, role ids), an ``i32``, ``i64`` or ``bool``
+    of length ``seq_len``, cut and padded exactly where the tokens are. ``source="@labels"``
+    (``i32`` or ``i64`` of length ``seq_len``, ``pad=-100``) holds next-token targets: each
+    token's successor in its document, and the pad, the ignore index, where it has none in the
+    window (a document's end, padding); ``source="@labels:<mask>"`` also ignores a target the
+    aligned field named ``<mask>`` marks 0 (``labels[t]`` is ``tokens[t + 1]`` when
+    ``mask[t + 1]`` is 1: the mask marks the tokens trained on, aligned with the tokens). See
+    ``docs/post_training.md``.
 
     The windows are planned per shard from its documents alone, so they are the same on every
     rank count and after every resume; ``Shuffle`` then orders windows like any rows. See
@@ -581,6 +596,7 @@ class Packing:
     seq_len: int
     bins: int = 8
     eos_id: int | None = None
+    overflow: Literal["split", "drop", "error"] = "split"
 
     def __post_init__(self) -> None:
         for name in ("seq_len", "bins", "eos_id"):
@@ -591,6 +607,9 @@ class Packing:
         out: dict[str, Any] = {"field": self.field, "seq_len": self.seq_len, "bins": self.bins}
         if self.eos_id is not None:
             out["eos_id"] = self.eos_id
+        # Only when set: a packing without it keeps its resolved document and fingerprint.
+        if self.overflow != "split":
+            out["overflow"] = self.overflow
         return out
 
 
