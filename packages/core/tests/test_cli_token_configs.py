@@ -106,9 +106,17 @@ def test_o41_trace_follows_the_windows_of_a_token_run(
     assert main(["trace", str(path), "--global-batch", "0", "--to", "2"]) == 0
     lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     expected = trace_batches(BatchStreamConfig.from_file(path), range(3))
-    assert lines == [dataclasses.asdict(row) for row in expected]
+    assert lines == [json.loads(json.dumps(dataclasses.asdict(row))) for row in expected]
     assert lines
     assert all(line["window"] for line in lines if not line["padding"])
+    # Each window names the documents it holds: the record and its tokens.
+    assert all(line["documents"] for line in lines if not line["padding"])
+    assert all(set(d) == {"record", "start", "end", "position"} for line in lines for d in line["documents"])
+    assert main(["trace", str(path), "--global-batch", "0", "--rows"]) == 0
+    with_rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [line["record"]["documents"] for line in with_rows] == [
+        line["documents"] for line in lines[: len(with_rows)]
+    ]
     assert {line["path"] for line in lines if not line["padding"]} <= {
         str(run / "data/a.parquet"),
         str(run / "data/b.parquet"),
@@ -128,4 +136,4 @@ def test_a_config_written_by_to_json_reads_back_through_the_commands(
     assert BatchStreamConfig.from_file(saved) == config
     assert main(["trace", str(saved), "--global-batch", "3"]) == 0
     lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
-    assert lines == [dataclasses.asdict(row) for row in trace_batches(config, 3)]
+    assert lines == [json.loads(json.dumps(dataclasses.asdict(row))) for row in trace_batches(config, 3)]

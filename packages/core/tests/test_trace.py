@@ -162,15 +162,56 @@ def test_validation_padding_rows_are_flagged(tmp_path: Path) -> None:
     assert [r["v"] for r in read_traced_rows(rows)[:10] if r is not None] == list(range(10))
 
 
-def test_token_stage_rows_are_windows_and_are_not_read_as_records(tmp_path: Path) -> None:
-    path = write_token_lists(tmp_path / "t.parquet", token_corpus([5, 9, 3, 12] * 4))
-    config = token_config(FileSource([str(path)]), packing=Packing(field="tokens", seq_len=8))
-    rows = trace_batches(config, range(0, 3))
-    assert all(r.window for r in rows)
+def delivered_documents(batch_row: dict, segment_field: str = "segment_ids") -> list[list[int]]:
+    """The token runs of one delivered window, segment by segment."""
+    segments = batch_row[segment_field]
+    return [batch_row["tokens"][segments == s].tolist() for s in range(1, int(segments.max()) + 1)]
+
+
+@pytest.mark.parametrize("overflow", ["split", "drop"])
+def test_a_traced_window_names_the_documents_it_holds(tmp_path: Path, overflow: str) -> None:
+    docs = token_corpus([5, 9, 3, 12, 1, 7, 4, 8] * 3)
+    path = write_token_lists(tmp_path / "t.parquet", docs)
+    config = token_config(
+        FileSource([str(path)]),
+        packing=Packing(field="tokens", seq_len=8, bins=3, overflow=overflow),  # type: ignore[arg-type]
+        shuffle=Shuffle(buffer_rows=6, unit_rows=1),
+    )
+    traced = trace_batches(config, range(0, 6))
+    assert all(r.window for r in traced)
     with open_batch_stream(config) as stream:
-        assert [next(stream).batch_index for _ in range(3)] == [r.global_batch for r in rows]
-    with pytest.raises(ConfigError, match="packs or windows tokens"):
-        read_traced_rows(rows)
+        batches = [next(stream).arrays() for _ in range(6)]
+    for row, batch in zip(traced, batches, strict=True):
+        runs = delivered_documents({k: v[0] for k, v in batch.items()})
+        # Each traced document is the record and token range the window's segment holds.
+        assert [docs[d.record][d.start : d.end] for d in row.documents if d.record is not None] == runs
+        assert [d.position for d in row.documents] == [
+            int(batch["positions"][0][batch["segment_ids"][0] == s][0]) for s in range(1, len(runs) + 1)
+        ]
+    records = read_traced_rows(traced)
+    assert records[0] == {
+        "window": traced[0].row,
+        "documents": [dataclasses.asdict(d) for d in traced[0].documents],
+    }
+    # From a checkpoint too (the traced shards' boundaries are read, as open reads them).
+    with open_batch_stream(config) as stream:
+        next(stream)
+        checkpoint = stream.checkpoint()
+    assert trace_batches(checkpoint, range(1, 6)) == traced[1:]
+
+
+def test_a_traced_window_of_a_flat_token_stream_counts_from_the_streams_start(tmp_path: Path) -> None:
+    import numpy as np
+
+    ids = np.array([5, 6, 0, 7, 8, 9, 0, 10, 0], dtype=np.uint16)
+    np.save(tmp_path / "t.npy", ids)
+    config = token_config(
+        FileSource([str(tmp_path / "t.npy")]), seq_len=4, packing=Packing("tokens", 4, eos_id=0)
+    )
+    traced = trace_batches(config, range(0, 3))
+    spans = sorted((d.start, d.end) for row in traced for d in row.documents)
+    assert all(d.record is None for row in traced for d in row.documents)
+    assert spans == [(0, 3), (3, 7), (7, 9)]
 
 
 def test_o41_trace_prints_one_json_line_per_row(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -181,7 +222,7 @@ def test_o41_trace_prints_one_json_line_per_row(tmp_path: Path, capsys: pytest.C
     lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     expected = trace_batches(config, range(4, 6))
     assert [{k: v for k, v in line.items() if k != "record"} for line in lines] == [
-        dataclasses.asdict(r) for r in expected
+        json.loads(json.dumps(dataclasses.asdict(r))) for r in expected
     ]
     assert [line["record"]["v"] for line in lines] == [r["v"] for r in read_traced_rows(expected) if r]
     # From a checkpoint file, nothing but the document is needed.
@@ -191,5 +232,7 @@ def test_o41_trace_prints_one_json_line_per_row(tmp_path: Path, capsys: pytest.C
     saved.write_text(checkpoint.to_json())
     assert main(["trace", str(saved), "--global-batch", "5"]) == 0
     from_checkpoint = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
-    assert from_checkpoint == [dataclasses.asdict(r) for r in trace_batches(config, 5)]
+    assert from_checkpoint == [
+        json.loads(json.dumps(dataclasses.asdict(r))) for r in trace_batches(config, 5)
+    ]
     assert main(["trace", str(file), "--global-batch", "5", "--to", "4"]) == 2

@@ -104,7 +104,7 @@ if TYPE_CHECKING:
     )
     from ._tokenize import TokenizedDataset, tokenize_dataset
     from ._tokenizer import TextTokenizer, TokenizerIdentity
-    from ._trace import TracedRow, read_traced_rows, trace_batches
+    from ._trace import TracedRow, WindowDocument, read_traced_rows, trace_batches
     from ._training_data import TrainingData
 
 # The module each public name is defined in; tests/test_startup.py checks it against __all__
@@ -188,7 +188,7 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
     ),
     "_tokenize": ("TokenizedDataset", "tokenize_dataset"),
     "_tokenizer": ("TextTokenizer", "TokenizerIdentity"),
-    "_trace": ("TracedRow", "read_traced_rows", "trace_batches"),
+    "_trace": ("TracedRow", "WindowDocument", "read_traced_rows", "trace_batches"),
     "_training_data": ("TrainingData",),
 }
 _MODULE_OF = {name: module for module, names in _EXPORTS.items() for name in names}
@@ -260,6 +260,7 @@ __all__ = [
     "TracedRow",
     "TrainingData",
     "UnsupportedFormatError",
+    "WindowDocument",
     "__version__",
     "check_same_place",
     "check_same_stream",

@@ -14,19 +14,23 @@ def resolve_config(config_json: str, storage: Storage | None = None) -> str:
     """Resolves a stream config (JSON) and returns the resolved document (JSON)."""
 
 _TracedRow = tuple[int, int, int, int, int, int, str, str, int, bool, bool, bool]
+_WindowPiece = tuple[int | None, int, int, int]
+_Traced = tuple[list[_TracedRow], list[list[_WindowPiece]]]
 
 def trace_config(
     config_json: str, start: int, end: int, world_size: int, storage: Storage | None = None
-) -> list[_TracedRow]:
+) -> _Traced:
     """Rows of global batches ``start..end`` of a stream over a config (JSON), resolved as open does.
 
     Each row: global batch, rank, slot, stage, source, shard index, shard path and encoding,
     row, padding, whether the row is a token stage's window, and whether its batch is skipped.
+    Beside the rows, each row's documents if it is a window: (record or None, start, end,
+    position).
     """
 
 def trace_checkpoint(
     checkpoint: Checkpoint, start: int, end: int, world_size: int, storage: Storage | None = None
-) -> list[_TracedRow]:
+) -> _Traced:
     """Rows of global batches ``start..end`` of a checkpoint's stream, from its segment on.
 
     Reads nothing unless a field drops rows (``overflow="drop"``): the traced shards' drop fields

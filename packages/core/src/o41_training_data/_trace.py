@@ -8,6 +8,7 @@ then reads the records themselves where wanted.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -18,7 +19,31 @@ from ._core import Checkpoint
 from ._errors import ConfigError
 from ._storage import StorageConfig
 
-__all__ = ["TracedRow", "read_traced_rows", "trace_batches"]
+__all__ = ["TracedRow", "WindowDocument", "read_traced_rows", "trace_batches"]
+
+
+@dataclass(frozen=True)
+class WindowDocument:
+    """A run of one document in a traced window of a stage that packs or windows tokens.
+
+    Examples:
+        >>> row = trace_batches(config, 12)[0]  # doctest: +SKIP
+        >>> [(d.record, d.start, d.end) for d in row.documents]  # doctest: +SKIP
+        [(41, 0, 812), (42, 0, 1236)]
+
+    """
+
+    record: int | None
+    """The record of the shard the run starts in; ``None`` in a flat token stream (``.bin``,
+    NumPy, a Megatron ``.bin`` packed at an eos id), whose ``start`` and ``end`` count from the
+    stream's first token."""
+    start: int
+    """The run's first token, counted from the record's first token (or the stream's)."""
+    end: int
+    """One past its last token, counted as ``start`` is."""
+    position: int
+    """The position of its first token within its document: 0 unless the document was split
+    across windows (``Packing(overflow="split")``) or a stream window starts inside it."""
 
 
 @dataclass(frozen=True)
@@ -56,6 +81,9 @@ class TracedRow:
     """The row is a window of a stage that packs or windows tokens, not a record."""
     skipped: bool
     """The batch is in one of the stream's ``skip_batches`` ranges: no rank receives the row."""
+    documents: tuple[WindowDocument, ...] = ()
+    """For a window, the documents it holds, in order (read from the shard's document
+    boundaries, as opening a stream reads them); empty for a record."""
 
 
 def _batches(global_batches: int | range) -> tuple[int, int]:
@@ -99,16 +127,19 @@ def trace_batches(
     if isinstance(source, Checkpoint):
         world = source.world_size if world_size is None else world_size
         core_storage = None if storage is None else storage.core()
-        raw = _core.trace_checkpoint(source, start, end, world, core_storage)
+        raw, documents = _core.trace_checkpoint(source, start, end, world, core_storage)
     elif isinstance(source, BatchStreamConfig):
         world = source.world_size if world_size is None else world_size
         core_storage = None if storage is None else storage.core()
-        raw = _core.trace_config(config_json(source), start, end, world, core_storage)
+        raw, documents = _core.trace_config(config_json(source), start, end, world, core_storage)
     else:
         raise ConfigError(
             f"invalid source: {type(source).__name__}; expected a BatchStreamConfig or a Checkpoint"
         )
-    return [TracedRow(*row) for row in raw]
+    return [
+        TracedRow(*row, documents=tuple(WindowDocument(*d) for d in docs))
+        for row, docs in zip(raw, documents, strict=True)
+    ]
 
 
 def read_traced_rows(
@@ -117,22 +148,17 @@ def read_traced_rows(
     """The records ``rows`` name, read from their shards (``None`` for padding), in order.
 
     Each shard is read once, from its start up to the last row wanted of it, as
-    :func:`iter_shard` reads it. Rows of a stage that packs or windows tokens are windows, not
-    records: pass only rows of stages of records (:class:`ConfigError` otherwise).
+    :func:`iter_shard` reads it. A row of a stage that packs or windows tokens is a window, not
+    a record: it gives ``{"window": w, "documents": [...]}``, each document its ``record``,
+    ``start``, ``end`` and ``position`` (:class:`WindowDocument`), as the trace found them.
     """
     # Here, not at the top: iter_shard imports PyArrow, which tracing alone does not need.
     from ._iter_shard import iter_shard
 
     rows = list(rows)
-    for row in rows:
-        if row.window:
-            raise ConfigError(
-                f"invalid rows: global batch {row.global_batch} holds windows of stage {row.stage}, "
-                "which packs or windows tokens; its rows are not records to read"
-            )
     wanted: dict[tuple[str, str], set[int]] = {}
     for row in rows:
-        if not row.padding:
+        if not row.padding and not row.window:
             wanted.setdefault((row.path, row.encoding), set()).add(row.row)
     found: dict[tuple[str, str, int], dict[str, Any]] = {}
     for (path, encoding), numbers in wanted.items():
@@ -142,4 +168,11 @@ def read_traced_rows(
                 found[(path, encoding, k)] = record
             if k >= last:
                 break
-    return [None if row.padding else found[(row.path, row.encoding, row.row)] for row in rows]
+    return [
+        None
+        if row.padding
+        else {"window": row.row, "documents": [dataclasses.asdict(d) for d in row.documents]}
+        if row.window
+        else found[(row.path, row.encoding, row.row)]
+        for row in rows
+    ]
