@@ -63,6 +63,7 @@ lint: sync ## clippy, rustfmt, ruff, mypy, and no module cycle in the Rust crate
 	$(UV) run ruff format --check .
 	$(UV) run mypy
 	$(UV) run python tools/rust_module_cycles.py
+	$(UV) run python tools/rust_string_breaks.py
 	$(UV) run python tools/python_import_cycles.py
 
 docs: sync ## build the docs site into site/ (mkdocs, warnings are errors; tests/test_docs.py runs its examples)

@@ -122,3 +122,27 @@ def test_the_packages_have_no_import_cycle() -> None:
     imports = tool("python_import_cycles")
     for src in sorted(ROOT.glob("packages/*/src")):
         assert imports.check(src) == []
+
+
+def test_a_message_broken_over_lines_without_a_backslash_is_found() -> None:
+    breaks = tool("rust_string_breaks")
+    source = (
+        "fn f() -> String {\n"
+        '    let ok = "one \\\n              two";\n'
+        '    let raw = r#"a\nb"#;\n'
+        '    let c = \'"\'; // a "quote" in a comment\n'
+        '    let s: &\'static str = "x";\n'
+        '    format!("declare\n                 dtype i32 {ok}{raw}{c}{s}")\n'
+        "}\n"
+    )
+    assert breaks.broken_strings(source) == [8]
+
+
+def test_no_engine_message_is_broken_over_lines() -> None:
+    breaks = tool("rust_string_breaks")
+    found = [
+        (path, line)
+        for path in sorted(ROOT.glob("rust/*/src/**/*.rs"))
+        for line in breaks.broken_strings(path.read_text())
+    ]
+    assert found == []
