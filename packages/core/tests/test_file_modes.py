@@ -85,3 +85,16 @@ def test_resharded_checkpoints_get_the_mode_open_gives(
     written = sorted((tmp_path / "out").iterdir())
     assert set(outputs) < set(written)  # and the resolved document beside them
     assert {p.name: mode(p) for p in written} == {p.name: 0o666 & ~umask for p in written}
+
+
+def test_a_saved_shard_gets_the_mode_open_gives(tmp_path: Path, umask: int) -> None:
+    from o41_training_data import TrainingData
+
+    plain = tmp_path / "plain.txt"
+    plain.write_text("x")
+    saver = TrainingData().dataset_saver(str(tmp_path / "run" / "data-manifest-v1.json"))
+    shard = saver.save("train", None, [{"v": i} for i in range(5)], shard_id="0")
+    saver.commit_manifest()
+    data = tmp_path / "run" / shard.location
+    assert mode(data) == mode(plain) == 0o666 & ~umask
+    assert not list(data.parent.glob(".tmp-*")), "no temporary file left behind"

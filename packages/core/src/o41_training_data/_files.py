@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import errno
 import os
+import secrets
 import stat
 from pathlib import Path
 
@@ -125,3 +126,22 @@ def check_depth(text: str, path: Path, error_class: type[O41Error], limit: int =
     if json_depth(text) > limit:
         message = f"nests deeper than {limit} levels, so it is not a valid document"
         raise _located(error_class, path, message)
+
+
+def create_beside(path: Path, prefix: str | None = None) -> tuple[int, Path]:
+    """A new, empty temporary file beside ``path``, open for writing, and its name.
+
+    Named ``.<name>.<random>.tmp``, or ``<prefix><random>``. Created with mode ``0o666`` as
+    ``open()`` creates files, so the umask (and a directory's default ACL) decide its
+    permissions; ``tempfile.mkstemp`` would make it ``0o600``, and the rename or link that
+    publishes it would keep that.
+    """
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_BINARY", 0)
+    while True:
+        random = secrets.token_hex(8)
+        name = f".{path.name}.{random}.tmp" if prefix is None else f"{prefix}{random}"
+        temporary = path.parent / name
+        try:
+            return os.open(temporary, flags, 0o666), temporary
+        except FileExistsError:  # another writer's name: draw another
+            continue

@@ -14,7 +14,6 @@ from __future__ import annotations
 import contextlib
 import os
 import re
-import secrets
 import sys
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
@@ -24,6 +23,7 @@ from typing import TYPE_CHECKING, Protocol, TypeVar
 from . import _core
 from ._core import Checkpoint, Position, Segment
 from ._errors import CheckpointError, ConfigError
+from ._files import create_beside
 from ._limits import LIMITS
 
 if TYPE_CHECKING:
@@ -455,22 +455,6 @@ def find_rank_files(directory: _Dir) -> dict[tuple[int, int], _Dir]:
     return {key: entries[name] for key, name in rank_files_among(entries, directory).items()}
 
 
-def _create_beside(path: Path) -> tuple[int, Path]:
-    """A new, empty temporary file beside ``path``, open for writing, and its name.
-
-    Created with mode ``0o666`` as ``open()`` creates files, so the umask (and a directory's
-    default ACL) decide its permissions; ``tempfile.mkstemp`` would make it ``0o600``, and the
-    rename would keep that.
-    """
-    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_BINARY", 0)
-    while True:
-        temporary = path.parent / f".{path.name}.{secrets.token_hex(8)}.tmp"
-        try:
-            return os.open(temporary, flags, 0o666), temporary
-        except FileExistsError:  # another writer's name: draw another
-            continue
-
-
 def write_rank_file(path: Path, text: str, *, overwrite: bool) -> None:
     """Writes ``text`` to ``path`` all or nothing: a reader sees the old file or the new one.
 
@@ -480,7 +464,7 @@ def write_rank_file(path: Path, text: str, *, overwrite: bool) -> None:
     gets the mode a plain ``open(path, "w")`` gives (``0o666`` less the umask), like the model
     checkpoint beside it.
     """
-    descriptor, temporary = _create_beside(path)
+    descriptor, temporary = create_beside(path)
     try:
         with os.fdopen(descriptor, "w", encoding="utf-8") as file:
             file.write(text)

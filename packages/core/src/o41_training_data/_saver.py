@@ -21,7 +21,7 @@ import pyarrow as pa
 from . import _core
 from ._errors import ConfigError, DataError, MalformedShardError, ObjectConflictError, ObjectNotFoundError
 from ._errors import invalid as _invalid
-from ._files import MAX_DOCUMENT_BYTES, MAX_DOCUMENT_DEPTH, json_depth
+from ._files import MAX_DOCUMENT_BYTES, MAX_DOCUMENT_DEPTH, create_beside, json_depth
 from ._manifest import Curriculum, DataManifest, ManifestShard, ManifestSplit, load_manifest, save_manifest
 from ._storage import StorageConfig, is_remote, normalize, parent
 
@@ -353,8 +353,13 @@ class DatasetSaver:
         scratch = None if is_remote(data) else Path(data).parent
         if scratch is not None:
             scratch.mkdir(parents=True, exist_ok=True)
-        with tempfile.NamedTemporaryFile(dir=scratch, prefix=".tmp-", delete=False) as handle:
-            tmp = Path(handle.name)
+        if scratch is not None:
+            # With the mode open() gives: the link that publishes it keeps it.
+            created, tmp = create_beside(Path(data), prefix=".tmp-")
+            os.close(created)
+        else:
+            with tempfile.NamedTemporaryFile(prefix=".tmp-", delete=False) as handle:
+                tmp = Path(handle.name)
         try:
             size, digest = _write_data(tmp, data, self.data_format, rows, table)
             if size >= MAX_SHARD_BYTES:
