@@ -166,10 +166,10 @@ class O41DataModule(LightningDataModule):
     def stream_stats(self) -> StreamStats | None:
         """The training stream's :class:`StreamStats` in this process, or None.
 
-        Available while a training pass runs with ``num_workers=0`` (the default); with
-        ``DataLoader`` workers the engine's counters stay in the workers (see
-        ``O41IterableDataset.stats``). Each pass opens a new stream whose counters start at
-        zero; a curriculum switch starts a new pass.
+        Available from a training pass's first batch with ``num_workers=0`` (the default), and
+        after the pass its last counters stay until the next one; with ``DataLoader`` workers
+        the engine's counters stay in the workers (see ``O41IterableDataset.stats``). Each pass
+        opens a new stream whose counters start at zero; a curriculum switch starts a new pass.
         """
         dataset = self._train_dataset
         return dataset.stats if dataset is not None else None
