@@ -137,3 +137,40 @@ def test_a_config_written_by_to_json_reads_back_through_the_commands(
     assert main(["trace", str(saved), "--global-batch", "3"]) == 0
     lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert lines == [json.loads(json.dumps(dataclasses.asdict(row))) for row in trace_batches(config, 3)]
+
+
+SFT = """\
+fields:
+  - {name: input_ids, source: input_ids, dtype: i32, length: 8}
+  - {name: labels, source: "@labels", dtype: i64, length: 8, pad: -100}
+  - {name: segment_ids, source: "@segment_ids", dtype: i32, length: 8}
+stages:
+  - sources:
+      - {files: [data/a.parquet], columns: {input_ids: tokens}}
+    batch_size: 1
+    packing: {field: input_ids, seq_len: 8, overflow: drop}
+"""
+
+
+def test_a_config_file_maps_columns_drops_long_documents_and_shifts_labels(
+    run: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = run / "sft.yaml"
+    path.write_text(SFT)
+    assert main(["config", "resolve", str(path)]) == 0
+    document = json.loads(capsys.readouterr().out)
+    source = document["stages"][0]["sources"][0]
+    assert source["columns"] == {"input_ids": "tokens"}
+    assert document["stages"][0]["packing"]["overflow"] == "drop"
+    config = BatchStreamConfig.from_file(path)
+    with open_batch_stream(config) as stream:
+        rows = [b.arrays() for b in stream]
+        assert stream.stats.sources[0].dropped_rows == 2  # a.parquet's 9- and 12-token documents
+    for arrays in rows:
+        ids, labels, segments = arrays["input_ids"][0], arrays["labels"][0], arrays["segment_ids"][0]
+        for t in range(7):
+            same = segments[t] > 0 and segments[t + 1] == segments[t]
+            assert labels[t] == (ids[t + 1] if same else -100)
+    assert main(["trace", str(path), "--global-batch", "0"]) == 0
+    line = json.loads(capsys.readouterr().out.splitlines()[0])
+    assert all(d["end"] - d["start"] <= 8 for d in line["documents"])

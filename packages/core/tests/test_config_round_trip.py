@@ -116,7 +116,12 @@ ramps = st.builds(Ramp, start=positive, increment=positive, rows=positive)
 seq_lens = st.integers(1, LIMITS["max_seq_len"])
 eos_ids = st.none() | st.integers(0, U64)
 packings = st.builds(
-    Packing, field=record_names, seq_len=seq_lens, bins=st.integers(1, LIMITS["max_bins"]), eos_id=eos_ids
+    Packing,
+    field=record_names,
+    seq_len=seq_lens,
+    bins=st.integers(1, LIMITS["max_bins"]),
+    eos_id=eos_ids,
+    overflow=st.sampled_from(["split", "drop", "error"]),
 )
 windows = st.builds(TokenWindows, field=record_names, seq_len=seq_lens, eos_id=eos_ids)
 
@@ -167,7 +172,7 @@ DRAWN: dict[type, set[str]] = {
     ManifestSource: {"manifest_uri", "split", "curriculum_stages", "weight", "columns"},
     Shuffle: {"buffer_rows", "unit_rows"},
     Ramp: {"start", "increment", "rows"},
-    Packing: {"field", "seq_len", "bins", "eos_id"},
+    Packing: {"field", "seq_len", "bins", "eos_id", "overflow"},
     TokenWindows: {"field", "seq_len", "eos_id"},
     Stage: {"sources", "batch_size", "shuffle", "infinite", "ramp", "packing", "windows"},
     BatchStreamConfig: {
