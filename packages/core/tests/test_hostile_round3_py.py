@@ -177,7 +177,7 @@ def test_cli_reports_an_unexpected_error_in_one_line_with_status_3(
     def broken(*args: object, **kwargs: object) -> None:
         raise KeyError("stages")
 
-    monkeypatch.setattr("o41_training_data._commands.read_checkpoint", broken)
+    monkeypatch.setattr("o41_training_data._checkpoint_files.read_checkpoint", broken)
     (tmp_path / "c.json").write_text("{}")
     assert main(["checkpoint", "show", str(tmp_path / "c.json")]) == 3
     assert capsys.readouterr().err == "o41: error: KeyError: 'stages'\n"

@@ -59,6 +59,24 @@ def test_o41_trace_of_a_config_loads_no_heavy_module(tmp_path: Path) -> None:
     assert imported([O41, "trace", str(tmp_path / "stream.json"), "--global-batch", "3"]).isdisjoint(HEAVY)
 
 
+def test_o41_trace_and_show_of_a_checkpoint_load_no_heavy_module(tmp_path: Path) -> None:
+    from o41_training_data import BatchStreamConfig, open_batch_stream, write_checkpoint
+
+    pq.write_table(pa.table({"v": pa.array(range(100), pa.int64())}), tmp_path / "part.parquet")
+    config = BatchStreamConfig.from_dict(
+        {
+            "fields": [{"name": "v", "source": "v", "dtype": "i64"}],
+            "stages": [{"sources": [{"files": [str(tmp_path / "part.parquet")]}], "batch_size": 4}],
+        }
+    )
+    with open_batch_stream(config) as stream:
+        next(stream)
+        (tmp_path / "ck").mkdir()
+        file = write_checkpoint(stream.checkpoint(), tmp_path / "ck" / "rank-0.json")
+    assert imported([O41, "trace", str(file), "--global-batch", "3"]).isdisjoint(HEAVY)
+    assert imported([O41, "checkpoint", "show", str(file)]).isdisjoint(HEAVY)
+
+
 def test_every_public_name_imports_and_is_listed() -> None:
     names = o41_training_data.__all__
     code = f"from o41_training_data import {', '.join(names)}"

@@ -16,6 +16,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from . import _core
+from ._core import Checkpoint
 from ._errors import CheckpointError, ConfigError
 from ._files import as_path, read_text
 from ._rules import (
@@ -26,7 +27,6 @@ from ._rules import (
     rank_files_among,
     write_rank_file,
 )
-from ._stream import Checkpoint
 
 __all__ = ["MAX_RESHARD_FILES", "checkpoint_from_text", "read_checkpoint", "reshard", "write_checkpoint"]
 
