@@ -108,7 +108,9 @@ def test_field_config_errors(shard: ShardWriter) -> None:
     with pytest.raises(ConfigError, match="unknown dtype"):
         ProjectedField("x", "x", "u16")  # type: ignore[arg-type]
     with pytest.raises(ConfigError, match="not both"):
-        ProjectedField("x", "x", "i32", length=2, shape=(2,))
+        ProjectedField("x", "x", "i32", length=2, shape=(3,))
+    # Both, where they agree, are one field: what dataclasses.replace passes back.
+    assert ProjectedField("x", "x", "i32", length=2, shape=(2,)) == ProjectedField("x", "x", "i32", length=2)
     path = shard("parquet", [{"id": 1}])
     for field, option in [
         (ProjectedField("x", "id", "i32", pad=1.5), "fields[0].pad"),

@@ -168,12 +168,28 @@ fn file_list_difference(
         }
     }
     let shards = &theirs.shards;
+    let expected = files
+        .iter()
+        .enumerate()
+        .map(|(f, file)| match encoding {
+            Some(name) => Encoding::parse(name, &format!("{option}.encoding")),
+            None => Encoding::from_path(file, &format!("{option}.files[{f}]")),
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let one_each = theirs.named.is_none()
+        && files
+            .iter()
+            .zip(&expected)
+            .all(|(file, encoding)| !encoding.names_directory(file));
+    if one_each && files.len() != shards.len() {
+        return Ok(Some(format!(
+            "{changed}: the checkpoint read {} files, the config lists {}",
+            shards.len(),
+            files.len()
+        )));
+    }
     let mut next = 0usize;
-    for (f, file) in files.iter().enumerate() {
-        let expected = match encoding {
-            Some(name) => Encoding::parse(name, &format!("{option}.encoding"))?,
-            None => Encoding::from_path(file, &format!("{option}.files[{f}]"))?,
-        };
+    for (f, (file, &expected)) in files.iter().zip(&expected).enumerate() {
         let path = absolute(file);
         let count = match theirs.named.as_ref().map(|named| &named[f]) {
             Some(named) if named.file != path => {
