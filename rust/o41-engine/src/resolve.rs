@@ -246,6 +246,9 @@ fn source_jobs(
         } => {
             let mut names = Vec::with_capacity(files.len());
             let mut expanded = false;
+            let before = jobs.len();
+            // The entry each job comes from, to name both spellings of a shard named twice.
+            let mut entries = Vec::with_capacity(files.len());
             for (f, file) in files.iter().enumerate() {
                 let encoding = match encoding {
                     Some(name) => Encoding::parse(name, &format!("{option}.encoding"))?,
@@ -278,6 +281,7 @@ fn source_jobs(
                     shards: paths.len() as u64,
                 });
                 for path in paths {
+                    entries.push(f);
                     jobs.push(Job {
                         layout: layout.cloned(),
                         reading: reading.cloned(),
@@ -290,6 +294,7 @@ fn source_jobs(
                     });
                 }
             }
+            refuse_repeats(&jobs[before..], &entries, files, &option)?;
             Ok(expanded.then_some(names))
         }
         SourceSpec::Manifest {
@@ -340,6 +345,36 @@ fn source_jobs(
             Ok(None)
         }
     }
+}
+
+/// Refuses a file list that reads one shard twice (two spellings of one file, a Megatron `.idx`
+/// and its prefix, a directory listing a file twice): every row would be delivered twice. A
+/// source's weight is how it is read more often. `entries[k]` is the entry job `k` comes from.
+fn refuse_repeats(jobs: &[Job], entries: &[usize], files: &[String], option: &str) -> Result<()> {
+    let mut seen: HashMap<&str, usize> = HashMap::with_capacity(jobs.len());
+    for (k, job) in jobs.iter().enumerate() {
+        let Some(first) = seen.insert(&job.path, k) else {
+            continue;
+        };
+        let (a, b) = (entries[first], entries[k]);
+        let how = if a == b {
+            format!("files[{a}] ({}) lists it twice", files[a])
+        } else {
+            format!(
+                "files[{a}] ({}) and files[{b}] ({}) both name it",
+                files[a], files[b]
+            )
+        };
+        return Err(Error::config(
+            option,
+            format!(
+                "{how}: the shard {} would be read twice; a source reads each shard once (give \
+                 the source a larger weight to read it more often)",
+                job.path
+            ),
+        ));
+    }
+    Ok(())
 }
 
 /// The documents of the manifests `config` reads, each once, by absolute location, in the order
