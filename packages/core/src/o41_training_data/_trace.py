@@ -17,6 +17,7 @@ from . import _core
 from ._config import BatchStreamConfig, config_json
 from ._core import Checkpoint
 from ._errors import ConfigError
+from ._limits import LIMITS
 from ._storage import StorageConfig
 
 __all__ = ["TracedRow", "WindowDocument", "read_traced_rows", "trace_batches"]
@@ -96,7 +97,21 @@ def _batches(global_batches: int | range) -> tuple[int, int]:
             f"invalid global_batches: {global_batches!r}; expected a non-empty range of batches "
             "from 0 with step 1"
         )
+    # No stream reaches a batch past the engine's positions; the engine counts in 64 bits.
+    if global_batches.stop > LIMITS["max_position"]:
+        raise ConfigError(
+            f"invalid global_batches: {global_batches!r}; no stream reaches global batch "
+            f"{LIMITS['max_position']}"
+        )
     return global_batches.start, global_batches.stop
+
+
+def _world(world_size: object) -> int:
+    """``world_size`` as the engine takes it; a :class:`ConfigError` naming it otherwise."""
+    largest = LIMITS["max_world_size"]
+    if isinstance(world_size, bool) or not isinstance(world_size, int) or not 1 <= world_size <= largest:
+        raise ConfigError(f"invalid world_size: {world_size!r}; a world has 1 to {largest} ranks")
+    return world_size
 
 
 def trace_batches(
@@ -125,11 +140,11 @@ def trace_batches(
     """
     start, end = _batches(global_batches)
     if isinstance(source, Checkpoint):
-        world = source.world_size if world_size is None else world_size
+        world = _world(source.world_size if world_size is None else world_size)
         core_storage = None if storage is None else storage.core()
         raw, documents = _core.trace_checkpoint(source, start, end, world, core_storage)
     elif isinstance(source, BatchStreamConfig):
-        world = source.world_size if world_size is None else world_size
+        world = _world(source.world_size if world_size is None else world_size)
         core_storage = None if storage is None else storage.core()
         raw, documents = _core.trace_config(config_json(source), start, end, world, core_storage)
     else:
