@@ -10,8 +10,8 @@ world size, and the new ranks continue the same sequence partitioned over their 
 
 from __future__ import annotations
 
-import contextlib
 import os
+import stat
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -91,9 +91,11 @@ def write_checkpoint(
 
     The split form (default, version 2): ``path`` holds the rank's position and counters (a few
     hundred bytes at any corpus size), and the run's resolved document goes once beside it, as
-    ``resolved-<fingerprint>.json``, written by whichever rank gets there first and never
-    rewritten (its name is the stream's fingerprint, so it always holds the same stream). With
-    ``split=False``, the self-contained form (version 1), as ``checkpoint.to_json()``.
+    ``resolved-<fingerprint>.json``, written by whichever rank gets there first (its name is the
+    stream's fingerprint, so every rank writes the same bytes). A file of that name already
+    there is checked, byte for byte, and replaced when it holds anything else (a foreign or
+    damaged file would otherwise be trusted until a resume failed on it). With ``split=False``,
+    the self-contained form (version 1), as ``checkpoint.to_json()``.
     :func:`read_checkpoint` reads both.
 
     Examples:
@@ -107,12 +109,31 @@ def write_checkpoint(
         return path
     rank_json, shared_name = checkpoint.to_split()
     shared = path.parent / shared_name
-    if not shared.exists():
-        # Another rank may be writing it now: linking refuses to replace, and both wrote the same.
-        with contextlib.suppress(FileExistsError):
-            write_rank_file(shared, checkpoint.shared_json(), overwrite=False)
+    document = checkpoint.shared_json()
+    if not _holds(shared, document):
+        # Every rank writes the same bytes, each file whole: replacing another rank's copy (or a
+        # foreign file of the name) at any moment leaves the right document there.
+        write_rank_file(shared, document, overwrite=True)
     write_rank_file(path, rank_json, overwrite=overwrite)
     return path
+
+
+def _holds(path: Path, text: str) -> bool:
+    """Whether the file ``path`` holds exactly ``text``, read no further than its length.
+
+    It is never opened unless it is a regular file: a FIFO would block the open.
+    """
+    expected = text.encode()
+    try:
+        status = path.lstat()
+    except FileNotFoundError:
+        return False
+    if not stat.S_ISREG(status.st_mode):
+        raise CheckpointError(f"{path}: not a regular file; a checkpoint's resolved document goes there")
+    if status.st_size != len(expected):
+        return False
+    with path.open("rb") as file:
+        return file.read(len(expected) + 1) == expected
 
 
 MAX_RESHARD_FILES = 4096
