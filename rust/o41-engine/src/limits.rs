@@ -23,12 +23,17 @@ pub const MAX_SEQ_LEN: u64 = 1 << 30;
 /// Ramp steps a stage may have at most: the order tabulates one entry per step.
 pub const MAX_RAMP_STEPS: u64 = 65_536;
 
+/// Deepest nesting of a record's values (lists in lists, objects in objects) the engine writes
+/// or reads from a schema: arrow-rs builds readers, writers and types by recursion over it.
+pub const MAX_NESTING: u64 = 64;
+
 /// Every limit by the name the Python face and the docs use.
-pub const ALL: [(&str, u64); 6] = [
+pub const ALL: [(&str, u64); 7] = [
     ("max_position", MAX_POSITION),
     ("max_world_size", MAX_WORLD_SIZE),
     ("max_threads", MAX_THREADS),
     ("max_bins", MAX_BINS),
     ("max_seq_len", MAX_SEQ_LEN),
     ("max_ramp_steps", MAX_RAMP_STEPS),
+    ("max_nesting", MAX_NESTING),
 ];

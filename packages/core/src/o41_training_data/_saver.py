@@ -22,6 +22,7 @@ from . import _core
 from ._errors import ConfigError, DataError, MalformedShardError, ObjectConflictError, ObjectNotFoundError
 from ._errors import invalid as _invalid
 from ._files import MAX_DOCUMENT_BYTES, MAX_DOCUMENT_DEPTH, create_beside, json_depth
+from ._limits import LIMITS
 from ._manifest import Curriculum, DataManifest, ManifestShard, ManifestSplit, load_manifest, save_manifest
 from ._storage import StorageConfig, is_remote, normalize, parent
 
@@ -103,6 +104,57 @@ def _to_table(records: Sequence[Mapping[str, Any]], where: str) -> pa.Table:
                 row = next((i for i in range(1, len(values) + 1) if _fails(values[:i])), 0) - 1
                 raise DataError(f"{where}, record {max(row, 0)}, field '{name}': {field_err}") from None
         raise DataError(f"{where}: {err}") from None
+
+
+_MAX_NESTING = LIMITS["max_nesting"]
+
+
+def _check_nesting(records: Sequence[Any], where: str) -> None:
+    """Refuses a record whose values nest deeper than the engine writes, before Arrow sees it.
+
+    Arrow's type inference takes memory quadratic in the depth (3 GB for one value 5,000 lists
+    deep) and the process aborts when it runs out, so the depth is found first, walking no
+    deeper than the limit.
+    """
+    for row, record in enumerate(records):
+        if not isinstance(record, Mapping):
+            continue  # refused by _to_table, naming it
+        for name, value in record.items():
+            if _deeper_than(value, _MAX_NESTING):
+                error = DataError(
+                    f"{where}, record {row}, field {name!r}: its values nest more than {_MAX_NESTING} "
+                    "levels deep, more than a shard written here may"
+                )
+                error.field = str(name)
+                raise error
+
+
+_CONTAINERS = (list, tuple, Mapping)
+
+
+def _deeper_than(value: object, limit: int) -> bool:
+    """Whether ``value`` nests more than ``limit`` lists or mappings deep.
+
+    Level by level, no deeper than the limit; a level's elements are told apart by their types
+    in C (``set(map(type, ...))``), so a long flat list of numbers costs no Python step each.
+    """
+    level = [value]
+    for _ in range(limit):
+        inner: list[object] = []
+        for item in level:
+            children = (
+                item.values()
+                if isinstance(item, Mapping)
+                else item
+                if isinstance(item, (list, tuple))
+                else ()
+            )
+            if any(issubclass(kind, _CONTAINERS) for kind in set(map(type, children))):
+                inner.extend(x for x in children if isinstance(x, _CONTAINERS))
+        if not inner:
+            return False
+        level = inner
+    return True
 
 
 def _check_names(schema: pa.Schema, where: str) -> None:
@@ -346,6 +398,7 @@ class DatasetSaver:
         except (TypeError, ValueError, RecursionError) as err:
             raise _invalid("curriculum_metadata", f"not JSON: {err}") from None
         data = self._uri(location)
+        _check_nesting(rows, data)
         table = _to_table(rows, data)
         _check_names(table.schema, data)
         schema = {f.name: _arrow_type_name(f.type) for f in table.schema}

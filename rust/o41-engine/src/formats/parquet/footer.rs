@@ -30,7 +30,8 @@ pub struct ParquetIndex {
 /// arrow-rs builds readers, writers and Arrow types by recursion over the schema, one stack frame
 /// or more per level: a forged 1,000-level column overflows a thread's stack (the process dies),
 /// so deeper schemas are refused before arrow-rs sees them. Training data nests a few levels.
-pub const MAX_SCHEMA_DEPTH: usize = 64;
+#[allow(clippy::cast_possible_truncation)] // 64
+pub const MAX_SCHEMA_DEPTH: usize = crate::limits::MAX_NESTING as usize;
 
 /// Refuses a footer whose schema nests deeper than [`MAX_SCHEMA_DEPTH`], before any Arrow type
 /// or reader is built from it.
