@@ -332,7 +332,11 @@ def test_revoked_keys_are_retried_once_and_never_shown(
     )
     with pytest.raises(AccessDeniedError) as info:
         read_all(data, remote)
-    assert len(asked) == 2  # the first request, and its one retry with credentials fetched anew
+    # The protocol: a refused request is retried once, with credentials fetched anew unless a
+    # refusal since it was signed fetched them already. Open inspects the shards concurrently, so
+    # how many refusals overlap depends on timing: at least one fetch after the first, and at
+    # most one per request in flight (one per shard), never a loop.
+    assert 2 <= len(asked) <= 1 + len(remote)
     for secret_text in (key, secret, "a-session-token"):
         assert secret_text not in str(info.value)
         assert secret_text not in repr(data)

@@ -403,7 +403,10 @@ def test_jobs_of_one_row_group_fetch_its_pages_once(
         assert request.range
         first, last = request.range.removeprefix("bytes=").split("-")
         spans.append((int(first), int(last)))
-    assert len(spans) >= 5, spans
+    # How many requests the jobs make depends on how far reads ran ahead of each other (a
+    # prefetch may cover two jobs' pages in one request): what the protocol guarantees is that
+    # every byte is asked for once, the dictionary page by one request.
+    assert spans
     asked = [span for span in spans if span[0] <= chunk.dictionary_page_offset <= span[1]]
     assert len(asked) == 1, f"the dictionary page was asked for in {asked}"
     ordered = sorted(spans)
