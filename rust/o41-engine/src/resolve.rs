@@ -265,22 +265,39 @@ fn source_jobs(
                     // file the config names, not as the `.bin` it stands for.
                     storage.open(&absolute(file))?;
                 }
-                let paths = match encoding {
+                // An MDS dataset's index.json lists each shard's samples and size, as a
+                // manifest does: its shards are promised by it, not each looked at.
+                let shards: Vec<(String, Option<Promise<'static>>)> = match encoding {
                     Encoding::Arrow if encoding.names_directory(file) => {
                         formats::dataset_files(storage, &absolute(file), &named)?
+                            .into_iter()
+                            .map(|path| (path, None))
+                            .collect()
                     }
                     Encoding::Mds if encoding.names_directory(file) => {
                         formats::mds_files(storage, &absolute(file), &named)?
+                            .into_iter()
+                            .map(|shard| {
+                                let promise = Promise {
+                                    origin: PromiseOrigin::Index,
+                                    rows: shard.samples,
+                                    bytes: Some(shard.bytes),
+                                    version: None,
+                                    sha256: None,
+                                };
+                                (shard.path, Some(promise))
+                            })
+                            .collect()
                     }
-                    _ => vec![absolute(&encoding.shard_location(file))],
+                    _ => vec![(absolute(&encoding.shard_location(file)), None)],
                 };
                 let file = absolute(file);
-                expanded |= paths.len() != 1 || paths[0] != file;
+                expanded |= shards.len() != 1 || shards[0].0 != file;
                 names.push(NamedFile {
                     file,
-                    shards: paths.len() as u64,
+                    shards: shards.len() as u64,
                 });
-                for path in paths {
+                for (path, promise) in shards {
                     entries.push(f);
                     jobs.push(Job {
                         layout: layout.cloned(),
@@ -289,8 +306,8 @@ fn source_jobs(
                         source: j,
                         path: Cow::Owned(path),
                         encoding,
-                        promise: None,
-                        listed: true,
+                        listed: promise.is_none(),
+                        promise,
                     });
                 }
             }
@@ -491,8 +508,21 @@ fn settle(storage: &Storage, jobs: &[Job], setup: &Setup<'_>) -> Result<Settled>
         storage.cancel().check(&job.path)?;
         let object = storage.open(&job.path)?;
         let pin = object.pin();
-        // A local file is pinned by its content, so that a copy of it resumes.
-        let content = identity::of(&object, job.encoding, cache.as_ref())?;
+        // A local file is pinned by its content, so that a copy of it resumes: its identity is
+        // taken where the new document pins it (a shard looked at on open) or where a
+        // checkpoint's holds one to compare.
+        let compared = match &job.promise {
+            Some(p) if p.origin == PromiseOrigin::Checkpoint => p
+                .version
+                .as_deref()
+                .is_some_and(|v| v.starts_with(crate::storage::promise::CONTENT_PREFIX)),
+            _ => true,
+        };
+        let content = if compared {
+            identity::of(&object, job.encoding, cache.as_ref())?
+        } else {
+            None
+        };
         if let Some(promise) = &job.promise {
             promise.check_pin(&job.path, job.encoding, &pin, || Ok(content.clone()))?;
         }
@@ -549,7 +579,7 @@ fn settle(storage: &Storage, jobs: &[Job], setup: &Setup<'_>) -> Result<Settled>
     let inspected = parallel(&inspect, threads, |&i| {
         let job = &jobs[i];
         storage.cancel().check(&job.path)?;
-        formats::inspect_shard(
+        let meta = formats::inspect_shard(
             storage,
             &job.path,
             job.encoding,
@@ -567,12 +597,9 @@ fn settle(storage: &Storage, jobs: &[Job], setup: &Setup<'_>) -> Result<Settled>
                 seen: seen.get(&i).map(|(pin, _, _)| pin),
                 cache: cache.as_ref(),
             },
-        )
-    });
-    let mut metas: HashMap<usize, Box<ShardMeta>> = HashMap::with_capacity(inspect.len());
-    for (&i, meta) in inspect.iter().zip(inspected) {
-        let meta = meta?;
-        let job = &jobs[i];
+        )?;
+        // Stored by the thread that inspected it: writing thousands of entries one after
+        // another was most of a first open's time.
         if let (true, None, Some(cache), false) = (job.listed, &job.layout, &cache, drops) {
             let cached = Cached {
                 rows: meta.rows,
@@ -580,7 +607,11 @@ fn settle(storage: &Storage, jobs: &[Job], setup: &Setup<'_>) -> Result<Settled>
             };
             cache.store(&job.path, job.encoding, &meta.pin, job.key(&key), cached);
         }
-        metas.insert(i, Box::new(meta));
+        Ok(meta)
+    });
+    let mut metas: HashMap<usize, Box<ShardMeta>> = HashMap::with_capacity(inspect.len());
+    for (&i, meta) in inspect.iter().zip(inspected) {
+        metas.insert(i, Box::new(meta?));
     }
     let mut looked: Vec<usize> = seen.keys().chain(metas.keys()).copied().collect();
     looked.sort_unstable();

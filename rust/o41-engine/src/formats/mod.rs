@@ -191,7 +191,7 @@ pub fn inspect_shard(
         (&aligned, max_plan),
     )?;
     // A manifest counts records; a checkpoint or an open stream, the windows they became.
-    if let Some(promise) = promise.filter(|p| p.origin != PromiseOrigin::Manifest) {
+    if let Some(promise) = promise.filter(|p| !p.origin.counts_records()) {
         promise.check_rows(path, encoding, meta.rows)?;
     }
     meta.pin = pin;
@@ -224,7 +224,7 @@ pub fn inspect(
     let mut meta = format_of(encoding).inspect(object, how)?;
     meta.pin = pin;
     // A manifest counts the shard's records; a checkpoint or an open stream, those it kept.
-    let manifest = promise.is_some_and(|p| p.origin == PromiseOrigin::Manifest);
+    let manifest = promise.is_some_and(|p| p.origin.counts_records());
     let drops = drops_rows(projection);
     if let Some(promise) = promise.filter(|_| manifest || !drops) {
         promise.check_rows(path, encoding, meta.rows)?;

@@ -38,11 +38,22 @@ pub struct Promise<'a> {
 pub enum PromiseOrigin {
     /// A data manifest's entry: a shard that differs is not the shard the manifest lists.
     Manifest,
+    /// A dataset directory's own index (an MDS `index.json`), which lists each shard's size and
+    /// records as a manifest does: a shard that differs is not the shard the index lists.
+    Index,
     /// A checkpoint's resolved document: the file list changed since the checkpoint.
     Checkpoint,
     /// What open saw of a plain file list (size, version, and rows from the inspection cache):
     /// the file changed while the stream ran.
     Listing,
+}
+
+impl PromiseOrigin {
+    /// Whether the promise counts a shard's records as written (a manifest or a dataset's
+    /// index), rather than the rows a stream made of them (windows, records kept).
+    pub fn counts_records(self) -> bool {
+        matches!(self, PromiseOrigin::Manifest | PromiseOrigin::Index)
+    }
 }
 
 impl Promise<'_> {
@@ -62,6 +73,9 @@ impl Promise<'_> {
             let message = match self.origin {
                 PromiseOrigin::Manifest => {
                     format!("the manifest lists {bytes} bytes, the shard is {now} bytes")
+                }
+                PromiseOrigin::Index => {
+                    format!("its dataset's index lists {bytes} bytes, the shard is {now} bytes")
                 }
                 PromiseOrigin::Checkpoint => format!(
                     "{path} is {now} bytes, but the checkpoint's stream read it at {bytes}; the \
@@ -99,7 +113,7 @@ impl Promise<'_> {
                             ""
                         }
                     ),
-                    PromiseOrigin::Manifest => format!(
+                    PromiseOrigin::Manifest | PromiseOrigin::Index => format!(
                         "{path} changed since the manifest was read (version {then}, now {now})"
                     ),
                     PromiseOrigin::Listing => format!(
@@ -124,7 +138,7 @@ impl Promise<'_> {
         match (self.sha256.as_deref(), stored) {
             (Some(promised), Some(stored)) if !promised.eq_ignore_ascii_case(stored) => {
                 let message = match self.origin {
-                    PromiseOrigin::Manifest => format!(
+                    PromiseOrigin::Manifest | PromiseOrigin::Index => format!(
                         "the manifest lists checksum sha256:{promised}, the object was stored with \
                          sha256:{stored}; it is not the shard the manifest lists"
                     ),
@@ -159,6 +173,10 @@ impl Promise<'_> {
                 "the manifest lists {} rows, the shard holds {rows}",
                 self.rows
             ),
+            PromiseOrigin::Index => format!(
+                "its dataset's index lists {} records, the shard holds {rows}",
+                self.rows
+            ),
             PromiseOrigin::Listing => format!(
                 "the object changed since the stream opened it: it holds {rows} rows, {} when \
                  it was counted (the inspection cache knows a file by its size, modification \
@@ -179,7 +197,7 @@ impl Promise<'_> {
                 path: path.to_owned(),
                 message,
             },
-            PromiseOrigin::Manifest => Error::Format {
+            PromiseOrigin::Manifest | PromiseOrigin::Index => Error::Format {
                 path: path.to_owned(),
                 encoding: encoding.name(),
                 row: None,

@@ -9,6 +9,7 @@
 //! compressed one is read and inflated whole by the reader that needs it, held to the size
 //! `index.json` gives.
 
+use std::collections::HashMap;
 use std::io::{Read, Write};
 use std::ops::Range;
 use std::sync::Arc;
@@ -96,30 +97,96 @@ impl ShardInfo {
     }
 }
 
+/// A parsed `index.json`, with its shards by file name.
+struct ParsedIndex {
+    path: String,
+    pin: crate::storage::Pin,
+    index: IndexFile,
+    by_name: HashMap<String, usize>,
+}
+
+/// Parsed indexes a thread keeps: each shard of a dataset is inspected alone, and parsing its
+/// `index.json` for each one made opening a dataset of n shards cost n parses of an index of n
+/// entries. Per thread, so nothing is shared across a fork; keyed by the index's location and
+/// pin, so a rewritten index is read again.
+const PARSED_KEPT: usize = 4;
+
+thread_local! {
+    static PARSED: std::cell::RefCell<Vec<Arc<ParsedIndex>>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// The `index.json` of the dataset directory `dir`, parsed once per thread while it is
+/// unchanged.
+fn parsed_index(storage: &Storage, dir: &str) -> Result<Arc<ParsedIndex>> {
+    let path = format!("{}/{INDEX_FILE}", dir.trim_end_matches('/'));
+    let object = storage.open(&path)?;
+    let pin = object.pin();
+    let known = PARSED.with(|kept| {
+        kept.borrow()
+            .iter()
+            .find(|p| p.path == path && p.pin == pin)
+            .cloned()
+    });
+    if let Some(parsed) = known {
+        return Ok(parsed);
+    }
+    let index = parse_index(&path, &object)?;
+    let by_name = index
+        .shards
+        .iter()
+        .enumerate()
+        .map(|(k, s)| {
+            let name = s.file().basename.rsplit('/').next().unwrap_or_default();
+            (name.to_owned(), k)
+        })
+        .rev() // the first of a name repeated wins, as a search from the start would find it
+        .collect();
+    let parsed = Arc::new(ParsedIndex {
+        path,
+        pin,
+        index,
+        by_name,
+    });
+    PARSED.with(|kept| {
+        let mut kept = kept.borrow_mut();
+        if kept.len() == PARSED_KEPT {
+            kept.remove(0);
+        }
+        kept.push(parsed.clone());
+    });
+    Ok(parsed)
+}
+
 /// Reads the `index.json` of the dataset directory `dir`.
 fn read_index(storage: &Storage, dir: &str) -> Result<(String, IndexFile)> {
     let path = format!("{}/{INDEX_FILE}", dir.trim_end_matches('/'));
     let object = storage.open(&path)?;
+    let index = parse_index(&path, &object)?;
+    Ok((path, index))
+}
+
+/// Parses the `index.json` `object` (at `path`), refusing one too large to be an index.
+fn parse_index(path: &str, object: &Object) -> Result<IndexFile> {
     if object.size() > MAX_INDEX_BYTES {
         return Err(malformed(
-            &path,
+            path,
             None,
             format!("{} bytes is not an MDS index.json", object.size()),
         ));
     }
     let bytes = object.read_range(0..object.size())?;
     let index: IndexFile = serde_json::from_slice(&bytes)
-        .map_err(|e| malformed(&path, None, format!("not an MDS index.json: {e}")))?;
+        .map_err(|e| malformed(path, None, format!("not an MDS index.json: {e}")))?;
     if index.version != 2 {
         return Err(unsupported(
-            &path,
+            path,
             format!(
                 "index version {}; MDS index version 2 is read",
                 index.version
             ),
         ));
     }
-    Ok((path, index))
+    Ok(index)
 }
 
 /// A file name `index.json` gives: relative, inside the dataset's directory.
@@ -138,8 +205,21 @@ fn check_basename<'a>(index_path: &str, name: &'a str) -> Result<&'a str> {
     }
 }
 
-/// The shard files of the MDS dataset in directory `dir`, in its `index.json`'s order.
-pub fn dataset_files(storage: &Storage, dir: &str, option: &str) -> Result<Vec<String>> {
+/// A shard file of an MDS dataset, as its `index.json` lists it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ListedShard {
+    /// Its location.
+    pub path: String,
+    /// Its samples.
+    pub samples: u64,
+    /// The size of the file a stream reads (the compressed one where there is one).
+    pub bytes: u64,
+}
+
+/// The shard files of the MDS dataset in directory `dir`, in its `index.json`'s order, with
+/// their sample counts and sizes: the index is the dataset's manifest, so that opening a
+/// dataset of many shards reads one file, not each shard.
+pub fn dataset_files(storage: &Storage, dir: &str, option: &str) -> Result<Vec<ListedShard>> {
     let (index_path, index) = read_index(storage, dir).map_err(|e| match e {
         Error::NotFound { path } => Error::config(
             option,
@@ -169,7 +249,11 @@ pub fn dataset_files(storage: &Storage, dir: &str, option: &str) -> Result<Vec<S
                 ));
             }
             let name = check_basename(&index_path, &shard.file().basename)?;
-            Ok(sibling(&index_path, name))
+            Ok(ListedShard {
+                path: sibling(&index_path, name),
+                samples: shard.samples,
+                bytes: shard.file().bytes,
+            })
         })
         .collect()
 }
@@ -185,7 +269,7 @@ pub struct MdsIndex {
 fn inspect_index(storage: &Storage, object: &Object) -> Result<MdsIndex> {
     let path = object.uri();
     let (dir, name) = path.rsplit_once('/').unwrap_or(("", path));
-    let (index_path, index) = read_index(storage, dir).map_err(|e| match e {
+    let parsed = parsed_index(storage, dir).map_err(|e| match e {
         Error::NotFound { path: missing } => malformed(
             path,
             None,
@@ -193,18 +277,19 @@ fn inspect_index(storage: &Storage, object: &Object) -> Result<MdsIndex> {
         ),
         other => other,
     })?;
-    let info = index
-        .shards
-        .into_iter()
-        .find(|s| s.file().basename.rsplit('/').next() == Some(name))
+    let index_path = &parsed.path;
+    let info = parsed
+        .by_name
+        .get(name)
+        .map(|&k| parsed.index.shards[k].clone())
         .ok_or_else(|| {
             malformed(
-                &index_path,
+                index_path,
                 None,
                 format!("it does not list {name}, so its columns and count are unknown"),
             )
         })?;
-    let bad = |message: String| malformed(&index_path, None, format!("{name}: {message}"));
+    let bad = |message: String| malformed(index_path, None, format!("{name}: {message}"));
     if info.format != "mds" {
         return Err(unsupported(
             path,
