@@ -55,7 +55,7 @@ def test_a_forged_cache_length_is_a_miss_not_an_allocation(
     )
     with open_batch_stream(config) as stream:
         assert next(stream).arrays()["tokens"][0].tolist()[:3] == [1, 2, 3]
-    [entry] = (tmp_path / "cache").glob("*.lengths")
+    [entry] = (tmp_path / "cache").glob("*/*.lengths")
     forge(entry, 2**32 - 1)
     # In a child under an address-space cap (the engine's declared bound, and room for the
     # interpreter and its libraries): an allocation past it would abort the child.

@@ -92,7 +92,7 @@ def config(path: Path, **kwargs: Any):  # type: ignore[no-untyped-def]
 
 
 def indexes(cache: Path) -> list[Path]:
-    return sorted(cache.glob("*.gzindex"))
+    return sorted(cache.glob("*/*.gzindex"))
 
 
 @pytest.mark.parametrize("writer", list(WRITERS))

@@ -776,7 +776,7 @@ def test_a_second_open_plans_parquet_packing_from_cached_lengths(
     path = write_lists(tmp_path / "corpus.parquet", docs)
     config = packed([path], 64)
     first = rows(config)
-    assert len(list(cache.glob("*.lengths"))) == 1
+    assert len(list(cache.glob("*/*.lengths"))) == 1
     second = rows(config)
     assert all(all(np.array_equal(a[k], b[k]) for k in a) for a, b in zip(first, second, strict=True))
     check_packed(second, docs, 64, eos=False)
@@ -808,7 +808,7 @@ def test_cached_lengths_the_shard_does_not_hold_fail_closed(
     # An entry that disagrees with the file it names (as a file rewritten behind the cache's
     # back with its size, time and inode kept would): the first record one token longer, the
     # second one shorter. The plan is made from it, and the reader holds each record to it.
-    (entry,) = cache.glob("*.lengths")
+    (entry,) = cache.glob("*/*.lengths")
     data = bytearray(entry.read_bytes())
     header = int.from_bytes(data[8:12], "little")
     first = 12 + header + 8

@@ -7,8 +7,8 @@
 //! file rewritten behind the cache's back with its size, time and inode kept is still caught:
 //! the rows an entry gives are a promise the shard is held to when it is first read.
 //!
-//! One small JSON file per entry, written atomically (temporary file, then rename); a corrupt or
-//! unreadable entry is ignored and rewritten. A Parquet token shard also gets the lengths of its
+//! One small JSON file per entry, written atomically (temporary file, then rename, not flushed:
+//! a torn entry is a miss); a corrupt or unreadable entry is ignored and rewritten. A Parquet token shard also gets the lengths of its
 //! token lists (`<digest>.lengths`: a header naming the key and column, then one little-endian
 //! `u32` per record), from which a packing or windows stage plans the shard without decoding it.
 //! A gzip stream another writer made gets its access index (`<digest>.gzindex`: access points
@@ -80,10 +80,14 @@ fn key(location: &str, encoding: Encoding, pin: &Pin) -> Option<Key> {
 fn entry_path(dir: &std::path::Path, key: &Key) -> PathBuf {
     let json = serde_json::to_vec(key).expect("a key always serialises");
     let digest = ring::digest::digest(&ring::digest::SHA256, &json);
-    dir.join(format!(
-        "{}.json",
-        crate::storage::hex(&digest.as_ref()[..16])
-    ))
+    spread(dir, &crate::storage::hex(&digest.as_ref()[..16]), "json")
+}
+
+/// `dir/<first two hex digits>/<digest>.<suffix>`: entries spread over 256 directories, so
+/// that threads storing thousands of entries at once do not queue on one directory's lock,
+/// nor a filesystem search one huge directory for each new name.
+fn spread(dir: &std::path::Path, digest: &str, suffix: &str) -> PathBuf {
+    dir.join(&digest[..2]).join(format!("{digest}.{suffix}"))
 }
 
 /// The header of a companion file (a lengths file, a gzip access index): whose object, and
@@ -125,11 +129,11 @@ const MAX_CONTENT_ID: u64 = 256;
 
 fn companion_path(dir: &std::path::Path, header: &[u8], kind: Kind) -> PathBuf {
     let digest = ring::digest::digest(&ring::digest::SHA256, header);
-    dir.join(format!(
-        "{}.{}",
-        crate::storage::hex(&digest.as_ref()[..16]),
-        kind.suffix
-    ))
+    spread(
+        dir,
+        &crate::storage::hex(&digest.as_ref()[..16]),
+        kind.suffix,
+    )
 }
 
 /// Where a companion file's payload starts, if `bytes` is one of `kind` and is `header`'s.
@@ -407,7 +411,10 @@ fn write_atomically(
     path: &std::path::Path,
     bytes: &[u8],
 ) -> std::io::Result<()> {
-    std::fs::create_dir_all(dir)?;
+    let dir = path.parent().unwrap_or(dir);
+    if !dir.is_dir() {
+        std::fs::create_dir_all(dir)?;
+    }
     // A name no other process or thread uses, so concurrent writers never share a file.
     let unique = format!(
         ".{}.{}.{:?}.tmp",
@@ -419,10 +426,12 @@ fn write_atomically(
     )
     .replace(['(', ')'], "");
     let tmp = dir.join(unique);
+    // Not flushed to disk: an entry only saves work, and one a crash leaves torn is a miss
+    // (every entry is checked as it is read: its JSON, magic, header, counts and checksums). A
+    // flush per entry made a first open of 4,000 shards spend seconds waiting on the disk.
     let result = (|| {
         let mut file = std::fs::File::create(&tmp)?;
         file.write_all(bytes)?;
-        file.sync_all()?;
         std::fs::rename(&tmp, path)
     })();
     if result.is_err() {
@@ -448,6 +457,17 @@ fn open_entry(path: &std::path::Path) -> Option<std::fs::File> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The files of a cache directory (entries sit one directory down).
+    fn entry_files(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
+        let mut files = Vec::new();
+        for sub in std::fs::read_dir(dir).unwrap() {
+            for file in std::fs::read_dir(sub.unwrap().path()).unwrap() {
+                files.push(file.unwrap().path());
+            }
+        }
+        files
+    }
 
     fn pin(size: u64, version: &str) -> Pin {
         Pin {
@@ -511,8 +531,8 @@ mod tests {
             None
         );
         // A corrupt entry is a miss, and is replaced by the next store.
-        for file in std::fs::read_dir(&dir).unwrap() {
-            std::fs::write(file.unwrap().path(), b"{not json").unwrap();
+        for file in entry_files(&dir) {
+            std::fs::write(&file, b"{not json").unwrap();
         }
         assert_eq!(
             cache.lookup("/d/a.parquet", Encoding::Parquet, &pin(10, "mtime:1"), "p1"),
@@ -561,8 +581,8 @@ mod tests {
         let (at, parquet) = ("/d/a.parquet", Encoding::Parquet);
         cache.store(at, parquet, &pin(10, "mtime:1"), "p1", cached);
         cache.store_lengths(at, parquet, &pin(10, "mtime:1"), "t", &[3, 4]);
-        for file in std::fs::read_dir(&dir).unwrap() {
-            let path = file.unwrap().path();
+        for file in entry_files(&dir) {
+            let path = file;
             std::fs::remove_file(&path).unwrap();
             let made = std::process::Command::new("mkfifo")
                 .arg(&path)
@@ -603,8 +623,8 @@ mod tests {
         // Within the memory it may take only.
         assert_eq!(lookup(&pin(10, "mtime:1"), "tokens", 16), None);
         // A truncated or foreign file is a miss.
-        for file in std::fs::read_dir(&dir).unwrap() {
-            let path = file.unwrap().path();
+        for file in entry_files(&dir) {
+            let path = file;
             let bytes = std::fs::read(&path).unwrap();
             std::fs::write(&path, &bytes[..bytes.len() - 1]).unwrap();
         }

@@ -36,6 +36,11 @@ const KEY: Key = Key([
 /// Bytes hashed per read of a whole file.
 const CHUNK: u64 = 1 << 20;
 
+/// Files up to this size are hashed whole at each open rather than kept in the cache: reading
+/// them costs less than writing (and later reading) a cache file, and a first open of thousands
+/// of small shards spent most of its time creating those files.
+const UNCACHED_BYTES: u64 = 64 << 10;
+
 /// A Parquet footer longer than this is hashed with the whole file instead of read in one
 /// piece: the identity never allocates more than this for a hostile length.
 const MAX_FOOTER: u64 = 64 << 20;
@@ -57,6 +62,7 @@ pub fn of(
     };
     let pin = object.pin();
     let path = object.uri();
+    let cache = cache.filter(|_| object.size() > UNCACHED_BYTES);
     if let Some(found) = cache.and_then(|c| c.lookup_content(path, encoding, &pin, ctime)) {
         if is_content(&found) {
             return Ok(Some(found));
