@@ -259,3 +259,39 @@ def test_a_stream_in_s3_is_indexed_once_and_resumed_from_its_nearest_point(
         np.testing.assert_array_equal(batch.arrays()["ids"], expected(deep)["ids"])
         read = stream.stats.sources[0].bytes_read
     assert read < local.stat().st_size * 0.5, f"{read} of {local.stat().st_size} bytes fetched to resume"
+
+
+@pytest.mark.parametrize("forgery", ["point-row-shifted", "rows-lowered"])
+def test_a_forged_access_index_is_a_miss_never_a_changed_row(
+    tmp_path: Path, cache: Path, forgery: str
+) -> None:
+    # Issue 48, case 12: the index edited with its table checksum recomputed (a point's row
+    # shifted by one, or the stream's rows lowered by 500) used to deliver 5 rows twice and 5
+    # never, or end the stream early. An entry is sealed with this host's key: a forged one is a
+    # miss, and the stream counts the shard itself.
+    import zlib
+
+    path = shard(tmp_path)
+    whole = range(ROWS // BATCH * BATCH)
+    collect(config(path, threads=2))
+    (index,) = indexes(cache)
+    data = bytearray(index.read_bytes())
+    magic_and_header = 8 + 4 + int.from_bytes(data[8:12], "little")
+    payload = magic_and_header
+    count = int.from_bytes(data[payload + 16 : payload + 20], "little")
+    assert count >= 2, "the stream has access points to forge"
+    table = payload + 20
+    if forgery == "point-row-shifted":
+        row_at = table + 40 * 1 + 16  # the second point's row
+        data[row_at : row_at + 8] = (int.from_bytes(data[row_at : row_at + 8], "little") + 1).to_bytes(
+            8, "little"
+        )
+    else:
+        rows = int.from_bytes(data[payload : payload + 8], "little")
+        data[payload : payload + 8] = (rows - 500).to_bytes(8, "little")
+    described = bytes(data[payload : table + 40 * count])
+    data[table + 40 * count : table + 40 * count + 4] = zlib.crc32(described).to_bytes(4, "little")
+    index.write_bytes(bytes(data))
+    batches = collect(config(path, threads=2))
+    assert rows_of(batches, "v").tolist() == list(whole)
+    np.testing.assert_array_equal(rows_of(batches, "ids"), expected(whole)["ids"])

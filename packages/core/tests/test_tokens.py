@@ -802,22 +802,58 @@ def test_cached_lengths_the_shard_does_not_hold_fail_closed(
 ) -> None:
     cache = tmp_path / "inspect-cache"
     monkeypatch.setenv("O41_INSPECT_CACHE", str(cache))
-    path = write_lists(tmp_path / "corpus.parquet", corpus([6] * 40))
+
+    def plain(docs: Docs) -> bytes:
+        # No statistics, dictionary or compression: records of other lengths with the same ids
+        # make a file of the same size.
+        out = tmp_path / "plain.parquet"
+        table = pa.table({"tokens": pa.array(docs, pa.list_(pa.int32()))})
+        pq.write_table(
+            table, out, row_group_size=7, write_statistics=False, compression="none", use_dictionary=False
+        )
+        return out.read_bytes()
+
+    path = tmp_path / "corpus.parquet"
+    path.write_bytes(plain(corpus([6] * 40)))
     config = packed([path], 16, batch_size=4)
     rows(config)
-    # An entry that disagrees with the file it names (as a file rewritten behind the cache's
-    # back with its size, time and inode kept would): the first record one token longer, the
-    # second one shorter. The plan is made from it, and the reader holds each record to it.
+    assert len(list(cache.glob("*/*.lengths"))) == 1
+    # The file rewritten behind the cache's back with its size, time and inode kept: the first
+    # record one token longer, the second one shorter. The entry (this host's, sealed) still
+    # names it; the plan is made from it, and the reader holds each record to it.
+    before = path.stat()
+    rewritten = plain(corpus([7, 5] + [6] * 38))
+    assert len(rewritten) == before.st_size
+    with path.open("r+b") as out:
+        out.write(rewritten)
+    os.utime(path, ns=(before.st_atime_ns, before.st_mtime_ns))
+    assert (path.stat().st_ino, path.stat().st_mtime_ns) == (before.st_ino, before.st_mtime_ns)
+    with pytest.raises(MalformedShardError, match=r"corpus\.parquet.*when the shard was inspected"):
+        rows(config)
+
+
+def test_a_forged_cache_entry_is_a_miss_not_a_changed_row(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Issue 48, case 12: an entry edited with its counts recomputed is not this host's (its seal
+    # is the host key's): a miss, so the stream plans from the shard itself.
+    cache = tmp_path / "inspect-cache"
+    monkeypatch.setenv("O41_INSPECT_CACHE", str(cache))
+    path = write_lists(tmp_path / "corpus.parquet", corpus([6] * 40))
+    config = packed([path], 16, batch_size=4)
+    expected = rows(config)
     (entry,) = cache.glob("*/*.lengths")
     data = bytearray(entry.read_bytes())
     header = int.from_bytes(data[8:12], "little")
     first = 12 + header + 8
-    lengths = np.frombuffer(data[first:], dtype="<u4").copy()
+    lengths = np.frombuffer(data[first:-16], dtype="<u4").copy()
     lengths[0] += 1
     lengths[1] -= 1
-    entry.write_bytes(bytes(data[:first]) + lengths.tobytes())
-    with pytest.raises(MalformedShardError, match=r"corpus\.parquet.*when the shard was inspected"):
-        rows(config)
+    entry.write_bytes(bytes(data[:first]) + lengths.tobytes() + bytes(data[-16:]))
+    got = rows(config)
+    assert len(got) == len(expected)
+    for a, b in zip(got, expected, strict=True):
+        np.testing.assert_array_equal(a["tokens"], b["tokens"])
 
 
 def token_column_bytes(path: Path) -> int:

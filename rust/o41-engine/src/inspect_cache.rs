@@ -16,6 +16,12 @@
 //! without inflating the stream from its start. The directory is `$O41_INSPECT_CACHE`, or
 //! `o41/inspect` under `$XDG_CACHE_HOME` or `~/.cache`; `O41_INSPECT_CACHE=off` turns it off.
 //! Failing to write an entry never fails a stream: the cache only saves work.
+//!
+//! Every file ends with a 128-bit keyed `HighwayHash` of its contents under this host's key
+//! (`<cache dir>.key`, 32 random bytes made on first use, mode 0600): an entry is what this
+//! host's streams learnt, so one forged with its counts, points or checksums recomputed, copied
+//! from another host or written by another tool is a miss, never a changed row. Without the
+//! key (it cannot be made or read), the cache is off.
 
 use std::io::Write;
 use std::path::PathBuf;
@@ -27,8 +33,10 @@ use crate::storage::Pin;
 
 /// The value of an entry's `format` field.
 const CACHE_FORMAT: &str = "o41-inspect-cache";
-/// The entry layout this release reads and writes; other versions are misses.
-const CACHE_VERSION: u32 = 1;
+/// The entry layout this release reads and writes; other versions are misses (2: sealed).
+const CACHE_VERSION: u32 = 2;
+/// Bytes of the seal that ends every cache file.
+const SEAL_BYTES: usize = 16;
 /// Entries larger than this are not ours (an entry is a few hundred bytes).
 const MAX_ENTRY_BYTES: u64 = 64 << 10;
 /// The first bytes of a lengths file, its layout's version included.
@@ -176,12 +184,87 @@ fn parse_lengths(payload: &[u8]) -> Option<Vec<u64>> {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct InspectCache {
     dir: PathBuf,
+    /// This host's key, which seals every file; None when it cannot be had (nothing is
+    /// stored, nothing found).
+    key: Option<[u64; 4]>,
+}
+
+/// The host key beside the cache directory `dir`: read, or made (random, 0600) where there is
+/// none. Made by linking a finished file into place, so two processes agree on one key.
+fn host_key(dir: &std::path::Path) -> Option<[u64; 4]> {
+    use std::io::Read;
+    use std::os::unix::fs::OpenOptionsExt;
+
+    let mut name = dir.as_os_str().to_owned();
+    name.push(".key");
+    let path = PathBuf::from(name);
+    let read = |path: &std::path::Path| -> Option<[u64; 4]> {
+        let mut bytes = Vec::with_capacity(33);
+        open_entry(path)?.take(33).read_to_end(&mut bytes).ok()?;
+        (bytes.len() == 32).then(|| {
+            std::array::from_fn(|k| {
+                u64::from_le_bytes(bytes[8 * k..8 * k + 8].try_into().expect("eight bytes"))
+            })
+        })
+    };
+    if let Some(key) = read(&path) {
+        return Some(key);
+    }
+    let mut fresh = [0u8; 32];
+    ring::rand::SecureRandom::fill(&ring::rand::SystemRandom::new(), &mut fresh).ok()?;
+    std::fs::create_dir_all(path.parent()?).ok()?;
+    let tmp = path.with_extension(format!("key.{}.tmp", std::process::id()));
+    let made = (|| {
+        let mut file = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(&tmp)?;
+        file.write_all(&fresh)?;
+        file.sync_all()?;
+        // Fails where another process made the key first: its key is then the one read.
+        std::fs::hard_link(&tmp, &path)
+    })();
+    let _ = std::fs::remove_file(&tmp);
+    drop(made);
+    read(&path)
 }
 
 impl InspectCache {
-    /// The cache in `dir`.
+    /// The cache in `dir`, sealed with the host key beside it.
     pub fn new(dir: impl Into<PathBuf>) -> Self {
-        InspectCache { dir: dir.into() }
+        let dir = dir.into();
+        let key = host_key(&dir);
+        InspectCache { dir, key }
+    }
+
+    /// The seal of `bytes` under this host's key.
+    fn seal(&self, bytes: &[u8]) -> Option<[u8; SEAL_BYTES]> {
+        use highway::{HighwayHash, HighwayHasher, Key};
+        let mut hasher = HighwayHasher::new(Key(self.key?));
+        hasher.append(bytes);
+        let [a, b] = hasher.finalize128();
+        let mut seal = [0u8; SEAL_BYTES];
+        seal[..8].copy_from_slice(&a.to_le_bytes());
+        seal[8..].copy_from_slice(&b.to_le_bytes());
+        Some(seal)
+    }
+
+    /// `bytes` without their seal, if it is this host's.
+    fn unsealed<'b>(&self, bytes: &'b [u8]) -> Option<&'b [u8]> {
+        let (body, seal) = bytes.split_at_checked(bytes.len().checked_sub(SEAL_BYTES)?)?;
+        (self.seal(body)? == *seal).then_some(body)
+    }
+
+    /// Writes `bytes`, sealed, to `path`.
+    fn write_sealed(&self, path: &std::path::Path, bytes: &[u8]) -> std::io::Result<()> {
+        let seal = self
+            .seal(bytes)
+            .ok_or_else(|| std::io::Error::other("no host key"))?;
+        let mut sealed = Vec::with_capacity(bytes.len() + SEAL_BYTES);
+        sealed.extend_from_slice(bytes);
+        sealed.extend_from_slice(&seal);
+        write_atomically(&self.dir, path, &sealed)
     }
 
     /// The cache the environment names, or None when it is off or no home directory is known.
@@ -213,7 +296,10 @@ impl InspectCache {
         if file.metadata().ok()?.len() > MAX_ENTRY_BYTES {
             return None;
         }
-        let entry: Entry = serde_json::from_reader(std::io::BufReader::new(file)).ok()?;
+        let mut bytes = Vec::new();
+        std::io::Read::read_to_end(&mut std::io::Read::take(file, MAX_ENTRY_BYTES), &mut bytes)
+            .ok()?;
+        let entry: Entry = serde_json::from_slice(self.unsealed(&bytes)?).ok()?;
         if entry.format != CACHE_FORMAT || entry.version != CACHE_VERSION || entry.key != key {
             return None;
         }
@@ -248,7 +334,7 @@ impl InspectCache {
         };
         let path = entry_path(&self.dir, &entry.key);
         if let Ok(json) = serde_json::to_vec(&entry) {
-            let _ = write_atomically(&self.dir, &path, &json);
+            let _ = self.write_sealed(&path, &json);
         }
     }
 
@@ -356,6 +442,8 @@ impl InspectCache {
         }
         let mut bytes = Vec::new();
         std::io::Read::read_to_end(&mut std::io::BufReader::new(file), &mut bytes).ok()?;
+        let body = self.unsealed(&bytes)?.len();
+        bytes.truncate(body);
         let at = payload_at(&bytes, &header, kind)?;
         bytes.drain(..at);
         Some(Companion {
@@ -380,7 +468,7 @@ impl InspectCache {
         let at = bytes.len() as u64;
         bytes.extend_from_slice(payload);
         let path = companion_path(&self.dir, &header, kind);
-        write_atomically(&self.dir, &path, &bytes).ok()?;
+        self.write_sealed(&path, &bytes).ok()?;
         Some((path, at))
     }
 
@@ -414,6 +502,17 @@ fn write_atomically(
     let dir = path.parent().unwrap_or(dir);
     if !dir.is_dir() {
         std::fs::create_dir_all(dir)?;
+    }
+    // A new entry is written in place: a reader that meets it half written finds no seal (a
+    // miss), and one directory operation is half the cost of a temporary file and a rename.
+    match std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(path)
+    {
+        Ok(mut file) => return file.write_all(bytes),
+        Err(e) if e.kind() != std::io::ErrorKind::AlreadyExists => return Err(e),
+        Err(_) => {} // replaced whole below: a reader sees the old entry or the new one
     }
     // A name no other process or thread uses, so concurrent writers never share a file.
     let unique = format!(
@@ -633,5 +732,38 @@ mod tests {
         cache.store_lengths(at, parquet, &pin(10, "mtime:3"), "tokens", &[1 << 33]);
         assert_eq!(lookup(&pin(10, "mtime:3"), "tokens", 1 << 20), None);
         let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn an_entry_is_this_hosts_only_a_forged_or_copied_one_is_a_miss() {
+        let dir = std::env::temp_dir().join(format!("o41-cache-seal-{}", std::process::id()));
+        let cache = InspectCache::new(&dir);
+        let cached = Cached {
+            rows: 1000,
+            scratch_bytes: None,
+        };
+        let (at, parquet, p) = ("/d/a.parquet", Encoding::Parquet, pin(10, "mtime:1"));
+        cache.store(at, parquet, &p, "p1", cached);
+        assert_eq!(cache.lookup(at, parquet, &p, "p1"), Some(cached));
+        let files = entry_files(&dir);
+        assert_eq!(files.len(), 1, "one entry");
+        let entry = files[0].clone();
+        // Its count edited in place, the seal kept: not what this host wrote.
+        let bytes = std::fs::read(&entry).unwrap();
+        let text = String::from_utf8_lossy(&bytes).replace("\"rows\":1000", "\"rows\":500");
+        std::fs::write(&entry, text.as_bytes()).unwrap();
+        assert_eq!(cache.lookup(at, parquet, &p, "p1"), None);
+        // A genuine entry copied to another host's cache (another key) is a miss there.
+        cache.store(at, parquet, &p, "p1", cached);
+        let other_dir = dir.with_extension("other");
+        let other = InspectCache::new(&other_dir);
+        let copied = other_dir.join(entry.strip_prefix(&dir).unwrap());
+        std::fs::create_dir_all(copied.parent().unwrap()).unwrap();
+        std::fs::copy(&entry, &copied).unwrap();
+        assert_eq!(other.lookup(at, parquet, &p, "p1"), None);
+        for path in [&dir, &other_dir] {
+            let _ = std::fs::remove_dir_all(path);
+            let _ = std::fs::remove_file(path.with_extension("key"));
+        }
     }
 }
