@@ -18,7 +18,7 @@ from pathlib import Path
 
 from ._errors import O41Error, ObjectNotFoundError, StorageError, invalid
 
-__all__ = ["MAX_DOCUMENT_BYTES", "MAX_DOCUMENT_DEPTH", "check_depth", "json_depth", "read_text"]
+__all__ = ["MAX_DOCUMENT_BYTES", "MAX_DOCUMENT_DEPTH", "check_depth", "json_depth", "read_bytes", "read_text"]
 
 MAX_DOCUMENT_BYTES = 256 << 20
 """Largest config or checkpoint file read (a checkpoint pins every shard of its stream: a
@@ -48,10 +48,10 @@ def as_path(path: object) -> Path:
     return Path(name)
 
 
-def read_text(path: Path, error_class: type[O41Error], what: str, limit: int = MAX_DOCUMENT_BYTES) -> str:
-    """The UTF-8 text of the regular file ``path``, refused with ``error_class`` otherwise.
+def read_bytes(path: Path, error_class: type[O41Error], what: str, limit: int) -> bytes:
+    """The bytes of the regular file ``path``, at most ``limit``, refused with ``error_class`` otherwise.
 
-    ``what`` names the document in errors (``config file``, ``checkpoint``). A missing file raises
+    ``what`` names the file in errors (``config file``, ``CA bundle``). A missing file raises
     :class:`ObjectNotFoundError`.
     """
     try:
@@ -87,8 +87,18 @@ def read_text(path: Path, error_class: type[O41Error], what: str, limit: int = M
         raise _located(error_class, path, f"cannot read the {what}: {error.strerror}") from None
     finally:
         os.close(descriptor)
+    return b"".join(chunks)
+
+
+def read_text(path: Path, error_class: type[O41Error], what: str, limit: int = MAX_DOCUMENT_BYTES) -> str:
+    """The UTF-8 text of the regular file ``path``, refused with ``error_class`` otherwise.
+
+    ``what`` names the document in errors (``config file``, ``checkpoint``). A missing file raises
+    :class:`ObjectNotFoundError`.
+    """
+    data = read_bytes(path, error_class, what, limit)
     try:
-        return b"".join(chunks).decode("utf-8")
+        return data.decode("utf-8")
     except UnicodeDecodeError as error:
         raise _located(
             error_class, path, f"is not UTF-8 text (byte {error.start}), so not a {what}"

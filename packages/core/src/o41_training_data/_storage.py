@@ -23,7 +23,8 @@ from pathlib import Path
 from typing import Any
 
 from . import _core
-from ._errors import ConfigError, invalid
+from ._errors import ConfigError, O41Error, invalid
+from ._files import read_bytes
 
 __all__ = ["CredentialProvider", "RetryPolicy", "StorageConfig", "TemporaryCredentials", "is_remote"]
 
@@ -34,6 +35,9 @@ _REGISTRY_LOCK = threading.Lock()
 
 _MAX_SECONDS = 1e9
 """The longest timeout or backoff a retry policy takes, in seconds (about 31 years)."""
+
+MAX_CA_BUNDLE_BYTES = 16 << 20
+"""Largest CA bundle read: the whole Mozilla bundle is about 220 KB, a corporate one a few MB."""
 
 
 def _check_setting(name: str, value: object) -> None:
@@ -383,10 +387,11 @@ class StorageConfig:
             return cached.storage
         bundle = None
         if self.ca_bundle is not None:
+            # Bounded: a FIFO would block, /dev/zero would be read until memory ran out.
             try:
-                bundle = Path(self.ca_bundle).read_bytes()
-            except OSError as err:
-                raise invalid("ca_bundle", f"cannot read {self.ca_bundle}: {err.strerror}") from None
+                bundle = read_bytes(Path(self.ca_bundle), ConfigError, "CA bundle", MAX_CA_BUNDLE_BYTES)
+            except O41Error as err:
+                raise invalid("ca_bundle", str(err)) from None
         provider = self.credential_provider
         r = self.retry
         storage = _core.Storage(

@@ -15,7 +15,9 @@ use std::time::{Duration, Instant, SystemTime};
 use object_store::aws::{AmazonS3Builder, AmazonS3ConfigKey, AwsCredential, AwsCredentialProvider};
 use object_store::{ClientOptions, CredentialProvider, RetryConfig};
 
+use super::chain_files::{self, FileFault, MAX_TOKEN_FILE};
 use super::keys::{check_keys, Credentials, FetchCredentials, TemporaryCredentials};
+use super::process::CredentialProcess;
 use super::profiles::{chain_source, ChainSource};
 use super::scrub::Scrubber;
 
@@ -27,11 +29,15 @@ const REFRESH_MARGIN: Duration = Duration::from_secs(300);
 enum Resolved {
     Fixed(Arc<AwsCredential>),
     Fetch(Arc<dyn FetchCredentials>),
+    /// A profile's `credential_process`, run again before expiry like a caller's function.
+    Process(Arc<CredentialProcess>),
     /// One of `object_store`'s own providers (web identity, container, instance metadata); it
     /// caches and refreshes by itself, and is built anew to force a fetch.
     Delegated {
         what: String,
         keys: Vec<(AmazonS3ConfigKey, String)>,
+        /// The token files it reads, with the settings that name them.
+        files: Vec<(String, String)>,
         provider: AwsCredentialProvider,
     },
 }
@@ -155,11 +161,12 @@ impl Signer {
                 self.scrubber.learn(&keys);
                 Resolved::Fixed(keys)
             }
-            ChainSource::Process(process) => Resolved::Fetch(Arc::new(process)),
-            ChainSource::Delegated { what, keys } => Resolved::Delegated {
+            ChainSource::Process(process) => Resolved::Process(Arc::new(process)),
+            ChainSource::Delegated { what, keys, files } => Resolved::Delegated {
                 provider: self.delegated(&what, &keys)?,
                 what,
                 keys,
+                files,
             },
         })
     }
@@ -199,25 +206,37 @@ impl Signer {
         let first = !state.fetched_once;
         let got = match state.source.as_ref().expect("resolved above") {
             Resolved::Fixed(credential) => return Ok(credential.clone()),
-            Resolved::Fetch(source) => {
+            source @ (Resolved::Fetch(_) | Resolved::Process(_)) => {
                 if let Some(cached) = &state.cached {
                     if cached.refresh_at.is_none_or(|at| SystemTime::now() < at) {
                         return Ok(cached.credential.clone());
                     }
                 }
-                let source = source.clone();
-                let fetched = tokio::task::spawn_blocking(move || source.fetch())
-                    .await
-                    .map_err(|e| passing(&format!("the credential provider did not return: {e}")))
-                    .and_then(|r| {
-                        r.and_then(|keys| check_keys(&keys).map(|()| keys))
+                let (fetched, who) = match source {
+                    Resolved::Fetch(source) => {
+                        let source = source.clone();
+                        let fetched = tokio::task::spawn_blocking(move || source.fetch())
+                            .await
                             .map_err(|e| {
-                                failure(
-                                    first,
-                                    "credential_provider",
-                                    &format!("the credential provider failed: {e}"),
-                                )
-                            })
+                                passing(&format!("the credential provider did not return: {e}"))
+                            })?;
+                        (fetched, "credential provider")
+                    }
+                    // Dropping this future (the request was cancelled) kills the helper.
+                    Resolved::Process(process) => {
+                        (process.clone().fetch().await, "AWS credential chain")
+                    }
+                    _ => unreachable!("matched above"),
+                };
+                let fetched = fetched
+                    .and_then(|keys| check_keys(&keys).map(|()| keys))
+                    .map_err(|e| {
+                        failure(
+                            first,
+                            "credential_provider",
+                            // A helper's stderr is in there: no secret learnt may show.
+                            &self.scrubber.clean(&format!("the {who} failed: {e}")),
+                        )
                     })?;
                 let credential = credential(&fetched);
                 self.scrubber.learn(&credential);
@@ -227,7 +246,12 @@ impl Signer {
                 });
                 Ok(credential)
             }
-            Resolved::Delegated { what, provider, .. } => {
+            Resolved::Delegated {
+                what,
+                provider,
+                files,
+                ..
+            } => {
                 let fail = |message: String| {
                     failure(
                         first,
@@ -235,6 +259,26 @@ impl Signer {
                         &format!("{what}: {}", self.scrubber.clean(&message)),
                     )
                 };
+                // `object_store` reads these whole, blocking, at its next exchange: only a
+                // small regular file may reach it.
+                for (setting, path) in files {
+                    match chain_files::check(
+                        std::path::Path::new(path),
+                        "token file",
+                        MAX_TOKEN_FILE,
+                    ) {
+                        Ok(()) => {}
+                        Err(FileFault::Refused(message)) => {
+                            return Err(fail(format!("{setting} {message}")))
+                        }
+                        Err(FileFault::Missing) => {
+                            return Err(fail(format!("{setting} {path} does not exist")))
+                        }
+                        Err(FileFault::Io(e)) => {
+                            return Err(fail(format!("{setting} {path}: {e}")))
+                        }
+                    }
+                }
                 let got = provider
                     .get_credential()
                     .await
@@ -276,11 +320,12 @@ impl Signer {
         }
         match &mut state.source {
             None | Some(Resolved::Fixed(_)) => return false,
-            Some(Resolved::Fetch(_)) => state.cached = None,
+            Some(Resolved::Fetch(_) | Resolved::Process(_)) => state.cached = None,
             Some(Resolved::Delegated {
                 what,
                 keys,
                 provider,
+                ..
             }) => {
                 let (what, keys) = (what.clone(), keys.clone());
                 match self.delegated(&what, &keys) {

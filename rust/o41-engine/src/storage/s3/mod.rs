@@ -9,13 +9,16 @@
 //!
 //! `runtime` holds the I/O runtime, `errors` the causes of failures, `client` the requests and
 //! their retries, `resumable` the reads of one object version, `keys` what credentials are,
-//! `profiles` the AWS credential chain, `credentials` the signer that fetches and refreshes them
-//! and `scrub` keeping them out of messages.
+//! `profiles` the AWS credential chain, `chain_files` and `process` the chain's files and
+//! `credential_process` helpers, bounded, `credentials` the signer that fetches and refreshes
+//! them and `scrub` keeping them out of messages.
 
+mod chain_files;
 mod client;
 mod credentials;
 mod errors;
 mod keys;
+mod process;
 mod profiles;
 mod resumable;
 mod runtime;

@@ -1,23 +1,18 @@
 //! The standard AWS credential chain, looked at in the AWS SDKs' order: the environment's keys,
 //! a web identity token file named by the environment, the shared config and credentials files
 //! (a profile's keys, web identity or `credential_process`), container credentials, and instance
-//! metadata. Only where to get credentials is decided here; fetching is `credentials.rs`.
+//! metadata. Only where to get credentials is decided here; fetching is `credentials.rs`, running
+//! a `credential_process` is `process.rs`, and the files read are bounded by `chain_files.rs`.
 
 use std::collections::HashMap;
-use std::io::Read;
-use std::path::PathBuf;
-use std::process::{Command, Stdio};
-use std::time::SystemTime;
+use std::path::{Path, PathBuf};
 
 use object_store::aws::AmazonS3ConfigKey as Key;
 
-use super::keys::{FetchCredentials, TemporaryCredentials};
+use super::chain_files::{self, FileFault, MAX_PROFILE_FILE};
+use super::keys::TemporaryCredentials;
+use super::process::{self, CredentialProcess};
 use crate::error::{Error, Result};
-
-/// The most a `credential_process` may print: its answer is a few hundred bytes of JSON.
-const MAX_PROCESS_OUTPUT: u64 = 1 << 20;
-/// The most of a shared config or credentials file read.
-const MAX_PROFILE_FILE: u64 = 16 << 20;
 
 /// Where the chain found credentials.
 pub(super) enum ChainSource {
@@ -29,6 +24,9 @@ pub(super) enum ChainSource {
     Delegated {
         what: String,
         keys: Vec<(Key, String)>,
+        /// The files it reads, each with the setting that names it: checked before each fetch
+        /// (`chain_files::check`), as `object_store` reads them whole and blocking.
+        files: Vec<(String, String)>,
     },
 }
 
@@ -60,6 +58,7 @@ pub(super) fn chain_source_in(
         {
             return Ok(web_identity(
                 "web identity (AWS_WEB_IDENTITY_TOKEN_FILE)",
+                "AWS_WEB_IDENTITY_TOKEN_FILE",
                 file,
                 role,
                 env("AWS_ROLE_SESSION_NAME"),
@@ -84,18 +83,25 @@ pub(super) fn chain_source_in(
     } else {
         format!("profile {name}")
     };
-    let mut settings = section(config_path.as_ref(), &config_section)?.or(if name == "default" {
+    let config = profile_file(config_path.as_deref(), "AWS_CONFIG_FILE")?;
+    let credentials = profile_file(credentials_path.as_deref(), "AWS_SHARED_CREDENTIALS_FILE")?;
+    let config = config.as_deref().unwrap_or("");
+    let mut settings = section(config, &config_section).or(if name == "default" {
         None
     } else {
         // Some tools write `[name]` in the config file too.
-        section(config_path.as_ref(), &name)?
+        section(config, &name)
     });
-    if let Some(keys) = section(credentials_path.as_ref(), &name)? {
+    if let Some(keys) = section(credentials.as_deref().unwrap_or(""), &name) {
         settings.get_or_insert_with(HashMap::new).extend(keys);
     }
     if let Some(settings) = settings {
         let what = format!("profile '{name}'");
-        if let Some(source) = profile_source(&what, &settings, env("AWS_ENDPOINT_URL_STS"))? {
+        let outside = Outside {
+            sts: env("AWS_ENDPOINT_URL_STS"),
+            process_timeout: env(process::TIMEOUT_VARIABLE),
+        };
+        if let Some(source) = profile_source(&what, &settings, outside)? {
             return Ok(source);
         }
     } else if explicit || env("AWS_PROFILE").is_some() {
@@ -114,6 +120,7 @@ pub(super) fn chain_source_in(
         return Ok(ChainSource::Delegated {
             what: "container credentials (AWS_CONTAINER_CREDENTIALS_RELATIVE_URI)".into(),
             keys: vec![(Key::ContainerCredentialsRelativeUri, uri)],
+            files: Vec::new(),
         });
     }
     if let Some(uri) = env("AWS_CONTAINER_CREDENTIALS_FULL_URI") {
@@ -126,6 +133,10 @@ pub(super) fn chain_source_in(
         };
         return Ok(ChainSource::Delegated {
             what: "container credentials (AWS_CONTAINER_CREDENTIALS_FULL_URI)".into(),
+            files: vec![(
+                "AWS_CONTAINER_AUTHORIZATION_TOKEN_FILE".into(),
+                token.clone(),
+            )],
             keys: vec![
                 (Key::ContainerCredentialsFullUri, uri),
                 (Key::ContainerAuthorizationTokenFile, token),
@@ -153,30 +164,44 @@ pub(super) fn chain_source_in(
                identity, profile or container credentials were found)"
             .into(),
         keys,
+        files: Vec::new(),
     })
 }
 
+/// Web identity: `setting` names the token file in messages.
 fn web_identity(
     what: &str,
+    setting: &str,
     file: String,
     role: String,
     session: Option<String>,
     sts: Option<String>,
 ) -> ChainSource {
+    let files = vec![(setting.to_owned(), file.clone())];
     let mut keys = vec![(Key::WebIdentityTokenFile, file), (Key::RoleArn, role)];
     keys.extend(session.map(|s| (Key::RoleSessionName, s)));
     keys.extend(sts.map(|s| (Key::StsEndpoint, s)));
     ChainSource::Delegated {
         what: what.to_owned(),
         keys,
+        files,
     }
+}
+
+/// What a profile's source takes from the environment.
+#[derive(Default)]
+struct Outside {
+    /// `AWS_ENDPOINT_URL_STS`.
+    sts: Option<String>,
+    /// `O41_CREDENTIAL_PROCESS_TIMEOUT`.
+    process_timeout: Option<String>,
 }
 
 /// What one profile's settings say to use; `None` when they name no credentials.
 fn profile_source(
     what: &str,
     settings: &HashMap<String, String>,
-    sts: Option<String>,
+    outside: Outside,
 ) -> Result<Option<ChainSource>> {
     let get = |k: &str| settings.get(k).filter(|v| !v.is_empty()).cloned();
     if let (Some(key), Some(secret)) = (get("aws_access_key_id"), get("aws_secret_access_key")) {
@@ -190,10 +215,11 @@ fn profile_source(
     if let (Some(file), Some(role)) = (get("web_identity_token_file"), get("role_arn")) {
         return Ok(Some(web_identity(
             &format!("web identity ({what})"),
+            "web_identity_token_file",
             file,
             role,
             get("role_session_name"),
-            sts,
+            outside.sts,
         )));
     }
     if let Some(command) = get("credential_process") {
@@ -202,6 +228,7 @@ fn profile_source(
             argv: split_command(&command).ok_or_else(|| {
                 Error::config("credential_process", format!("{what}: unbalanced quotes"))
             })?,
+            timeout: process::timeout_from(outside.process_timeout)?,
         })));
     }
     for key in [
@@ -225,18 +252,31 @@ fn profile_source(
     Ok(None)
 }
 
-/// The `key = value` pairs of `[name]` in an INI file; `None` when the file or section is absent.
-fn section(path: Option<&PathBuf>, name: &str) -> Result<Option<HashMap<String, String>>> {
+/// The text of a shared config or credentials file (`setting` names it in messages); `None`
+/// when there is no path or no file.
+fn profile_file(path: Option<&Path>, setting: &str) -> Result<Option<String>> {
     let Some(path) = path else { return Ok(None) };
-    let file = match std::fs::File::open(path) {
-        Ok(file) => file,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-        Err(e) => return Err(Error::io(&path.display().to_string(), e)),
+    let bytes = match chain_files::read(path, "shared config or credentials file", MAX_PROFILE_FILE)
+    {
+        Ok(bytes) => bytes,
+        Err(FileFault::Missing) => return Ok(None),
+        Err(FileFault::Refused(message)) => return Err(Error::config(setting, message)),
+        Err(FileFault::Io(e)) => return Err(Error::io(&path.display().to_string(), e)),
     };
-    let mut text = String::new();
-    file.take(MAX_PROFILE_FILE)
-        .read_to_string(&mut text)
-        .map_err(|e| Error::io(&path.display().to_string(), e))?;
+    String::from_utf8(bytes).map(Some).map_err(|e| {
+        Error::config(
+            setting,
+            format!(
+                "{} is not UTF-8 text (byte {}), so not a shared config or credentials file",
+                path.display(),
+                e.utf8_error().valid_up_to()
+            ),
+        )
+    })
+}
+
+/// The `key = value` pairs of `[name]` in an INI file's text; `None` when the section is absent.
+fn section(text: &str, name: &str) -> Option<HashMap<String, String>> {
     let mut found: Option<HashMap<String, String>> = None;
     let mut inside = false;
     for line in text.lines() {
@@ -265,7 +305,7 @@ fn section(path: Option<&PathBuf>, name: &str) -> Result<Option<HashMap<String, 
             }
         }
     }
-    Ok(found)
+    found
 }
 
 /// A command line split as a POSIX shell would split words, quotes and backslashes included;
@@ -302,86 +342,6 @@ fn split_command(command: &str) -> Option<Vec<String>> {
     }
     words.extend(word);
     Some(words)
-}
-
-/// A profile's `credential_process`: a program printing version 1 credential JSON.
-pub(super) struct CredentialProcess {
-    what: String,
-    argv: Vec<String>,
-}
-
-#[derive(serde::Deserialize)]
-#[serde(rename_all = "PascalCase")]
-struct ProcessAnswer {
-    version: u32,
-    access_key_id: String,
-    secret_access_key: String,
-    session_token: Option<String>,
-    expiration: Option<String>,
-}
-
-impl FetchCredentials for CredentialProcess {
-    fn fetch(&self) -> Result<TemporaryCredentials> {
-        let fail = |message: String| {
-            Error::config("credential_process", format!("{}: {message}", self.what))
-        };
-        let (program, args) = self
-            .argv
-            .split_first()
-            .ok_or_else(|| fail("the command is empty".into()))?;
-        let mut child = Command::new(program)
-            .args(args)
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .map_err(|e| fail(format!("could not start '{program}': {e}")))?;
-        let mut out = Vec::new();
-        let read = child
-            .stdout
-            .take()
-            .expect("stdout is piped")
-            .take(MAX_PROCESS_OUTPUT + 1)
-            .read_to_end(&mut out);
-        let status = child.wait().map_err(|e| fail(e.to_string()))?;
-        read.map_err(|e| fail(e.to_string()))?;
-        if !status.success() {
-            return Err(fail(format!("it exited with {status}")));
-        }
-        if out.len() as u64 > MAX_PROCESS_OUTPUT {
-            return Err(fail(format!(
-                "it printed more than {MAX_PROCESS_OUTPUT} bytes"
-            )));
-        }
-        // Not echoed on failure: the output holds secrets.
-        let answer: ProcessAnswer = serde_json::from_slice(&out).map_err(|e| {
-            fail(format!(
-                "its output is not credential JSON (line {}, column {})",
-                e.line(),
-                e.column()
-            ))
-        })?;
-        if answer.version != 1 {
-            return Err(fail(format!(
-                "its output has Version {}, expected 1",
-                answer.version
-            )));
-        }
-        let expiry = answer
-            .expiration
-            .map(|text| {
-                chrono::DateTime::parse_from_rfc3339(&text)
-                    .map(SystemTime::from)
-                    .map_err(|e| fail(format!("Expiration '{text}' is not an RFC 3339 time ({e})")))
-            })
-            .transpose()?;
-        Ok(TemporaryCredentials {
-            access_key_id: answer.access_key_id,
-            secret_access_key: answer.secret_access_key,
-            session_token: answer.session_token,
-            expiry,
-        })
-    }
 }
 
 #[cfg(test)]
@@ -444,16 +404,31 @@ mod tests {
         let env = env_of(std::slice::from_ref(&home));
         assert_eq!(keys(chain_source_in(None, &env).unwrap()).0, "AKDEFAULT");
         match chain_source_in(Some("wi"), &env).unwrap() {
-            ChainSource::Delegated { what, keys } => {
+            ChainSource::Delegated { what, keys, files } => {
                 assert!(what.contains("profile 'wi'"), "{what}");
                 assert!(keys.contains(&(Key::WebIdentityTokenFile, "/t".to_owned())));
+                assert_eq!(files, [("web_identity_token_file".into(), "/t".into())]);
             }
             _ => panic!("expected web identity"),
         }
         match chain_source_in(Some("proc"), &env).unwrap() {
-            ChainSource::Process(p) => assert_eq!(p.argv, ["/bin/my tool", "--flag", "a b"]),
+            ChainSource::Process(p) => {
+                assert_eq!(p.argv, ["/bin/my tool", "--flag", "a b"]);
+                assert_eq!(p.timeout, process::DEFAULT_TIMEOUT);
+            }
             _ => panic!("expected a process"),
         }
+        let timed = env_of(&[home.clone(), (process::TIMEOUT_VARIABLE, "0.25".into())]);
+        match chain_source_in(Some("proc"), &timed).unwrap() {
+            ChainSource::Process(p) => assert_eq!(p.timeout.as_millis(), 250),
+            _ => panic!("expected a process"),
+        }
+        let wrong = env_of(&[home.clone(), (process::TIMEOUT_VARIABLE, "soon".into())]);
+        let error = chain_source_in(Some("proc"), &wrong)
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(error.contains("O41_CREDENTIAL_PROCESS_TIMEOUT"), "{error}");
         let error = chain_source_in(Some("sso"), &env)
             .err()
             .unwrap()
@@ -491,14 +466,74 @@ mod tests {
             name in "[a-z \\[\\]]{0,12}",
         ) {
             let _ = split_command(&text);
-            let dir = std::env::temp_dir().join(format!("o41-prop-{}", std::process::id()));
-            std::fs::create_dir_all(&dir).unwrap();
-            let file = dir.join("config");
-            std::fs::write(&file, &text).unwrap();
-            if let Ok(Some(settings)) = section(Some(&file), &name) {
-                let _ = profile_source("profile", &settings, None);
+            if let Some(settings) = section(&text, &name) {
+                let _ = profile_source("profile", &settings, Outside::default());
             }
         }
+    }
+
+    #[test]
+    fn shared_files_must_be_small_regular_files_and_never_block() {
+        let dir = std::env::temp_dir().join(format!("o41-profile-files-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let fifo = dir.join("fifo");
+        assert!(std::process::Command::new("mkfifo")
+            .arg(&fifo)
+            .status()
+            .unwrap()
+            .success());
+        let big = dir.join("big");
+        std::fs::File::create(&big)
+            .unwrap()
+            .set_len(MAX_PROFILE_FILE + 1)
+            .unwrap();
+        let home = ("HOME", dir.display().to_string());
+        for (variable, path, says) in [
+            (
+                "AWS_CONFIG_FILE",
+                fifo.clone(),
+                "is a FIFO, not a regular file",
+            ),
+            (
+                "AWS_SHARED_CREDENTIALS_FILE",
+                fifo.clone(),
+                "is a FIFO, not a regular file",
+            ),
+            (
+                "AWS_CONFIG_FILE",
+                PathBuf::from("/dev/zero"),
+                "is a character device, not a regular file",
+            ),
+            (
+                "AWS_CONFIG_FILE",
+                dir.clone(),
+                "is a directory, not a regular file",
+            ),
+            (
+                "AWS_CONFIG_FILE",
+                big.clone(),
+                "is 16777217 bytes, more than the 16777216 bytes a shared config or \
+                 credentials file may be",
+            ),
+        ] {
+            let env = env_of(&[home.clone(), (variable, path.display().to_string())]);
+            let error = chain_source_in(None, &env).err().unwrap().to_string();
+            assert_eq!(
+                error
+                    .split_once(" (a shared")
+                    .map_or(error.as_str(), |(head, _)| head),
+                format!("invalid {variable}: {} {says}", path.display()),
+            );
+        }
+        std::fs::write(dir.join("latin1"), b"[default]\n# caf\xe9\n").unwrap();
+        let env = env_of(&[
+            home,
+            ("AWS_CONFIG_FILE", dir.join("latin1").display().to_string()),
+        ]);
+        let error = chain_source_in(None, &env).err().unwrap().to_string();
+        assert!(error.contains("is not UTF-8 text (byte 15)"), "{error}");
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]
