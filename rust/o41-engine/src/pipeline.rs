@@ -81,7 +81,8 @@ impl Pipeline {
             handles: Vec::new(),
             pid: std::process::id(),
         };
-        for w in 0..plan.resolved.threads {
+        let threads = plan.resolved.threads;
+        for w in 0..threads {
             let (plan, storage, job_rx, done_tx, cancel) = (
                 plan.clone(),
                 storage.clone(),
@@ -95,9 +96,20 @@ impl Pipeline {
             match spawned {
                 Ok(handle) => handles.push(handle),
                 Err(e) => {
+                    // The workers started wait for jobs: with no sender left they stop, and
+                    // can be joined (joining them with it alive waited for good).
+                    drop(job_tx);
                     pipeline.handles = handles;
                     pipeline.stop();
-                    return Err(Error::io("decode thread", e));
+                    return Err(Error::config(
+                        "threads",
+                        format!(
+                            "{} decode threads could not be started: the system refused thread \
+                             {} ({e}); lower threads",
+                            threads,
+                            w + 1
+                        ),
+                    ));
                 }
             }
         }
