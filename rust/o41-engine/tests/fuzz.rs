@@ -1492,3 +1492,56 @@ fn forged_array_record_files() {
         )
         .unwrap();
 }
+
+/// Issue 48, case 16: a token shard whose footer claims 20 records of 2^32 - 1 tokens made open
+/// visit each of the ~10^10 stream windows they would make to find the most pieces of any (no
+/// output in a minute). The count is made from the documents, whatever the tokens claim.
+#[test]
+fn a_forged_token_count_is_planned_in_time_linear_in_its_documents() {
+    use o41_engine::order::pack::{most_stream_pieces, stream_window_pieces};
+    let per = u64::from(u32::MAX);
+    let starts: Vec<u64> = (0..=20).map(|k| k * per).collect();
+    let tokens = 20 * per;
+    for seq_len in [1, 8, 4096] {
+        let most = most_stream_pieces(tokens, seq_len, &starts);
+        // A window across a boundary is two pieces; none holds more.
+        let across = (per - 1) / seq_len;
+        let mut pieces = Vec::new();
+        stream_window_pieces(tokens, seq_len, across, &starts, &mut pieces);
+        assert_eq!(most, pieces.len().max(1) as u64, "seq_len {seq_len}");
+        assert!(most <= 2);
+    }
+    check_allocations();
+}
+
+/// Issue 48, case 15: a record nested 5,000 deep given to the dataset saver aborted the process
+/// under an address-space cap. The Python face refuses it before Arrow sees it; the engine's own
+/// writers of records must not recurse past their stack or allocate past the bound either.
+#[test]
+fn deep_records_are_written_or_refused_within_the_bound() {
+    use o41_engine::formats::Value;
+    let mut deep = Value::Int(1);
+    for _ in 0..5_000 {
+        deep = Value::List(vec![deep]);
+    }
+    let records = vec![vec![("deep".to_owned(), deep)]];
+    for encoding in [Encoding::Msgpack, Encoding::JsonlGz] {
+        let path = std::env::temp_dir().join(format!(
+            "o41-fuzz-deep-{}.{}",
+            std::process::id(),
+            encoding.name()
+        ));
+        let uri = path.to_string_lossy().into_owned();
+        let written = formats::write_shard(
+            &uri,
+            "deep",
+            encoding,
+            formats::ShardData::Records(&records),
+        );
+        let _ = std::fs::remove_file(&path);
+        if let Err(error) = written {
+            assert!(error.to_string().contains("deep"), "{error}");
+        }
+        check_allocations();
+    }
+}

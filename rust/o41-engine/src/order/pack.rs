@@ -261,17 +261,35 @@ pub fn stream_window_pieces(
     });
 }
 
-/// The most pieces [`stream_window_pieces`] gives any window of the stream (0 for none).
+/// The most pieces [`stream_window_pieces`] gives any window of the stream (0 for none), in
+/// time linear in the documents, not the windows: a forged index claiming billions of tokens
+/// must not make open visit billions of windows. A window is cut at each distinct document
+/// start strictly inside it, and start `x` is strictly inside window `(x - 1) / seq_len` alone
+/// (the overlapping token `w * seq_len` starts window `w` and ends window `w - 1`).
 pub fn most_stream_pieces(tokens: u64, seq_len: u64, starts: &[u64]) -> u64 {
-    let mut pieces = Vec::new();
-    (0..stream_windows(tokens, seq_len))
-        .map(|w| {
-            pieces.clear();
-            stream_window_pieces(tokens, seq_len, w, starts, &mut pieces);
-            pieces.len() as u64
-        })
-        .max()
-        .unwrap_or(0)
+    let windows = stream_windows(tokens, seq_len);
+    if windows == 0 {
+        return 0;
+    }
+    let seq_len = seq_len.max(1);
+    let (mut most, mut window, mut cuts, mut last) = (1u64, u64::MAX, 0u64, None);
+    for &x in starts.iter().filter(|&&x| 0 < x && x < tokens) {
+        if last == Some(x) {
+            continue; // an empty document starts where the next one does: one cut
+        }
+        last = Some(x);
+        let w = (x - 1) / seq_len;
+        if w >= windows {
+            break;
+        }
+        if w == window {
+            cuts += 1;
+        } else {
+            (window, cuts) = (w, 1);
+        }
+        most = most.max(cuts + 1);
+    }
+    most
 }
 
 #[cfg(test)]
@@ -385,6 +403,10 @@ mod tests {
                 prop_assert_eq!(at, window.start + u64::from(window.len));
             }
             prop_assert_eq!(most_stream_pieces(tokens, seq_len, &starts), most);
+            // The same with the stream's end after the starts, as a token index holds them.
+            let mut ended = starts.clone();
+            ended.push(tokens);
+            prop_assert_eq!(most_stream_pieces(tokens, seq_len, &ended), most);
         }
     }
 
