@@ -109,4 +109,5 @@ bench: bootstrap ## install the peers and run the benchmarks; rewrites benchmark
 	$(UV) run --group bench python benchmarks/tokenize_bench.py
 	$(UV) run --group bench python benchmarks/trace_bench.py
 	$(UV) run --group bench python benchmarks/startup_bench.py
+	$(UV) run --group bench python benchmarks/open_bench.py
 	$(UV) run --group bench python benchmarks/checkpoint_bench.py
