@@ -386,6 +386,30 @@ def test_o41_tokenize_chat(tokenizer_dir: Path, tmp_path: Path) -> None:
     assert main([*argv[:-2], "--chat-option", "novalue"]) == 2
 
 
+def tokenized_chats(tokenizer_dir: Path, tmp_path: Path, count: int = 24) -> tuple[list[str], list[Any]]:
+    """A JSONL of ``count`` ChatML conversations tokenised with ``tokenize_dataset``.
+
+    Returns its shards, and each conversation's (ids, mask) as transformers renders it.
+    """
+    from o41_training_data import tokenize_dataset
+
+    config = family_config(tokenizer_dir, "chatml")
+    conversations = chat_corpus(tmp_path, count=count)
+    source = tmp_path / "chats.jsonl"
+    source.write_text("".join(json.dumps({"messages": c}) + "\n" for c in conversations))
+    result = tokenize_dataset(
+        [source],
+        tmp_path / "sft" / "data-manifest-v1.json",
+        tokenizer=config.parent / "tokenizer.json",
+        eos="<|im_end|>",
+        chat_template=config,
+        tokens_per_shard=300,
+    )
+    return [s.path for s in result.manifest.splits["train"].shards], [
+        reference(config, c) for c in conversations
+    ]
+
+
 def test_a_packed_sft_stream_keeps_every_assistant_token_with_its_mask(
     tokenizer_dir: Path, tmp_path: Path
 ) -> None:
@@ -399,23 +423,10 @@ def test_a_packed_sft_stream_keeps_every_assistant_token_with_its_mask(
         ProjectedField,
         Shuffle,
         Stage,
-        tokenize_dataset,
     )
     from o41_training_data.testing import assert_resumable
 
-    config = family_config(tokenizer_dir, "chatml")
-    conversations = chat_corpus(tmp_path, count=24)
-    source = tmp_path / "chats.jsonl"
-    source.write_text("".join(json.dumps({"messages": c}) + "\n" for c in conversations))
-    result = tokenize_dataset(
-        [source],
-        tmp_path / "sft" / "data-manifest-v1.json",
-        tokenizer=config.parent / "tokenizer.json",
-        eos="<|im_end|>",
-        chat_template=config,
-        tokens_per_shard=300,
-    )
-    expected = [reference(config, c) for c in conversations]
+    shards, expected = tokenized_chats(tokenizer_dir, tmp_path)
     assistant_tokens = sum(sum(mask) for _, mask in expected)
     seq_len = 64
     stream_config = BatchStreamConfig(
@@ -427,7 +438,7 @@ def test_a_packed_sft_stream_keeps_every_assistant_token_with_its_mask(
         ],
         stages=[
             Stage(
-                sources=[FileSource([s.path for s in result.manifest.splits["train"].shards])],
+                sources=[FileSource(shards)],
                 batch_size=1,
                 packing=Packing(field="input_ids", seq_len=seq_len, bins=4),
             )
@@ -474,23 +485,10 @@ def test_packed_sft_labels_are_the_next_token_of_the_same_conversation_and_long_
         Shuffle,
         Stage,
         open_batch_stream,
-        tokenize_dataset,
     )
     from o41_training_data.testing import assert_resumable
 
-    config = family_config(tokenizer_dir, "chatml")
-    conversations = chat_corpus(tmp_path, count=24)
-    source = tmp_path / "chats.jsonl"
-    source.write_text("".join(json.dumps({"messages": c}) + "\n" for c in conversations))
-    result = tokenize_dataset(
-        [source],
-        tmp_path / "sft" / "data-manifest-v1.json",
-        tokenizer=config.parent / "tokenizer.json",
-        eos="<|im_end|>",
-        chat_template=config,
-        tokens_per_shard=300,
-    )
-    expected = [reference(config, c) for c in conversations]
+    shards, expected = tokenized_chats(tokenizer_dir, tmp_path)
     lengths = sorted(len(ids) for ids, _ in expected)
     seq_len = lengths[len(lengths) * 3 // 4]  # a quarter of the conversations do not fit
     kept = [(ids, mask) for ids, mask in expected if len(ids) <= seq_len]
@@ -507,7 +505,7 @@ def test_packed_sft_labels_are_the_next_token_of_the_same_conversation_and_long_
         ],
         stages=[
             Stage(
-                sources=[FileSource([s.path for s in result.manifest.splits["train"].shards])],
+                sources=[FileSource(shards)],
                 batch_size=1,
                 packing=Packing(field="input_ids", seq_len=seq_len, bins=4, overflow="drop"),
             )

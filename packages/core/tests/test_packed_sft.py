@@ -14,6 +14,7 @@ import pyarrow.parquet as pq
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from o41_testkit.corpora import token_corpus as corpus
 from o41_training_data import (
     BatchStreamConfig,
     ConfigError,
@@ -30,14 +31,6 @@ from o41_training_data.testing import assert_resumable
 
 Docs = list[list[int]]
 IGNORE = -100
-
-
-def corpus(lengths: list[int], first: int = 1) -> Docs:
-    docs, next_id = [], first
-    for n in lengths:
-        docs.append(list(range(next_id, next_id + n)))
-        next_id += n
-    return docs
 
 
 def trained(token: int) -> int:
