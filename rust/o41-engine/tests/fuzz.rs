@@ -819,8 +819,10 @@ fn forged_gzip_access_indexes() {
         );
     };
     read(0..2);
+    // Entries sit one directory down, by their digest's first byte.
     let index = std::fs::read_dir(&dir)
         .unwrap()
+        .flat_map(|sub| std::fs::read_dir(sub.unwrap().path()).unwrap())
         .map(|e| e.unwrap().path())
         .find(|p| p.extension().is_some_and(|e| e == "gzindex"))
         .expect("the first inspection stored an access index");
