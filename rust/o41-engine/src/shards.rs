@@ -66,9 +66,15 @@ impl<'a> ShardEntry<'a> {
         self.meter
     }
 
-    /// Rows (and size or version, where known) the shard is held to when first inspected.
+    /// Rows (and size or version, where known) the shard is held to when first inspected. A
+    /// listed shard open did not look at (no version pinned) was promised by its dataset's
+    /// index (an MDS `index.json`), and is held to it as such.
     fn promise(&self) -> Promise<'a> {
-        self.resolved.promise(self.source.origin)
+        let origin = match self.source.origin {
+            PromiseOrigin::Listing if self.resolved.version.is_none() => PromiseOrigin::Index,
+            origin => origin,
+        };
+        self.resolved.promise(origin)
     }
 }
 

@@ -122,8 +122,8 @@ def _check_nesting(records: Sequence[Any], where: str) -> None:
         for name, value in record.items():
             if _deeper_than(value, _MAX_NESTING):
                 error = DataError(
-                    f"{where}, record {row}, field {name!r}: its values nest more than {_MAX_NESTING} "
-                    "levels deep, more than a shard written here may"
+                    f"{where}, record {row}, field {name!r}: nests more than {_MAX_NESTING} levels "
+                    "deep, more than a shard written here may"
                 )
                 error.field = str(name)
                 raise error
