@@ -393,24 +393,28 @@ def test_jobs_of_one_row_group_fetch_its_pages_once(
 
     expected = [b.arrays()["t"].tolist() for b in open_batch_stream(stream_config(FileSource([str(path)])))]
     training_data = data_for(s3_server, fault_proxy.endpoint_url)
+    before = len(fault_proxy.requests)
     with training_data.batch_stream(stream_config(FileSource([uri]))) as stream:
-        at_open = len(fault_proxy.requests)
         got = [b.arrays()["t"].tolist() for b in stream]
     assert got == expected
     spans = []
-    for request in fault_proxy.requests[at_open:]:
-        assert request.method == "GET"
+    for request in fault_proxy.requests[before:]:
+        if request.method != "GET":
+            continue  # open's look at the object
         assert request.range
         first, last = request.range.removeprefix("bytes=").split("-")
         spans.append((int(first), int(last)))
-    # How many requests the jobs make depends on how far reads ran ahead of each other (a
-    # prefetch may cover two jobs' pages in one request): what the protocol guarantees is that
-    # every byte is asked for once, the dictionary page by one request.
-    assert spans
+    # Open reads the footer and checks the first record (the dictionary page and the first data
+    # page); the jobs start as soon as it returns, so which requests are open's and which the
+    # jobs' depends on timing, and how many the jobs make on how far they ran ahead of each
+    # other. What the protocol guarantees: the dictionary page is fetched by open's check and
+    # once for the jobs, and no other byte is asked for twice.
+    size = path.stat().st_size
     asked = [span for span in spans if span[0] <= chunk.dictionary_page_offset <= span[1]]
-    assert len(asked) == 1, f"the dictionary page was asked for in {asked}"
-    ordered = sorted(spans)
-    assert all(a[1] < b[0] for a, b in itertools.pairwise(ordered)), f"overlapping requests: {ordered}"
+    assert 1 <= len(asked) <= 2, f"the dictionary page was asked for in {asked}"
+    rest = sorted(span for span in spans if span not in asked and span[1] < size - 8)
+    assert rest, "the jobs read pages of their own"
+    assert all(a[1] < b[0] for a, b in itertools.pairwise(rest)), f"overlapping requests: {rest}"
 
 
 def test_an_opened_object_reads_only_the_version_it_opened(
