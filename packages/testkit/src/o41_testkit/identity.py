@@ -16,6 +16,7 @@ import ipaddress
 import json
 import ssl
 import threading
+import time
 import urllib.parse
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -25,6 +26,8 @@ from ._local_s3 import LocalS3Server
 
 __all__ = ["RotatingUser", "StsStandIn", "self_signed_certificate"]
 
+# How long an IAM change may take to reach the S3 API before the test kit calls the server broken.
+_PROPAGATION_LIMIT_S = 60.0
 _ALLOW_ALL = json.dumps(
     {"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": "s3:*", "Resource": "*"}]}
 )
@@ -34,7 +37,12 @@ class RotatingUser:
     """An IAM user of ``server`` with full S3 access whose key can be replaced and the old one revoked.
 
     ``current`` is the key in force, ``(access_key_id, secret_access_key)``; :meth:`rotate` makes
-    a new one and revokes the old, both effective at once.
+    a new one and revokes the old, and returns once the server honours both.
+
+    The server applies IAM changes a moment after it answers them (it reloads its identities from
+    its filer), longer under load; a test that rotates mid-stream and counts the requests the
+    rotation refused needs the change in force when ``rotate`` returns, so each change is polled
+    until the S3 API shows it.
     """
 
     def __init__(self, server: LocalS3Server, name: str) -> None:
@@ -47,11 +55,13 @@ class RotatingUser:
             aws_access_key_id=server.access_key_id,
             aws_secret_access_key=server.secret_access_key,
         )
+        self._server = server
         self.name = name
         self._iam.create_user(UserName=name)
         self._iam.put_user_policy(UserName=name, PolicyName="all-s3", PolicyDocument=_ALLOW_ALL)
         self.current = self._new_key()
         self.revoked: list[str] = []
+        self._wait_until(self.current, accepted=True)
 
     def _new_key(self) -> tuple[str, str]:
         key = self._iam.create_access_key(UserName=self.name)["AccessKey"]
@@ -60,10 +70,42 @@ class RotatingUser:
     def rotate(self) -> tuple[str, str]:
         """Creates a new key, revokes the one in force, and returns the new one."""
         old = self.current
-        self.current = self._new_key()
+        new = self._new_key()
+        self._wait_until(new, accepted=True)
         self._iam.delete_access_key(UserName=self.name, AccessKeyId=old[0])
+        self._wait_until(old, accepted=False)
+        self.current = new
         self.revoked.append(old[0])
         return self.current
+
+    def _accepted(self, key: tuple[str, str]) -> bool:
+        import boto3
+        from botocore.exceptions import ClientError
+
+        client = boto3.client(
+            "s3",
+            endpoint_url=self._server.endpoint_url,
+            region_name=self._server.region,
+            aws_access_key_id=key[0],
+            aws_secret_access_key=key[1],
+        )
+        try:
+            client.list_buckets()
+        except ClientError:
+            return False
+        finally:
+            client.close()
+        return True
+
+    def _wait_until(self, key: tuple[str, str], *, accepted: bool) -> None:
+        deadline = time.monotonic() + _PROPAGATION_LIMIT_S
+        while self._accepted(key) != accepted:
+            if time.monotonic() > deadline:
+                state = "accept" if accepted else "refuse"
+                raise TimeoutError(
+                    f"the S3 server did not {state} key {key[0]} within {_PROPAGATION_LIMIT_S} s"
+                )
+            time.sleep(0.05)
 
     def close(self) -> None:
         """Closes the IAM client."""
