@@ -47,6 +47,7 @@ class StageCase:
     shuffle: tuple[int, int] | None
     infinite: bool
     ramp: tuple[int, int, int] | None = None
+    block_rows: int | None = None
 
 
 @dataclass
@@ -56,6 +57,7 @@ class Case:
     world_size: int
     files: list[list[list[str]]] = field(default_factory=list)
     validation_pass: bool = False
+    partitions: int = 1
 
     def rows(self, stage: int) -> int:
         return sum(sum(s.shards) for s in self.stages[stage].sources)
@@ -69,7 +71,9 @@ class Case:
                 FileSource(files=self.files[s][j], weight=src.weight) for j, src in enumerate(stage.sources)
             ]
             shuffle = (
-                Shuffle(buffer_rows=stage.shuffle[0], unit_rows=stage.shuffle[1]) if stage.shuffle else None
+                Shuffle(buffer_rows=stage.shuffle[0], unit_rows=stage.shuffle[1], block_rows=stage.block_rows)
+                if stage.shuffle
+                else None
             )
             ramp = Ramp(*stage.ramp) if stage.ramp else None
             stages.append(
@@ -90,6 +94,7 @@ class Case:
             rank=rank,
             world_size=world_size if world_size is not None else self.world_size,
             validation_pass=self.validation_pass,
+            partitions=self.partitions,
         )
 
     def write(self, directory: Path) -> None:
@@ -123,13 +128,20 @@ def stage_cases(draw: st.DrawFn, infinite: bool | None = None) -> StageCase:
         batch_size=draw(st.integers(1, 6)),
         shuffle=draw(st.none() | st.tuples(st.integers(1, 40), st.integers(1, 4))),
         infinite=draw(st.booleans()) if infinite is None else infinite,
+        block_rows=draw(st.none() | st.integers(1, 9)),
     )
 
 
 @st.composite
 def cases(draw: st.DrawFn, max_stages: int = 3, infinite: bool | None = None) -> Case:
     stages = draw(st.lists(stage_cases(infinite), min_size=1, max_size=max_stages))
-    return Case(stages=stages, seed=draw(st.integers(0, 2**32)), world_size=draw(st.integers(1, 4)))
+    world_size = draw(st.integers(1, 4))
+    # Partitions need every stage shuffled; a multiple of the world size keeps a rank's windows
+    # its own and its stage switches where a single rank's are.
+    partitions = 1
+    if all(stage.shuffle for stage in stages):
+        partitions = draw(st.sampled_from([1, world_size, 2 * world_size]))
+    return Case(stages=stages, seed=draw(st.integers(0, 2**32)), world_size=world_size, partitions=partitions)
 
 
 def materialise(case: Case) -> tempfile.TemporaryDirectory[str]:

@@ -111,7 +111,9 @@ def sources(relative: bool) -> st.SearchStrategy[FileSource | ManifestSource]:
 
 
 positive = st.integers(1, U64)
-shuffles = st.builds(Shuffle, buffer_rows=positive, unit_rows=st.none() | positive)
+shuffles = st.builds(
+    Shuffle, buffer_rows=positive, unit_rows=st.none() | positive, block_rows=st.none() | positive
+)
 ramps = st.builds(Ramp, start=positive, increment=positive, rows=positive)
 seq_lens = st.integers(1, LIMITS["max_seq_len"])
 eos_ids = st.none() | st.integers(0, U64)
@@ -162,6 +164,7 @@ def configs(draw: st.DrawFn, relative: bool = False) -> BatchStreamConfig:
         memory_limit_bytes=draw(st.none() | positive),
         validation_pass=draw(st.booleans()),
         skip_batches=draw(skip_ranges()),
+        partitions=draw(st.integers(1, LIMITS["max_world_size"])),
     )
 
 
@@ -170,7 +173,7 @@ DRAWN: dict[type, set[str]] = {
     ProjectedField: {"name", "source", "dtype", "length", "shape", "pad", "overflow", "pad_side"},
     FileSource: {"files", "encoding", "weight", "columns"},
     ManifestSource: {"manifest_uri", "split", "curriculum_stages", "weight", "columns"},
-    Shuffle: {"buffer_rows", "unit_rows"},
+    Shuffle: {"buffer_rows", "unit_rows", "block_rows"},
     Ramp: {"start", "increment", "rows"},
     Packing: {"field", "seq_len", "bins", "eos_id", "overflow"},
     TokenWindows: {"field", "seq_len", "eos_id"},
@@ -186,6 +189,7 @@ DRAWN: dict[type, set[str]] = {
         "memory_limit_bytes",
         "validation_pass",
         "skip_batches",
+        "partitions",
     },
 }
 
@@ -280,6 +284,7 @@ def test_a_packed_and_windowed_document_is_read() -> None:
         ],
         "validation_pass": True,
         "skip_batches": [[3, 5]],
+        "partitions": 4,
     }
     config = BatchStreamConfig.from_dict(document)
     assert config.stages[0].packing == Packing(field="tokens", seq_len=9, bins=2, eos_id=0)
@@ -287,6 +292,7 @@ def test_a_packed_and_windowed_document_is_read() -> None:
     assert config.stages[1].windows == TokenWindows(field="tokens", seq_len=8)
     assert config.fields[2].source == ("a", "b")
     assert config.skip_batches == ((3, 5),)
+    assert config.partitions == 4
     assert BatchStreamConfig.from_dict(config.to_dict()) == config
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections import Counter
 
 import numpy as np
@@ -55,6 +56,21 @@ def test_ranks_together_are_exactly_the_single_rank_sequence(case: Case, data: s
             assert all(index % world == r for index, _, _ in batches)
 
 
+@given(case=cases(max_stages=1), partitions=st.integers(2, 7), data=st.data())
+def test_ranks_of_a_world_not_dividing_the_partitions_are_still_exactly_the_sequence(
+    case: Case, partitions: int, data: st.DataObject
+) -> None:
+    for stage in case.stages:
+        stage.shuffle = stage.shuffle or (data.draw(st.integers(1, 40)), data.draw(st.integers(1, 4)))
+    case.partitions = partitions
+    with materialise(case):
+        world = case.world_size
+        rounds = LIMIT // world + 1
+        per_rank = [run(case.config(rank=r), rounds) for r in range(world)]
+        merged = sorted((b for batches in per_rank for b in batches), key=lambda b: b[0])
+        assert merged == run(case.config(rank=0, world_size=1), len(merged))
+
+
 @given(case=cases(max_stages=1, infinite=False))
 def test_a_finite_stage_delivers_every_row_once_apart_from_the_dropped_round(case: Case) -> None:
     with materialise(case):
@@ -70,12 +86,18 @@ def test_a_finite_stage_delivers_every_row_once_apart_from_the_dropped_round(cas
         assert len(delivered) + dropped.pop() == total
         assert len(set(delivered)) == len(delivered), "no row is delivered twice"
         bs = case.stages[0].batch_size
-        assert total - len(delivered) < bs * case.world_size + bs
+        if case.partitions == 1:
+            assert total - len(delivered) < bs * case.world_size + bs
+        else:
+            # Each partition leaves out less than a batch, the last partial round of windows
+            # fewer rows than there are partitions.
+            assert total - len(delivered) < bs * (case.partitions + case.world_size) + case.partitions
 
 
 @given(case=cases(max_stages=1, infinite=True))
 def test_mix_proportions_hold_within_one_row_on_every_prefix(case: Case) -> None:
     case.stages[0].shuffle = None
+    case.partitions = 1
     with materialise(case):
         batches = run(case.config(rank=0, world_size=1), 12)
         sources = np.array([s for _, _, arrays in batches for s in arrays["src"]])
@@ -104,25 +126,35 @@ def test_drained_rows_are_neither_lost_nor_repeated(case: Case, data: st.DataObj
     with materialise(case):
         config = case.config(rank=0, world_size=1)
         at = data.draw(st.integers(1, 12))
-        batches = run(config, at + 40, {at: 1})
+        # A partitioned stream switches where every partition has read the same rows.
+        parts = case.partitions
+        switch = -(-at // parts) * parts
+        # Every partition drains a window of at most 40 rows.
+        limit = switch + 40 * parts
+        batches = run(config, limit, {at: 1})
         stage0 = [
             i for _, _, arrays in batches for i, s in zip(arrays["id"], arrays["stg"], strict=True) if s == 0
         ]
         assert len(stage0) == len(set(stage0)), "a drained row came twice"
         first_stage = case.stages[0]
         total = case.rows(0)
-        consumed = min(at * first_stage.batch_size, total)
-        if first_stage.shuffle and len(batches) >= at:
+        bs = first_stage.batch_size
+        consumed = min(switch * bs, total) // parts
+        if first_stage.shuffle and len(batches) >= switch:
             buffer_rows, unit = first_stage.shuffle
             unit = min(unit, buffer_rows)
             window = -(-buffer_rows // unit) * unit
-            expected = min(-(-consumed // window) * window, total)
+            if parts > 1:
+                whole = unit * bs // math.gcd(unit, bs)
+                window = -(-window // whole) * whole
+            per_partition = total // (window * parts) * window + total % (window * parts) // parts
+            expected = min(-(-consumed // window) * window, per_partition) * parts
         else:
-            expected = consumed
-        # Rows of stage 0 after the advance come only from its open window, and all of it.
-        assert len(stage0) == expected or len(batches) < at + 40
-        assert all(stage == 1 for _, stage, _ in batches[at:])
-        assert Counter(stage for _, stage, _ in batches[:at]) == Counter({0: min(at, len(batches))})
+            expected = consumed * parts
+        # Rows of stage 0 after the advance come only from its open windows, and all of them.
+        assert len(stage0) == expected or len(batches) < limit
+        assert all(stage == 1 for _, stage, _ in batches[switch:])
+        assert Counter(stage for _, stage, _ in batches[:switch]) == Counter({0: min(switch, len(batches))})
 
 
 @given(case=cases(max_stages=1), data=st.data())

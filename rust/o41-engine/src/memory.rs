@@ -11,7 +11,7 @@ use std::fmt;
 use crate::config::ShuffleSpec;
 use crate::error::{Error, Result};
 use crate::fields::Projection;
-use crate::order::window_rows;
+use crate::order::partition_window_rows;
 
 /// Buffered bytes an open shard reader may hold (read buffers, decompressor state).
 const READER_BYTES: u64 = 3 << 20;
@@ -34,8 +34,9 @@ const MIN_GROUP_BYTES: u64 = 16 << 20;
 /// What a stream's pipeline looks like, from the config alone.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PipelineShape {
-    /// Rows planned together: at least one shuffle window, and 4,096 rows or 16 MiB of rows
-    /// (whichever is fewer rows), in whole batches.
+    /// Rows planned together: at least one shuffle window (with partitions, the windows a
+    /// rank reads of one round of them), and 4,096 rows or 16 MiB of rows (whichever is fewer
+    /// rows), in whole batches.
     pub group_rows: u64,
     /// Rows of the largest batch.
     pub largest_batch: u64,
@@ -58,10 +59,12 @@ fn too_large() -> Error {
 }
 
 impl PipelineShape {
-    /// The shape for stages of `(batch_size, shuffle)`, rows of `row_bytes`, `threads` decode
-    /// threads, `prefetch_batches` and `memory_limit_bytes`.
+    /// The shape for stages of `(batch_size, shuffle)` dealt to `partitions` read by
+    /// `world_size` ranks, rows of `row_bytes`, `threads` decode threads, `prefetch_batches`
+    /// and `memory_limit_bytes`.
     pub fn new(
         stages: impl IntoIterator<Item = (usize, Option<ShuffleSpec>)>,
+        (partitions, world_size): (u64, u64),
         row_bytes: u64,
         threads: usize,
         prefetch_batches: usize,
@@ -69,8 +72,13 @@ impl PipelineShape {
     ) -> Result<Self> {
         let mut largest_window = 0u64;
         let mut largest_batch = 1u64;
+        // A rank reads its share of a round of windows at once: each of its partitions' windows
+        // whole, so that no window is read twice.
+        let windows_read = partitions.div_ceil(world_size.max(1)).max(1);
         for (s, (batch_size, shuffle)) in stages.into_iter().enumerate() {
-            largest_window = largest_window.max(window_rows(shuffle, s)?.0);
+            let (window, _) = partition_window_rows(shuffle, s, batch_size as u64, partitions)?;
+            let read = window.checked_mul(windows_read).ok_or_else(too_large)?;
+            largest_window = largest_window.max(read);
             largest_batch = largest_batch.max(batch_size as u64);
         }
         let group_rows = largest_window
@@ -104,7 +112,7 @@ fn group_floor(row_bytes: u64) -> u64 {
 
 /// Bytes of one row of `fields` as declared (synthetic columns included; a validation pass's
 /// mask is not counted, which only sizes groups).
-fn declared_row_bytes(fields: &[crate::config::FieldSpec]) -> Result<u64> {
+pub fn declared_row_bytes(fields: &[crate::config::FieldSpec]) -> Result<u64> {
     Ok(Projection::new(fields)?.row_bytes() as u64)
 }
 
@@ -117,6 +125,7 @@ macro_rules! pipeline_shape {
                 let stages = self.stages.iter().map(|s| (s.batch_size, s.shuffle));
                 PipelineShape::new(
                     stages,
+                    (self.partitions, self.world_size as u64),
                     declared_row_bytes(&self.fields)?,
                     self.threads,
                     self.prefetch_batches,
@@ -267,7 +276,7 @@ mod tests {
     use super::*;
 
     fn group_rows(batch: usize, row_bytes: u64) -> u64 {
-        PipelineShape::new([(batch, None)], row_bytes, 2, 4, Some(u64::MAX))
+        PipelineShape::new([(batch, None)], (1, 1), row_bytes, 2, 4, Some(u64::MAX))
             .unwrap()
             .group_rows
     }

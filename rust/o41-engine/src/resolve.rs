@@ -776,6 +776,7 @@ pub fn resolve(config: &StreamConfig, storage: &Storage) -> Result<Resolved> {
         world_size: config.world_size,
         memory_limit_bytes: config.memory_limit_bytes,
         validation_pass: config.validation_pass,
+        partitions: config.partitions,
         skip_batches: config.skip_batches.clone(),
     });
     Ok(Resolved {

@@ -508,6 +508,7 @@ impl BatchStream {
                 format!("local batch {at} is before the active stage began"),
             ));
         }
+        let (at, g) = self.aligned_switch(state, at, g)?;
         let segment = self.plan.order.advance(&state.segment, g, stage)?;
         if segment == state.segment {
             return Ok(());
@@ -519,6 +520,31 @@ impl BatchStream {
             return Ok(());
         }
         self.switch(state, segment, at, g)
+    }
+
+    /// The first local batch from `at` on (whose round begins at `g`) where a partitioned
+    /// stream may switch stages: its round begins a multiple of `partitions` batches after the
+    /// active segment's start. Every rank finds the same one; a world whose rounds never meet
+    /// such a batch is refused.
+    fn aligned_switch(&self, state: &State, at: u64, g: u64) -> Result<(u64, u64)> {
+        let order = &self.plan.order;
+        let start = state.segment.start_batch;
+        let step = self.per_local(&state.segment);
+        for k in 0..order.partitions() {
+            let round = g + k * step;
+            if order.switch_aligned(start, round) {
+                return Ok((at + k, round));
+            }
+        }
+        Err(Error::config(
+            "advance",
+            format!(
+                "no round of {step} batches after global batch {g} begins a multiple of \
+                 partitions={} batches after the active stage began at {start}; resume on a \
+                 world size that divides the partitions to switch stages",
+                order.partitions()
+            ),
+        ))
     }
 
     /// Switches to `segment` from local batch `at`, whose round begins at global batch `g`.

@@ -43,6 +43,7 @@ fn stage(
         shuffle: shuffle.map(|(buffer_rows, unit)| ShuffleSpec {
             buffer_rows,
             unit_rows: Some(unit),
+            block_rows: None,
         }),
         infinite,
         ramp: None,
@@ -63,6 +64,7 @@ fn config(stages: Vec<ResolvedStage>, seed: u64) -> ResolvedConfig {
         world_size: 1,
         memory_limit_bytes: None,
         validation_pass: false,
+        partitions: 1,
         skip_batches: Vec::new(),
     }
 }
@@ -289,5 +291,142 @@ proptest! {
         prop_assert_eq!(received, total);
         // The last round holds the last row; one round fewer would not.
         prop_assert!(order.first_row(&segment, end - world) < total);
+    }
+}
+
+fn partitioned(stages: Vec<ResolvedStage>, seed: u64, partitions: u64) -> Order {
+    let mut config = config(stages, seed);
+    config.partitions = partitions;
+    Order::new(&config).unwrap()
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(150))]
+
+    /// A finite partitioned stage delivers distinct rows, and what it leaves out is less than a
+    /// batch per partition plus the last partial round's remainder.
+    #[test]
+    fn partitioned_finite_stage_delivers_each_row_once(
+        sources in sources(), batch_size in 1usize..7, buffer_rows in 1u64..40, unit in 1u64..5,
+        partitions in 2u64..7, world in 1u64..5, seed in any::<u64>()
+    ) {
+        let stage = stage(&sources, batch_size, Some((buffer_rows, unit)), false);
+        let order = partitioned(vec![stage], seed, partitions);
+        let total: u64 = sources.iter().flat_map(|(s, _)| s.iter()).sum();
+        let segment = Segment::first();
+        let bs = batch_size as u64;
+        let end = order.end_batch(&segment, 0, world).unwrap();
+        let dropped = order.dropped_rows(&segment, end);
+        prop_assert_eq!(end * bs + dropped, total);
+        prop_assert!(dropped < bs * (partitions + world) + partitions);
+        let mut cache = LayoutCache::default();
+        let mut seen = HashSet::new();
+        for t in 0..end * bs {
+            let slot = order.slot(&segment, t / bs, t % bs, &mut cache);
+            prop_assert_eq!(slot.row.at.epoch, 0);
+            prop_assert!(slot.row.at.row < sources[slot.row.source].0[slot.row.at.shard]);
+            prop_assert!(seen.insert((slot.row.source, slot.row.at.shard, slot.row.at.row)));
+        }
+    }
+
+    /// On a world size dividing the partitions, each window's rows reach one rank only: along
+    /// each source's rows, the receiving rank changes at most once per window.
+    #[test]
+    fn ranks_dividing_the_partitions_read_windows_of_their_own(
+        sources in sources(), batch_size in 1usize..5, windows in 1u64..5, unit in 1u64..4,
+        world in prop::sample::select(vec![1u64, 2, 4]), times in 1u64..3, rounds in 1u64..3,
+        seed in any::<u64>()
+    ) {
+        let partitions = world * times;
+        let bs = batch_size as u64;
+        let stage = stage(&sources, batch_size, Some((windows * bs * unit, unit)), true);
+        let order = partitioned(vec![stage], seed, partitions);
+        let window = order.stages()[0].window;
+        let segment = Segment::first();
+        let mut cache = LayoutCache::default();
+        let mut by_source: Vec<Vec<(u64, u64)>> = vec![Vec::new(); sources.len()];
+        let batches = rounds * partitions * window / bs;
+        for g in 0..batches {
+            for i in 0..bs {
+                let slot = order.slot(&segment, g, i, &mut cache);
+                by_source[slot.row.source].push((slot.row.index, g % world));
+            }
+        }
+        for rows in &mut by_source {
+            rows.sort_unstable();
+            let changes = rows.windows(2).filter(|w| w[0].1 != w[1].1).count() as u64;
+            prop_assert!(changes < rounds * partitions, "{} rank changes over {} windows", changes, rounds * partitions);
+        }
+    }
+
+    /// A switch out of a partitioned stage drains, in every partition, the rest of the window
+    /// it was reading; the new stage's rows follow, and no old row comes twice.
+    #[test]
+    fn partitioned_advance_drains_every_partitions_window(
+        first in sources(), second in sources(), batch_size in 1usize..5, buffer_rows in 1u64..30,
+        partitions in 2u64..5, rounds in 0u64..6, seed in any::<u64>()
+    ) {
+        let stages = vec![
+            stage(&first, batch_size, Some((buffer_rows, 1)), true),
+            stage(&second, batch_size, Some((buffer_rows, 1)), true),
+        ];
+        let order = partitioned(stages, seed, partitions);
+        let bs = batch_size as u64;
+        let at = rounds * partitions;
+        prop_assert!(order.advance(&Segment::first(), at + 1, 1).is_err(), "unaligned switches are refused");
+        let next = order.advance(&Segment::first(), at, 1).unwrap();
+        let x = at * bs / partitions;
+        let drained = next.drain.map_or(0, |d| d.to - d.from);
+        prop_assert_eq!(drained, order.stages()[0].window_end(x) - x);
+        let mut cache = LayoutCache::default();
+        let mut delivered = HashSet::new();
+        for t in 0..at * bs {
+            let slot = order.slot(&Segment::first(), t / bs, t % bs, &mut cache);
+            delivered.insert((slot.row.source, slot.row.index));
+        }
+        let old = (drained * partitions).div_ceil(bs);
+        for g in at..at + old + 2 * partitions {
+            for i in 0..bs {
+                let slot = order.slot(&next, g, i, &mut cache);
+                // Partition (g - at) mod partitions reads its drained rows first.
+                let row_in_partition = (g - at) / partitions * bs + i;
+                prop_assert_eq!(slot.stage, usize::from(row_in_partition >= drained));
+                if slot.stage == 0 {
+                    prop_assert!(delivered.insert((slot.row.source, slot.row.index)), "a drained row came twice");
+                }
+            }
+        }
+        let window = order.stages()[0].window;
+        prop_assert_eq!(delivered.len() as u64, x.div_ceil(window) * window * partitions);
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(150))]
+
+    /// With blocks, every epoch of every source still shows each row once, whole blocks move
+    /// together, and epochs differ in their block order.
+    #[test]
+    fn blocks_permute_each_epoch_of_a_source(
+        shards in prop::collection::vec(0u64..60, 1..5).prop_filter("rows", |r| r.iter().sum::<u64>() > 0),
+        block_rows in 1u64..9, seed in any::<u64>(), epoch in 0u64..4
+    ) {
+        let mut stage = stage(&[(shards.clone(), 1.0)], 1, Some((1, 1)), true);
+        stage.shuffle = stage.shuffle.map(|s| ShuffleSpec { block_rows: Some(block_rows), ..s });
+        let order = Order::new(&config(vec![stage], seed)).unwrap();
+        let source = &order.stages()[0].sources()[0];
+        let total = source.total();
+        let rows: Vec<u64> = (0..total).map(|r| source.epoch_row(epoch, r)).collect();
+        let mut sorted = rows.clone();
+        sorted.sort_unstable();
+        prop_assert_eq!(sorted, (0..total).collect::<Vec<_>>());
+        for (r, &listed) in rows.iter().enumerate() {
+            let r = r as u64;
+            // Rows of a block stay consecutive, in order.
+            prop_assert_eq!(listed % block_rows, r % block_rows);
+            if !r.is_multiple_of(block_rows) {
+                prop_assert_eq!(listed, rows[r as usize - 1] + 1);
+            }
+        }
     }
 }

@@ -42,6 +42,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(trace::trace_checkpoint, m)?)?;
     m.add_function(wrap_pyfunction!(rules::limits, m)?)?;
     m.add_function(wrap_pyfunction!(rules::stream_rules, m)?)?;
+    m.add_function(wrap_pyfunction!(rules::planned_rows, m)?)?;
     m.add_function(wrap_pyfunction!(records::write_shard, m)?)?;
     m.add_function(wrap_pyfunction!(host_memory_bytes, m)?)?;
     m.add_function(wrap_pyfunction!(manifest::load_manifest, m)?)?;

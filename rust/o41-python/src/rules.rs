@@ -26,6 +26,18 @@ type FieldTuple = (String, &'static str, Vec<usize>);
 /// One stage: its global batch size and its ramp `(start, increment, rows)`, if any.
 type StageTuple = (u64, Option<(u64, u64, u64)>);
 
+/// The rows a rank of `config` plans together and the bytes of one row as declared: what a
+/// rank holds decoded ahead of its consumer (two such groups at most).
+#[pyfunction]
+pub fn planned_rows(py: Python<'_>, source: &Bound<'_, PyAny>) -> PyResult<(u64, u64)> {
+    let config = config_of(py, source)?;
+    let fail = |e: o41_engine::error::Error| to_py(py, &e);
+    config.validate().map_err(fail)?;
+    let shape = config.pipeline_shape().map_err(fail)?;
+    let row_bytes = o41_engine::memory::declared_row_bytes(&config.fields).map_err(fail)?;
+    Ok((shape.group_rows, row_bytes))
+}
+
 /// What adapters need of a stream: `(fields, stages, rank, world_size)`, from a config (an object
 /// with `to_json()`) or a `Checkpoint` (its resolved document, as the engine holds it).
 #[pyfunction]

@@ -69,6 +69,7 @@ if TYPE_CHECKING:
         save_manifest,
     )
     from ._manifest_build import manifest_from_files
+    from ._plan import ReadPlan, plan_reads
     from ._rules import (
         RANK_FILE,
         DeliveredField,
@@ -186,6 +187,7 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
         "resolve_batch_stream_config",
         "resume_batch_stream",
     ),
+    "_plan": ("ReadPlan", "plan_reads"),
     "_tokenize": ("TokenizedDataset", "tokenize_dataset"),
     "_tokenizer": ("TextTokenizer", "TokenizerIdentity"),
     "_trace": ("TracedRow", "WindowDocument", "read_traced_rows", "trace_batches"),
@@ -235,6 +237,7 @@ __all__ = [
     "ProjectedField",
     "ProjectionError",
     "Ramp",
+    "ReadPlan",
     "ReadStats",
     "RenderedChat",
     "RetryPolicy",
@@ -274,6 +277,7 @@ __all__ = [
     "observed_ranks",
     "open_batch_stream",
     "parse_rank_file_name",
+    "plan_reads",
     "process_ranks",
     "rank_file_name",
     "rank_files_among",

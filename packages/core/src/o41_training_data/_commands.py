@@ -629,6 +629,66 @@ def trace(file: Path, global_batch: int, to: int | None, world_size: int | None,
     return EXIT_OK
 
 
+@cli.command(name="plan")
+@click.argument("file", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.option(
+    "--world-size", type=click.IntRange(min=1), required=True, help="The ranks the run is planned for."
+)
+@click.option(
+    "--read-unit-rows",
+    type=click.IntRange(min=1),
+    default=1024,
+    show_default=True,
+    help="Rows of a shard fetched together: a row group's rows, or a page's with a page index.",
+)
+@click.option(
+    "--block-rows",
+    type=click.IntRange(min=1),
+    default=1024,
+    show_default=True,
+    help="Rows of the blocks that batch diversity counts.",
+)
+@click.option(
+    "--batches",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Global batches to trace (default: a million rows).",
+)
+def plan_command(
+    file: Path, world_size: int, read_unit_rows: int, block_rows: int, batches: int | None
+) -> int:
+    """Estimate what the run in config FILE reads on --world-size ranks, before it starts.
+
+    Traces the first global batches of the first stage (no shard is read) and prints the bytes
+    one rank fetches per pass over the corpus, the cluster's amplification (bytes fetched by
+    all ranks over the corpus), the decoded-row memory per rank and the batches' diversity.
+    """
+    from ._plan import plan_reads
+
+    config = BatchStreamConfig.from_file(file)
+    plan = plan_reads(
+        config,
+        world_size,
+        read_unit_rows=read_unit_rows,
+        block_rows=block_rows,
+        batches=batches,
+        storage=StorageConfig.resolve(),
+    )
+    table = _table("figure", "value")
+    table.add_row("world size", str(plan.world_size))
+    table.add_row("partitions", str(plan.partitions))
+    table.add_row("corpus", f"{plan.corpus_bytes / 1e6:,.1f} MB")
+    table.add_row("bytes per rank per pass", f"{plan.bytes_per_rank / 1e6:,.1f} MB")
+    table.add_row("cluster amplification", f"{plan.amplification:.2f}x")
+    table.add_row("rows planned together per rank", f"{plan.planned_rows:,}")
+    table.add_row("decoded-row memory per rank", f"{plan.decoded_bytes_per_rank / 2**20:,.1f} MiB")
+    table.add_row(f"distinct {block_rows}-row blocks per batch", f"{plan.distinct_blocks_per_batch:.1f}")
+    table.add_row("consecutive neighbours", f"{plan.consecutive_neighbours:.1%}")
+    table.add_row("sampled global batches", f"{plan.sampled_batches:,}")
+    _console().print(table)
+    return EXIT_OK
+
+
 def _jsonable(value: Any) -> Any:
     """Values a record may hold that JSON does not: bytes as text or hex, NumPy scalars, lists."""
     if isinstance(value, bytes):

@@ -241,6 +241,8 @@ def _check_stage(option: str, stage: Stage) -> None:
         _integer(f"{option}.shuffle.buffer_rows", stage.shuffle.buffer_rows, minimum=1)
         if stage.shuffle.unit_rows is not None:
             _integer(f"{option}.shuffle.unit_rows", stage.shuffle.unit_rows, minimum=1)
+        if stage.shuffle.block_rows is not None:
+            _integer(f"{option}.shuffle.block_rows", stage.shuffle.block_rows, minimum=1)
     if stage.ramp is not None:
         if not isinstance(stage.ramp, Ramp):
             raise _invalid(f"{option}.ramp", f"expected a Ramp, got {type(stage.ramp).__name__}")
@@ -503,6 +505,12 @@ class Shuffle:
     keeps each rank's read cost flat as ``world_size`` grows; ``unit_rows=1`` shuffles single
     rows. Shard order is also permuted per epoch. See ``docs/order.md``.
 
+    ``block_rows`` cuts each source into runs of that many rows and permutes the runs across the
+    whole source every epoch instead of its shards: a window then gathers runs from all over
+    the corpus, and each run is still read in one piece. Set it to the rows of the corpus's read
+    unit (a page's rows with a page index, else a row group's) so that, with partitions, no
+    read unit is split between ranks (docs/order.md, "Blocks").
+
     Examples:
         >>> Shuffle(buffer_rows=4096).unit_rows is None
         True
@@ -511,10 +519,14 @@ class Shuffle:
 
     buffer_rows: int
     unit_rows: int | None = None
+    block_rows: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        """The shuffle as the engine's JSON document expects it."""
-        return {"buffer_rows": self.buffer_rows, "unit_rows": self.unit_rows}
+        """The shuffle as the engine's JSON document expects it (``block_rows`` when set)."""
+        out: dict[str, Any] = {"buffer_rows": self.buffer_rows, "unit_rows": self.unit_rows}
+        if self.block_rows is not None:
+            out["block_rows"] = self.block_rows
+        return out
 
 
 @dataclass(frozen=True)
@@ -716,6 +728,15 @@ class BatchStreamConfig:
     every other batch keeps its rows and its place. A resumed stream may add ranges that start
     at or after its position.
 
+    ``partitions`` deals each stage's shuffle windows to that many partitions and cuts global
+    batch ``g`` from partition ``g mod partitions`` (counted from the stage's start), so that
+    on a world size dividing it each rank reads windows no other rank reads: each byte of the
+    corpus is fetched by one rank per pass. Set it to the world size a run is planned for; a
+    rank holds ``partitions / world_size`` windows at once (docs/order.md, "Partitions"). It
+    is part of the order, like ``seed``: 1 (the default) is the order of streams without it.
+    Every stage must shuffle and none may ramp; stage switches land where every partition has
+    read the same rows.
+
     Examples:
         >>> config = BatchStreamConfig(
         ...     fields=[ProjectedField(name="x", source="x", dtype="f32")],
@@ -736,6 +757,7 @@ class BatchStreamConfig:
     memory_limit_bytes: int | None = None
     validation_pass: bool = False
     skip_batches: Sequence[tuple[int, int]] = ()
+    partitions: int = 1
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "fields", tuple(_sequence("fields", self.fields)))
@@ -752,6 +774,7 @@ class BatchStreamConfig:
         if not isinstance(self.validation_pass, bool):
             raise _invalid("validation_pass", f"expected a bool, got {self.validation_pass!r}")
         object.__setattr__(self, "skip_batches", _skip_ranges(self.skip_batches))
+        _integer("partitions", self.partitions, minimum=1, maximum=LIMITS["max_world_size"])
         if not self.fields:
             raise _invalid("fields", "at least one projected field is required")
         for i, field in enumerate(self.fields):
@@ -790,6 +813,7 @@ class BatchStreamConfig:
             "memory_limit_bytes": self.memory_limit_bytes,
             **({"validation_pass": True} if self.validation_pass else {}),
             **({"skip_batches": [list(r) for r in self.skip_batches]} if self.skip_batches else {}),
+            **({"partitions": self.partitions} if self.partitions != 1 else {}),
         }
 
     def to_json(self) -> str:
@@ -810,8 +834,8 @@ class BatchStreamConfig:
         Keys mirror the dataclasses' arguments, every one of them: ``fields`` (each with
         ``length`` or ``shape``, ``overflow``, ``pad_side``; a stack's ``source`` a list),
         ``stages`` (each with ``sources``, ``batch_size``, ``shuffle``, ``infinite``, ``ramp``,
-        ``packing``, ``windows``), ``seed``, the resources, ``validation_pass`` and
-        ``skip_batches`` (a list of ``[start, end]`` pairs). A source with ``files`` is a
+        ``packing``, ``windows``), ``seed``, the resources, ``validation_pass``,
+        ``skip_batches`` (a list of ``[start, end]`` pairs) and ``partitions``. A source with ``files`` is a
         :class:`FileSource`, one with ``manifest_uri`` a :class:`ManifestSource` (``kind:
         files|manifest`` may say so too); either may have ``columns``. An unknown or missing key,
         or a value of the wrong type, raises :class:`ConfigError` whose ``option`` is the key's

@@ -63,6 +63,10 @@ def stream_rules(
     name, dtype and shape (a validation pass's ``valid`` included), and each stage's batch size
     and ramp ``(start, increment, rows)``."""
 
+def planned_rows(source: _ConfigLike) -> tuple[int, int]:
+    """``(group_rows, row_bytes)``: the rows a rank of the config plans together (with
+    partitions, the windows it reads of a round) and one row's declared bytes."""
+
 def host_memory_bytes() -> int | None:
     """Physical memory of the host in bytes, or None where it cannot be read."""
 

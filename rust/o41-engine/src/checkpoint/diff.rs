@@ -55,6 +55,7 @@ fn first_difference(resolved: &ResolvedConfig, config: &StreamConfig) -> Result<
                 &config.validation_pass,
             )
         })
+        .or_else(|| differs("partitions", &resolved.partitions, &config.partitions))
         .or_else(|| {
             differs(
                 "the number of stages",

@@ -45,6 +45,9 @@ impl ResolvedConfig {
         if !self.skip_batches.is_empty() {
             doc["skip_batches"] = serde_json::json!(self.skip_batches);
         }
+        if self.partitions != 1 {
+            doc["partitions"] = serde_json::json!(self.partitions);
+        }
         for (s, stage) in doc["stages"]
             .as_array_mut()
             .expect("stages serialise as an array")

@@ -134,6 +134,13 @@ pub struct ResolvedConfig {
     /// Ranges `[start, end)` of global batches no rank receives (`crate::skips`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub skip_batches: Vec<crate::skips::SkipRange>,
+    /// Partitions each stage's windows are dealt to; absent in documents of one partition
+    /// (every document written before partitions existed).
+    #[serde(
+        default = "super::schema::one",
+        skip_serializing_if = "super::schema::is_one"
+    )]
+    pub partitions: u64,
 }
 
 impl ResolvedConfig {

@@ -302,6 +302,12 @@ pub struct ShuffleSpec {
     /// fewer, longer ranges, which keeps each rank's cost flat as the world grows.
     #[serde(default)]
     pub unit_rows: Option<u64>,
+    /// Rows each source is cut into for its per-epoch order: with it, every epoch of a source
+    /// permutes runs of `block_rows` rows across the whole source (instead of its shards), so
+    /// that a shuffle window gathers rows from all over the corpus while each run is still read
+    /// in one piece; absent, shards are permuted and read through (`docs/order.md`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub block_rows: Option<u64>,
 }
 
 /// A batch ramp: the stage's global batch grows from `start` rows to its `batch_size` in steps
@@ -531,6 +537,22 @@ pub struct StreamConfig {
     /// Ranges `[start, end)` of global batches no rank receives (`crate::skips`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub skip_batches: Vec<crate::skips::SkipRange>,
+    /// Partitions each stage's shuffle windows are dealt to: global batch `g` of a segment is
+    /// cut from partition `(g - start) mod partitions`, so a rank of a world that divides it
+    /// reads windows no other rank reads (`docs/order.md`, partitions).
+    #[serde(default = "one", skip_serializing_if = "is_one")]
+    pub partitions: u64,
+}
+
+/// The default partition count: one, the order of streams before partitions existed.
+pub(crate) fn one() -> u64 {
+    1
+}
+
+/// Whether `n` is the default partition count, which documents leave out.
+#[allow(clippy::trivially_copy_pass_by_ref)] // serde passes the field by reference
+pub(crate) fn is_one(n: &u64) -> bool {
+    *n == 1
 }
 
 /// A stage of the config users write.

@@ -63,6 +63,7 @@ fn streamed_fingerprint_equals_the_canonical_document_hash() {
                 shuffle: Some(ShuffleSpec {
                     buffer_rows: 64,
                     unit_rows: Some(4),
+                    block_rows: None,
                 }),
                 infinite: true,
                 ramp: Some(RampSpec {
@@ -96,6 +97,7 @@ fn streamed_fingerprint_equals_the_canonical_document_hash() {
         world_size: 1,
         memory_limit_bytes: None,
         validation_pass: false,
+        partitions: 1,
         skip_batches: Vec::new(),
     };
     assert_eq!(config.fingerprint(), reference_fingerprint(&config));

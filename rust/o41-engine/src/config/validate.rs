@@ -401,6 +401,12 @@ pub(super) fn validate_stage(
                 "must be at least 1",
             ));
         }
+        if shuffle.block_rows == Some(0) {
+            return Err(Error::config(
+                format!("{option}.shuffle.block_rows"),
+                "must be at least 1",
+            ));
+        }
     }
     Ok(())
 }
@@ -540,6 +546,53 @@ pub(super) fn validate_weight(option: &str, weight: f64) -> Result<()> {
     }
 }
 
+/// Partitions deal shuffle windows to ranks, so every stage of a partitioned stream shuffles
+/// and hands whole batches to ranks in turn (a ramp shares each batch among all ranks).
+pub(super) fn validate_partitions(
+    partitions: u64,
+    validation_pass: bool,
+    stages: impl Iterator<Item = (Option<ShuffleSpec>, Option<RampSpec>)>,
+) -> Result<()> {
+    if partitions == 0 || partitions > MAX_WORLD_SIZE {
+        return Err(Error::config(
+            "partitions",
+            format!("must be between 1 and {MAX_WORLD_SIZE}, got {partitions}"),
+        ));
+    }
+    if partitions == 1 {
+        return Ok(());
+    }
+    if validation_pass {
+        return Err(Error::config(
+            "partitions",
+            format!(
+                "must be 1 in a validation pass, which reads its rows in order, got {partitions}"
+            ),
+        ));
+    }
+    for (s, (shuffle, ramp)) in stages.enumerate() {
+        if shuffle.is_none() {
+            return Err(Error::config(
+                format!("stages[{s}].shuffle"),
+                format!(
+                    "partitions={partitions} deals shuffle windows to ranks; shuffle this stage \
+                     or set partitions=1"
+                ),
+            ));
+        }
+        if ramp.is_some() {
+            return Err(Error::config(
+                format!("stages[{s}].ramp"),
+                format!(
+                    "a ramped stage shares every batch among all ranks, which partitions={partitions} \
+                     cannot keep local; drop the ramp or set partitions=1"
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
 pub(super) fn validate_resources(threads: usize, rank: usize, world_size: usize) -> Result<()> {
     if threads == 0 || threads as u64 > MAX_THREADS {
         return Err(Error::config(
@@ -566,6 +619,8 @@ impl StreamConfig {
     /// Checks everything that can be checked without touching storage.
     pub fn validate(&self) -> Result<()> {
         crate::skips::validate(&self.skip_batches)?;
+        let stages = self.stages.iter().map(|s| (s.shuffle, s.ramp));
+        validate_partitions(self.partitions, self.validation_pass, stages)?;
         let resources = (self.threads, self.rank, self.world_size);
         let (fields, stages) = (&self.fields, &self.stages);
         validate_document(
@@ -618,6 +673,8 @@ impl ResolvedConfig {
     /// config: a checkpoint's document is read from a file and trusted no further than that.
     pub fn validate(&self) -> Result<()> {
         crate::skips::validate(&self.skip_batches)?;
+        let stages = self.stages.iter().map(|s| (s.shuffle, s.ramp));
+        validate_partitions(self.partitions, self.validation_pass, stages)?;
         let resources = (self.threads, self.rank, self.world_size);
         let (fields, stages) = (&self.fields, &self.stages);
         validate_document(

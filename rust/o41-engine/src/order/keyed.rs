@@ -23,6 +23,8 @@ pub mod tag {
     pub const SHARDS: u64 = 1;
     /// Unit permutation of a shuffle window.
     pub const WINDOW: u64 = 2;
+    /// Block order of a source in an epoch.
+    pub const BLOCKS: u64 = 3;
 }
 
 /// A keyed bijection on `[0, n)`: a four-round balanced Feistel network on the smallest even

@@ -28,7 +28,7 @@ use serde::{Deserialize, Serialize};
 pub use keyed::{key, mix64};
 pub use ramp::Batching;
 pub use source::{EpochLayout, SourceRow};
-pub use stage::{window_rows, StageOrder, StageRow, DEFAULT_UNIT_ROWS};
+pub use stage::{partition_window_rows, window_rows, StageOrder, StageRow, DEFAULT_UNIT_ROWS};
 
 use crate::config::ResolvedConfig;
 use crate::error::{Error, Result};
@@ -36,7 +36,9 @@ use crate::error::{Error, Result};
 pub use crate::limits::MAX_POSITION;
 
 /// The rows of an old stage still in its shuffle window when `advance` switched stages; they
-/// fill the first batches after the switch.
+/// fill the first batches after the switch. Positions count rows of one partition of that stage
+/// (the stage's output positions when the stream has one partition); with several, every
+/// partition drains the same range of its own rows.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Drain {
     /// Stage the rows belong to.
@@ -89,6 +91,9 @@ pub struct Slot {
 #[derive(Debug, Clone)]
 pub struct Order {
     stages: Vec<StageOrder>,
+    /// Partitions of every stage: global batch `g` of a segment starting at `S` is cut from
+    /// partition `(g - S) mod partitions`.
+    partitions: u64,
     /// A validation pass: finite segments end with a padded round instead of dropping it.
     validation: bool,
 }
@@ -106,10 +111,11 @@ impl Order {
             .stages
             .iter()
             .enumerate()
-            .map(|(s, stage)| StageOrder::new(stage, s, config.seed))
+            .map(|(s, stage)| StageOrder::new(stage, s, config.seed, config.partitions))
             .collect::<Result<Vec<_>>>()?;
         Ok(Order {
             stages,
+            partitions: config.partitions.max(1),
             validation: config.validation_pass,
         })
     }
@@ -117,6 +123,20 @@ impl Order {
     /// True for a validation pass (every row once, the final round padded).
     pub fn validation(&self) -> bool {
         self.validation
+    }
+
+    /// Partitions of every stage (1 when the stream is not partitioned).
+    pub fn partitions(&self) -> u64 {
+        self.partitions
+    }
+
+    /// Rows of each partition of `segment`: its drain and its stage's partition; `None` when
+    /// the stage is infinite.
+    fn partition_rows(&self, segment: &Segment) -> Option<u64> {
+        let drained = segment.drain.map_or(0, |d| d.len());
+        self.stages[segment.stage]
+            .partition_rows()
+            .map(|rows| rows + drained)
     }
 
     /// The stages' orders.
@@ -153,8 +173,22 @@ impl Order {
 
     /// Rows of the segment (drain plus the stage), `None` when the stage is infinite.
     pub fn segment_rows(&self, segment: &Segment) -> Option<u64> {
-        let drained = segment.drain.map_or(0, |d| d.len());
-        self.stages[segment.stage].total().map(|t| t + drained)
+        let stage = &self.stages[segment.stage];
+        self.partition_rows(segment)
+            .map(|rows| rows * self.partitions + stage.unpartitioned_rows())
+    }
+
+    /// Whole global batches of a finite segment: each partition fills its own, and the segment
+    /// ends with the first batch whose partition cannot fill it.
+    fn whole_batches(&self, segment: &Segment) -> Option<u64> {
+        let batching = self.batching(segment);
+        if self.partitions == 1 {
+            return self
+                .segment_rows(segment)
+                .map(|rows| batching.whole_batches(rows));
+        }
+        let per = self.partition_rows(segment)? / self.batch_size(segment);
+        Some(per * self.partitions)
     }
 
     /// The first global batch no rank receives. A finite segment ends at its last complete
@@ -168,7 +202,7 @@ impl Order {
             let end = segment.start_batch + batching.batches_covering(rows);
             return Some(origin + end.saturating_sub(origin).div_ceil(world_size) * world_size);
         }
-        let end = segment.start_batch + batching.whole_batches(rows);
+        let end = segment.start_batch + self.whole_batches(segment)?;
         if batching.is_ramp() {
             return Some(end);
         }
@@ -242,12 +276,22 @@ impl Order {
 
     /// The stage row at segment row `t` (not padding).
     pub fn slot_at(&self, segment: &Segment, t: u64, cache: &mut LayoutCache) -> Slot {
-        let (stage, o) = match segment.drain {
-            Some(d) if t < d.len() => (d.stage, d.from + t),
-            Some(d) => (segment.stage, t - d.len()),
-            None => (segment.stage, t),
+        // The partition of the batch holding `t`, and `t`'s row in it: a segment's batches go
+        // to its partitions in turn.
+        let (p, x) = if self.partitions == 1 {
+            (0, t)
+        } else {
+            let bs = self.batch_size(segment);
+            let n = t / bs;
+            (n % self.partitions, n / self.partitions * bs + t % bs)
+        };
+        let (stage, x) = match segment.drain {
+            Some(d) if x < d.len() => (d.stage, d.from + x),
+            Some(d) => (segment.stage, x - d.len()),
+            None => (segment.stage, x),
         };
         let order = &self.stages[stage];
+        let o = order.partition_output(p, x);
         let row = order.row(o, &mut |source, epoch| {
             let layouts = &mut cache.layouts;
             if layouts.len() > 256 {
@@ -259,6 +303,12 @@ impl Order {
                 .clone()
         });
         Slot { stage, row }
+    }
+
+    /// Whether a segment starting at global batch `start` may switch stages at `g`: every
+    /// partition has then read the same rows, so one drained range serves them all.
+    pub fn switch_aligned(&self, start: u64, g: u64) -> bool {
+        g.saturating_sub(start).is_multiple_of(self.partitions)
     }
 
     /// The segment that starts at global batch `at` (a round boundary) when the stream switches
@@ -276,21 +326,32 @@ impl Order {
         if stage == segment.stage {
             return Ok(*segment);
         }
-        let t = self.first_row(segment, at);
+        if !self.switch_aligned(segment.start_batch, at) {
+            return Err(Error::config(
+                "advance",
+                format!(
+                    "global batch {at} is not a multiple of {} batches after the active stage \
+                     began at {}: a partitioned stream switches stages there",
+                    self.partitions, segment.start_batch
+                ),
+            ));
+        }
+        // Rows every partition has read: the same for all at an aligned switch.
+        let x = self.first_row(segment, at) / self.partitions;
         let drain = match segment.drain {
-            Some(d) if t < d.len() => Drain {
+            Some(d) if x < d.len() => Drain {
                 stage: d.stage,
-                from: d.from + t,
+                from: d.from + x,
                 to: d.to,
             },
             other => {
-                let o = t - other.map_or(0, |d| d.len());
+                let x = x - other.map_or(0, |d| d.len());
                 let current = &self.stages[segment.stage];
-                let o = current.total().map_or(o, |n| o.min(n));
+                let x = current.partition_rows().map_or(x, |n| x.min(n));
                 Drain {
                     stage: segment.stage,
-                    from: o,
-                    to: current.window_end(o),
+                    from: x,
+                    to: current.window_end(x),
                 }
             }
         };
@@ -303,9 +364,9 @@ impl Order {
 
     /// Completed epochs of each source of the segment's stage once global batch `g` starts.
     pub fn epochs(&self, segment: &Segment, g: u64) -> Vec<u64> {
-        let t = self.first_row(segment, g);
-        let o = t.saturating_sub(segment.drain.map_or(0, |d| d.len()));
-        self.stages[segment.stage].epochs(o)
+        let x = self.first_row(segment, g) / self.partitions;
+        let x = x.saturating_sub(segment.drain.map_or(0, |d| d.len()));
+        self.stages[segment.stage].epochs(x * self.partitions)
     }
 
     /// Checks that a cursor read from a checkpoint fits this order.
@@ -322,7 +383,7 @@ impl Order {
             let fits = order.is_some_and(|o| {
                 d.from <= d.to
                     && d.to <= MAX_POSITION
-                    && o.total().is_none_or(|total| d.to <= total)
+                    && o.partition_rows().is_none_or(|total| d.to <= total)
                     && o.window_end(d.from) >= d.to
             });
             if !fits {
@@ -355,12 +416,14 @@ impl Order {
                 "next batch {next_batch} is beyond any position a stream reaches (2^62 rows)"
             )));
         }
-        if let Some(total) = self.segment_rows(segment) {
+        if let (Some(total), Some(whole)) =
+            (self.segment_rows(segment), self.whole_batches(segment))
+        {
             let batching = self.batching(segment);
             let full = if self.validation {
                 batching.batches_covering(total) + world_size.max(1) - 1
             } else {
-                batching.whole_batches(total)
+                whole
             };
             if batches > full {
                 return Err(bad(format!(

@@ -2,10 +2,14 @@
 //! pass over the source's shards, in listed order or, with shuffle, in an order permuted per
 //! epoch from (seed, stage, source, epoch). Rows within a shard keep their order; the shuffle
 //! window mixes them.
+//!
+//! With blocks, an epoch instead permutes runs of `block_rows` consecutive rows of the listed
+//! source (a last, shorter run stays in place) by a keyed bijection: O(1) memory at any size,
+//! and each run is read in one piece.
 
 use std::sync::Arc;
 
-use super::keyed::{key, shuffled, tag};
+use super::keyed::{key, shuffled, tag, Permutation};
 
 /// Where a source's `q`-th row lives.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -31,21 +35,48 @@ pub struct SourceOrder {
     rows: Vec<u64>,
     total: u64,
     permute: bool,
+    /// Rows per block when an epoch permutes blocks rather than shards.
+    block_rows: Option<u64>,
     key: u64,
     listed: Arc<EpochLayout>,
 }
 
 impl SourceOrder {
-    /// A source with shards of `rows` rows each; `permute` shuffles shard order per epoch.
-    pub fn new(rows: Vec<u64>, permute: bool, seed: u64, stage: usize, source: usize) -> Self {
+    /// A source with shards of `rows` rows each; `permute` shuffles each epoch, by shards or,
+    /// with `block_rows`, by blocks of that many rows.
+    pub fn new(
+        rows: Vec<u64>,
+        permute: bool,
+        block_rows: Option<u64>,
+        (seed, stage, source): (u64, usize, usize),
+    ) -> Self {
         let listed = Arc::new(layout(&rows, (0..rows.len()).collect()));
+        let tag = if block_rows.is_some() {
+            tag::BLOCKS
+        } else {
+            tag::SHARDS
+        };
         SourceOrder {
             total: rows.iter().sum(),
             rows,
             permute,
-            key: key(&[seed, tag::SHARDS, stage as u64, source as u64]),
+            block_rows: block_rows.filter(|_| permute).map(|b| b.max(1)),
+            key: key(&[seed, tag, stage as u64, source as u64]),
             listed,
         }
+    }
+
+    /// The listed row shown at row `r` of `epoch`: `r` itself unless epochs permute blocks.
+    pub fn epoch_row(&self, epoch: u64, r: u64) -> u64 {
+        let Some(b) = self.block_rows else {
+            return r;
+        };
+        let whole = self.total / b;
+        let k = r / b;
+        if k >= whole || whole < 2 {
+            return r;
+        }
+        Permutation::new(whole, key(&[self.key, epoch])).apply(k) * b + r % b
     }
 
     /// Rows in one epoch.
@@ -55,7 +86,7 @@ impl SourceOrder {
 
     /// The shard order of `epoch`.
     pub fn layout(&self, epoch: u64) -> Arc<EpochLayout> {
-        if self.permute && self.rows.len() > 1 {
+        if self.varies_by_epoch() {
             Arc::new(layout(
                 &self.rows,
                 shuffled(self.rows.len(), key(&[self.key, epoch])),
@@ -67,7 +98,7 @@ impl SourceOrder {
 
     /// Whether epochs differ in shard order (so layouts are worth caching per epoch).
     pub fn varies_by_epoch(&self) -> bool {
-        self.permute && self.rows.len() > 1
+        self.permute && self.block_rows.is_none() && self.rows.len() > 1
     }
 
     /// Row `r` of an epoch laid out as `layout`.
@@ -108,7 +139,7 @@ mod tests {
 
     #[test]
     fn every_epoch_covers_every_row_once() {
-        let source = SourceOrder::new(vec![3, 0, 5, 2], true, 9, 0, 1);
+        let source = SourceOrder::new(vec![3, 0, 5, 2], true, None, (9, 0, 1));
         for epoch in 0..4 {
             let layout = source.layout(epoch);
             let mut seen: Vec<(usize, u64)> = (0..source.total())
@@ -128,9 +159,9 @@ mod tests {
 
     #[test]
     fn shard_order_changes_between_epochs_only_when_shuffled() {
-        let shuffled = SourceOrder::new(vec![1; 20], true, 1, 0, 0);
+        let shuffled = SourceOrder::new(vec![1; 20], true, None, (1, 0, 0));
         assert_ne!(shuffled.layout(0).order, shuffled.layout(1).order);
-        let listed = SourceOrder::new(vec![1; 20], false, 1, 0, 0);
+        let listed = SourceOrder::new(vec![1; 20], false, None, (1, 0, 0));
         assert_eq!(listed.layout(5).order, (0..20).collect::<Vec<_>>());
     }
 }

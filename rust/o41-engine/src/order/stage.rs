@@ -6,6 +6,13 @@
 //! `[w * window, (w + 1) * window)`, moved in units of `unit` consecutive rows by a keyed
 //! bijection. The last window of a finite stage permutes its whole units; a trailing partial
 //! unit stays in place at the very end (it always falls in the rows a finite stage drops).
+//!
+//! Partitions: with `C` partitions, every run of `C` consecutive windows (a *round* of windows)
+//! is dealt one window to each partition, and partition `p` is the sequence of its windows
+//! (`p`, `C + p`, `2C + p`, ...). A finite stage's last, partial round is cut into `C` equal
+//! windows (its last `rows mod C` rows go to no partition: the stage drops them), so every
+//! partition of a stage holds the same number of rows. With one partition, partition 0 is the
+//! stage's output sequence itself.
 
 use super::keyed::{key, tag, Permutation};
 use super::mix::MixSchedule;
@@ -13,6 +20,14 @@ use super::ramp::Batching;
 use super::source::{SourceOrder, SourceRow};
 use crate::config::{ResolvedStage, ShuffleSpec};
 use crate::error::{Error, Result};
+
+fn gcd(a: u64, b: u64) -> u64 {
+    if b == 0 {
+        a
+    } else {
+        gcd(b, a % b)
+    }
+}
 
 /// Rows that stay together when the shuffle window moves rows, unless configured.
 pub const DEFAULT_UNIT_ROWS: u64 = 8;
@@ -43,6 +58,34 @@ pub fn window_rows(shuffle: Option<ShuffleSpec>, s: usize) -> Result<(u64, u64)>
     Ok((window, unit))
 }
 
+/// The shuffle window and unit of a stage of `batch_size` rows whose windows are dealt to
+/// `partitions` partitions: with more than one, the window is rounded up to whole batches too,
+/// so that every partition's batches stay inside its own windows.
+pub fn partition_window_rows(
+    shuffle: Option<ShuffleSpec>,
+    s: usize,
+    batch_size: u64,
+    partitions: u64,
+) -> Result<(u64, u64)> {
+    let (window, unit) = window_rows(shuffle, s)?;
+    if partitions <= 1 || window == 0 {
+        return Ok((window, unit));
+    }
+    let step = unit / gcd(unit, batch_size) * batch_size;
+    let window = window
+        .div_ceil(step)
+        .checked_mul(step)
+        .filter(|w| w.checked_mul(partitions).is_some())
+        .ok_or_else(|| {
+            Error::config(
+                format!("stages[{s}].shuffle.buffer_rows"),
+                "the window, rounded to whole batches and dealt to every partition, does not \
+                 fit 64 bits",
+            )
+        })?;
+    Ok((window, unit))
+}
+
 /// A row of a stage, with where it comes from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct StageRow {
@@ -65,14 +108,22 @@ pub struct StageOrder {
     pub window: u64,
     /// Rows moved together by the shuffle.
     pub unit: u64,
+    /// Partitions the windows are dealt to (1: the output sequence is one partition).
+    pub partitions: u64,
     mix: MixSchedule,
     sources: Vec<SourceOrder>,
     key: u64,
 }
 
+/// The first position past `x` that is a multiple of `m`, or `x` itself when it is one.
+fn round_up(x: u64, m: u64) -> u64 {
+    x.div_ceil(m) * m
+}
+
 impl StageOrder {
-    /// The order of `stage` (index `s`) under `seed`.
-    pub fn new(stage: &ResolvedStage, s: usize, seed: u64) -> Result<Self> {
+    /// The order of `stage` (index `s`) under `seed`, its windows dealt to `partitions`
+    /// partitions (1 for none; more need a shuffled stage, which the config checks).
+    pub fn new(stage: &ResolvedStage, s: usize, seed: u64, partitions: u64) -> Result<Self> {
         let shuffle = stage.shuffle;
         let sources: Vec<SourceOrder> = stage
             .sources
@@ -82,9 +133,8 @@ impl StageOrder {
                 SourceOrder::new(
                     src.shards.iter().map(|f| f.rows).collect(),
                     shuffle.is_some(),
-                    seed,
-                    s,
-                    j,
+                    shuffle.and_then(|sh| sh.block_rows),
+                    (seed, s, j),
                 )
             })
             .collect();
@@ -95,12 +145,14 @@ impl StageOrder {
             (!stage.infinite).then_some(rows.as_slice()),
             &format!("stages[{s}].sources"),
         )?;
-        let (window, unit) = window_rows(shuffle, s)?;
+        let batch_size = stage.batch_size as u64;
+        let (window, unit) = partition_window_rows(shuffle, s, batch_size, partitions)?;
         Ok(StageOrder {
-            batch_size: stage.batch_size as u64,
-            batching: Batching::new(stage.batch_size as u64, stage.ramp),
+            batch_size,
+            batching: Batching::new(batch_size, stage.ramp),
             window,
             unit,
+            partitions: partitions.max(1),
             mix,
             sources,
             key: key(&[seed, tag::WINDOW, s as u64]),
@@ -117,14 +169,90 @@ impl StageOrder {
         &self.sources
     }
 
-    /// End of the shuffle window holding output position `o` (clipped to the stage's end);
-    /// `o` itself when unshuffled or at a window boundary.
-    pub fn window_end(&self, o: u64) -> u64 {
-        if self.window == 0 || o.is_multiple_of(self.window) {
-            return o;
+    /// Rows of a round of windows, one window per partition.
+    fn round_rows(&self) -> u64 {
+        self.window * self.partitions
+    }
+
+    /// The final, partial round of a finite stage: its first output position and the rows of
+    /// each of its `partitions` windows; `None` when infinite or when the rounds are all whole.
+    fn last_round(&self) -> Option<(u64, u64)> {
+        let total = self.total()?;
+        let round = self.round_rows();
+        let start = total / round * round;
+        (start < total).then(|| (start, (total - start) / self.partitions))
+    }
+
+    /// Rows of each partition of a finite stage; `None` when infinite.
+    pub fn partition_rows(&self) -> Option<u64> {
+        let total = self.total()?;
+        if self.window == 0 {
+            return Some(total);
         }
-        let end = (o / self.window + 1) * self.window;
-        self.total().map_or(end, |t| end.min(t))
+        let whole = total / self.round_rows() * self.window;
+        Some(whole + self.last_round().map_or(0, |(_, len)| len))
+    }
+
+    /// Rows of a finite stage that no partition holds (the last `rows mod partitions` of a
+    /// partial last round).
+    pub fn unpartitioned_rows(&self) -> u64 {
+        self.total().map_or(0, |total| {
+            total - self.partition_rows().unwrap_or(total) * self.partitions
+        })
+    }
+
+    /// The output position of row `x` of partition `p`.
+    pub fn partition_output(&self, p: u64, x: u64) -> u64 {
+        if self.window == 0 {
+            return x;
+        }
+        let whole = self.last_round().map(|(start, _)| start / self.partitions);
+        match (whole, self.last_round()) {
+            (Some(whole), Some((start, len))) if x >= whole => start + p * len + (x - whole),
+            _ => (x / self.window * self.partitions + p) * self.window + x % self.window,
+        }
+    }
+
+    /// End of the window of a partition that holds its row `x` (clipped to the partition's
+    /// end); `x` itself when unshuffled or at a window boundary. The same for every partition.
+    pub fn window_end(&self, x: u64) -> u64 {
+        if self.window == 0 {
+            return x;
+        }
+        if let Some((start, len)) = self.last_round() {
+            let whole = start / self.partitions;
+            if x >= whole {
+                return if x == whole || len == 0 {
+                    x
+                } else {
+                    whole + len
+                };
+            }
+        }
+        if x.is_multiple_of(self.window) {
+            return x;
+        }
+        round_up(x, self.window)
+    }
+
+    /// The window holding output position `o`: its index, first position and rows.
+    fn window_of(&self, o: u64) -> (u64, u64, u64) {
+        if let Some((start, len)) = self.last_round() {
+            if o >= start {
+                let whole = start / self.window;
+                if len == 0 {
+                    return (whole, start, self.total().unwrap_or(start) - start);
+                }
+                let q = (o - start) / len;
+                if q >= self.partitions {
+                    // The rows no partition holds stay in place.
+                    return (whole + q, o, 0);
+                }
+                return (whole + q, start + q * len, len);
+            }
+        }
+        let w = o / self.window;
+        (w, w * self.window, self.window)
     }
 
     /// The mixed (input) position shown at output position `o`.
@@ -132,11 +260,7 @@ impl StageOrder {
         if self.window == 0 {
             return o;
         }
-        let w = o / self.window;
-        let start = w * self.window;
-        let len = self
-            .total()
-            .map_or(self.window, |t| self.window.min(t - start));
+        let (w, start, len) = self.window_of(o);
         let units = len / self.unit;
         let within = o - start;
         let u = within / self.unit;
@@ -157,7 +281,8 @@ impl StageOrder {
         let (source, index) = self.mix.locate(self.input_position(o));
         let total = self.sources[source].total();
         let epoch = index / total;
-        let at = SourceOrder::locate(&layout(source, epoch), epoch, index % total);
+        let r = self.sources[source].epoch_row(epoch, index % total);
+        let at = SourceOrder::locate(&layout(source, epoch), epoch, r);
         StageRow { source, index, at }
     }
 

@@ -1,0 +1,219 @@
+"""What a cluster fetches per epoch: every rank of a world, each in its own process.
+
+    uv run python benchmarks/cluster_bench.py --rows 50000
+
+Writes the "cluster" section of benchmarks/RESULTS.md. The corpus is the benchmark corpus
+(`corpus.py`: 1,024-row row groups, 32 KiB pages with a page index) and the same rows rewritten
+without a page index (pyarrow's default pages); two sources 3:1 (the first shards and the
+rest), one finite pass, batches of 32 rows of 2,048 ids + mask, `Shuffle(buffer_rows=4096)`.
+
+For each layout, each layout of the order (one partition as before; partitions planned for the
+world, with blocks) and each world size (1, 8, 64, and a sample of the ranks of 1,024,
+extrapolated), every rank reads its share of the pass in a fresh process. The figures: the
+bytes all ranks fetched over the corpus's bytes (`stats.sources[*].bytes_read`, summed), the
+largest per-rank decoded-row bound (`memory_bound.batches`: the planned groups and queued
+batches), the largest per-rank peak RSS, and CPU seconds per delivered row of the slowest
+rank. Batch diversity (distinct 1,024-row blocks per 32-row batch, consecutive neighbours) is
+measured on the world-1 order, which every world shares.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).parent
+sys.path.insert(0, str(HERE))
+
+from report import preamble, run_child, write_section  # noqa: E402
+
+SEQ = 2048
+BATCH = 32
+WINDOW = 4096
+BLOCK = 1024  # the diversity measure's block, and the row group of both layouts
+
+
+def corpora(rows: int) -> dict[str, tuple[list[Path], int]]:
+    """The page-index corpus and its copy without a page index, each with the block it is read
+    by: a page holds a few rows of this corpus, so blocks of 64 rows keep pages whole but for
+    the ones a block boundary cuts; without a page index a row group is the read unit."""
+    import pyarrow.parquet as pq
+
+    from corpus import generate
+
+    paged = generate(HERE / "data" / "corpus", rows)
+    plain_dir = HERE / "data" / "corpus-no-page-index"
+    plain_dir.mkdir(parents=True, exist_ok=True)
+    plain = []
+    for shard in paged:
+        target = plain_dir / shard.name
+        if not target.exists() or target.stat().st_mtime < shard.stat().st_mtime:
+            pq.write_table(pq.read_table(shard), target, compression="zstd", row_group_size=BLOCK)
+        plain.append(target)
+    return {"page index, 32 KiB pages": (paged, 64), "no page index": (plain, BLOCK)}
+
+
+def config_document(
+    shards: list[str], layout: str, world: int, rank: int, planned: int, block: int
+) -> dict[str, Any]:
+    """The stream: two sources 3:1, one finite pass; ``layout`` is ``one`` (one partition, as
+    before partitions) or ``planned`` (``planned`` partitions, blocks of ``block`` rows)."""
+    cut = max(1, len(shards) * 3 // 4)
+    shuffle: dict[str, Any] = {"buffer_rows": WINDOW}
+    if layout == "planned":
+        shuffle["block_rows"] = block
+    return {
+        "fields": [
+            {"name": "tokens", "source": "input_ids", "dtype": "i32", "shape": [SEQ]},
+            {"name": "mask", "source": "loss_mask", "dtype": "u8", "shape": [SEQ]},
+        ],
+        "stages": [
+            {
+                "sources": [{"files": shards[:cut], "weight": 3.0}, {"files": shards[cut:], "weight": 1.0}],
+                "batch_size": BATCH,
+                "shuffle": shuffle,
+                "infinite": False,
+            }
+        ],
+        "seed": 1,
+        "threads": 2,
+        "rank": rank,
+        "world_size": world,
+        "partitions": planned if layout == "planned" else 1,
+    }
+
+
+def child(document: str) -> None:
+    """Reads one rank's share; prints its bytes, rows, CPU seconds, bound and peak RSS."""
+    from o41_training_data import BatchStreamConfig, open_batch_stream
+
+    config = BatchStreamConfig.from_dict(json.loads(document))
+    cpu = time.process_time()
+    rows = 0
+    with open_batch_stream(config) as stream:
+        for batch in stream:
+            rows += batch.num_rows
+        fetched = sum(source.bytes_read for source in stream.stats.sources)
+        bound = stream.memory_bound.batches
+    print(
+        json.dumps(
+            {
+                "bytes": fetched,
+                "rows": rows,
+                "cpu": time.process_time() - cpu,
+                "bound": bound,
+                "rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+            }
+        )
+    )
+
+
+def diversity(shards: list[str], layout: str, planned: int, block: int, batches: int) -> tuple[float, float]:
+    """Mean distinct 1,024-row blocks per batch and the fraction of consecutive neighbours."""
+    from o41_training_data import BatchStreamConfig, open_batch_stream
+
+    document = config_document(shards, layout, 1, 0, planned, block)
+    document["fields"] = [
+        {"name": "source", "source": "@source", "dtype": "i64"},
+        {"name": "row", "source": "@row_id", "dtype": "i64"},
+    ]
+    blocks, pairs, consecutive = [], 0, 0
+    with open_batch_stream(BatchStreamConfig.from_dict(document)) as stream:
+        for k, batch in enumerate(stream):
+            if k >= batches:
+                break
+            arrays = batch.arrays()
+            source, row = arrays["source"].tolist(), arrays["row"].tolist()
+            blocks.append(len({(s, r // BLOCK) for s, r in zip(source, row, strict=True)}))
+            for i in range(len(row) - 1):
+                pairs += 1
+                consecutive += source[i] == source[i + 1] and row[i + 1] == row[i] + 1
+    return sum(blocks) / len(blocks), consecutive / max(pairs, 1)
+
+
+def measure(shards: list[str], layout: str, world: int, block: int, sample: int | None) -> dict[str, float]:
+    ranks = range(world) if sample is None else range(0, world, world // sample)
+    documents = [config_document(shards, layout, world, r, world, block) for r in ranks]
+    results = [run_child([sys.executable, __file__, "--child", json.dumps(d)]) for d in documents]
+    scale = world / len(results)
+    return {
+        "bytes": sum(r["bytes"] for r in results) * scale,
+        "rows": sum(r["rows"] for r in results) * scale,
+        "bound": max(r["bound"] for r in results),
+        "rss": max(r["rss"] for r in results),
+        "cpu_per_row": max(r["cpu"] / max(r["rows"], 1) for r in results),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--rows", type=int, default=50_000)
+    parser.add_argument("--worlds", default="1,8,64,1024")
+    parser.add_argument("--sample", type=int, default=16, help="ranks measured of a world over 64")
+    parser.add_argument("--diversity-batches", type=int, default=200)
+    parser.add_argument("--child")
+    args = parser.parse_args()
+    if args.child:
+        child(args.child)
+        return
+    worlds = [int(w) for w in args.worlds.split(",")]
+    lines = []
+    notes = []
+    layouts = corpora(args.rows)
+    for name, (paths, block) in layouts.items():
+        shards = [str(p) for p in paths]
+        size = sum(p.stat().st_size for p in paths)
+        notes.append(f"{name}: {size / 1e6:.0f} MB in {len(paths)} shards")
+        for layout in ("one", "planned"):
+            for world in worlds:
+                sample = args.sample if world > 64 else None
+                m = measure(shards, layout, world, block, sample)
+                label = "one partition" if layout == "one" else f"partitions={world}, blocks of {block}"
+                extrapolated = f" (sample of {args.sample}, extrapolated)" if sample else ""
+                lines.append(
+                    f"| {name} | {label} | {world}{extrapolated} | **{m['bytes'] / size:.2f}x** | "
+                    f"{m['bound'] / 2**20:.0f} | {m['rss'] / 2**20:.0f} | {m['cpu_per_row'] * 1e6:.0f} |"
+                )
+                print(lines[-1], flush=True)
+    paths, block = next(iter(layouts.values()))
+    first = [str(p) for p in paths]
+    table = ["| order | distinct 1,024-row blocks per batch | consecutive neighbours |", "|---|---:|---:|"]
+    for layout, planned in (("one", 1), ("planned", 8), ("planned", 64)):
+        blocks, consecutive = diversity(first, layout, planned, block, args.diversity_batches)
+        label = (
+            "one partition (today's default)" if layout == "one" else f"partitions={planned}, blocks of 64"
+        )
+        table.append(f"| {label} | {blocks:.1f} | {consecutive:.1%} |")
+        print(table[-1], flush=True)
+    command = f"uv run python benchmarks/cluster_bench.py --rows {args.rows} --worlds {args.worlds}"
+    body = f"""## Bytes fetched per epoch by a whole cluster (`benchmarks/cluster_bench.py`)
+
+{preamble(command)}
+- Corpora: {"; ".join(notes)}. Two sources 3:1, one finite pass, batches of 32 x 2,048 ids +
+  mask, `Shuffle(buffer_rows=4096)`, every rank in its own process; a world of 1,024 is a sample
+  of its ranks, extrapolated (said in the row).
+- Amplification: bytes fetched by all ranks over the corpus's bytes. Bound: the largest rank's
+  `memory_bound.batches` (planned rows and queued batches). CPU: the slowest rank's CPU
+  microseconds per delivered row.
+
+| corpus | order | world | amplification | bound MiB | peak RSS MiB | CPU us/row |
+|---|---|---:|---:|---:|---:|---:|
+{chr(10).join(lines)}
+
+Batch diversity over the first {args.diversity_batches} batches of the page-index corpus (the order does not depend on
+the world size):
+
+{chr(10).join(table)}
+"""
+    write_section("cluster", body)
+
+
+if __name__ == "__main__":
+    main()
