@@ -111,3 +111,4 @@ bench: bootstrap ## install the peers and run the benchmarks; rewrites benchmark
 	$(UV) run --group bench python benchmarks/startup_bench.py
 	$(UV) run --group bench python benchmarks/open_bench.py
 	$(UV) run --group bench python benchmarks/checkpoint_bench.py
+	$(UV) run --group bench python benchmarks/cluster_bench.py

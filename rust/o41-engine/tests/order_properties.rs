@@ -404,8 +404,9 @@ proptest! {
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(150))]
 
-    /// With blocks, every epoch of every source still shows each row once, whole blocks move
-    /// together, and epochs differ in their block order.
+    /// With blocks, every epoch of a source still shows each row once, the whole blocks of
+    /// each shard (runs from the shard's start) move together and come first, and the shards'
+    /// shorter tails follow in listed order.
     #[test]
     fn blocks_permute_each_epoch_of_a_source(
         shards in prop::collection::vec(0u64..60, 1..5).prop_filter("rows", |r| r.iter().sum::<u64>() > 0),
@@ -416,16 +417,33 @@ proptest! {
         let order = Order::new(&config(vec![stage], seed)).unwrap();
         let source = &order.stages()[0].sources()[0];
         let total = source.total();
-        let rows: Vec<u64> = (0..total).map(|r| source.epoch_row(epoch, r)).collect();
+        let rows: Vec<(usize, u64)> = (0..total)
+            .map(|r| {
+                let at = source.block_row(epoch, r).unwrap();
+                (at.shard, at.row)
+            })
+            .collect();
         let mut sorted = rows.clone();
         sorted.sort_unstable();
-        prop_assert_eq!(sorted, (0..total).collect::<Vec<_>>());
-        for (r, &listed) in rows.iter().enumerate() {
+        let expected: Vec<(usize, u64)> = shards
+            .iter()
+            .enumerate()
+            .flat_map(|(f, &n)| (0..n).map(move |r| (f, r)))
+            .collect();
+        prop_assert_eq!(sorted, expected);
+        let whole: u64 = shards.iter().map(|n| n / block_rows).sum::<u64>() * block_rows;
+        for (r, &(shard, row)) in rows.iter().enumerate() {
             let r = r as u64;
-            // Rows of a block stay consecutive, in order.
-            prop_assert_eq!(listed % block_rows, r % block_rows);
-            if !r.is_multiple_of(block_rows) {
-                prop_assert_eq!(listed, rows[r as usize - 1] + 1);
+            if r < whole {
+                // Rows of a block: consecutive rows of one shard, the block starting on a
+                // multiple of `block_rows` from the shard's start.
+                prop_assert_eq!(row % block_rows, r % block_rows);
+                prop_assert!(row < shards[shard] / block_rows * block_rows);
+                if !r.is_multiple_of(block_rows) {
+                    prop_assert_eq!((shard, row), (rows[r as usize - 1].0, rows[r as usize - 1].1 + 1));
+                }
+            } else {
+                prop_assert!(row >= shards[shard] / block_rows * block_rows, "tails come last");
             }
         }
     }

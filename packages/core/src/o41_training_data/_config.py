@@ -505,11 +505,11 @@ class Shuffle:
     keeps each rank's read cost flat as ``world_size`` grows; ``unit_rows=1`` shuffles single
     rows. Shard order is also permuted per epoch. See ``docs/order.md``.
 
-    ``block_rows`` cuts each source into runs of that many rows and permutes the runs across the
-    whole source every epoch instead of its shards: a window then gathers runs from all over
-    the corpus, and each run is still read in one piece. Set it to the rows of the corpus's read
-    unit (a page's rows with a page index, else a row group's) so that, with partitions, no
-    read unit is split between ranks (docs/order.md, "Blocks").
+    ``block_rows`` cuts each shard into blocks of that many rows from its start and permutes the
+    blocks of the whole source every epoch instead of its shards (each shard's shorter last run
+    follows them): a window then gathers blocks from all over the corpus, each still read in
+    one piece. Set it to the rows of a row group (or of a page, with a page index) so that, with
+    partitions, no read unit is split between ranks (docs/order.md, "Blocks").
 
     Examples:
         >>> Shuffle(buffer_rows=4096).unit_rows is None

@@ -3,9 +3,10 @@
 //! epoch from (seed, stage, source, epoch). Rows within a shard keep their order; the shuffle
 //! window mixes them.
 //!
-//! With blocks, an epoch instead permutes runs of `block_rows` consecutive rows of the listed
-//! source (a last, shorter run stays in place) by a keyed bijection: O(1) memory at any size,
-//! and each run is read in one piece.
+//! With blocks, an epoch instead permutes the source's blocks: runs of `block_rows` rows from
+//! each shard's start, so that a block is a shard's row groups or pages when `block_rows` is
+//! theirs. The whole blocks of every shard are permuted by a keyed bijection (O(1) memory at any
+//! size); each shard's last, shorter run follows them at the epoch's end, in listed order.
 
 use std::sync::Arc;
 
@@ -35,8 +36,9 @@ pub struct SourceOrder {
     rows: Vec<u64>,
     total: u64,
     permute: bool,
-    /// Rows per block when an epoch permutes blocks rather than shards.
-    block_rows: Option<u64>,
+    /// When an epoch permutes blocks rather than shards: the rows per block and, by listed
+    /// shard, the whole blocks and the tail rows of the shards before it.
+    blocks: Option<Blocks>,
     key: u64,
     listed: Arc<EpochLayout>,
 }
@@ -56,27 +58,35 @@ impl SourceOrder {
         } else {
             tag::SHARDS
         };
+        let blocks = block_rows
+            .filter(|_| permute)
+            .map(|b| Blocks::new(&rows, b.max(1)));
         SourceOrder {
             total: rows.iter().sum(),
             rows,
             permute,
-            block_rows: block_rows.filter(|_| permute).map(|b| b.max(1)),
+            blocks,
             key: key(&[seed, tag, stage as u64, source as u64]),
             listed,
         }
     }
 
-    /// The listed row shown at row `r` of `epoch`: `r` itself unless epochs permute blocks.
-    pub fn epoch_row(&self, epoch: u64, r: u64) -> u64 {
-        let Some(b) = self.block_rows else {
-            return r;
+    /// Where row `r` of `epoch` lives when epochs permute blocks; `None` when they do not.
+    pub fn block_row(&self, epoch: u64, r: u64) -> Option<SourceRow> {
+        let blocks = self.blocks.as_ref()?;
+        let b = blocks.rows;
+        let whole = *blocks.whole_before.last().unwrap_or(&0);
+        let (shard, row) = if r < whole * b {
+            let k = Permutation::new(whole, key(&[self.key, epoch])).apply(r / b);
+            let shard = blocks.whole_before.partition_point(|&n| n <= k) - 1;
+            (shard, (k - blocks.whole_before[shard]) * b + r % b)
+        } else {
+            let t = r - whole * b;
+            let shard = blocks.tail_before.partition_point(|&n| n <= t) - 1;
+            let full = (self.rows[shard] / b) * b;
+            (shard, full + t - blocks.tail_before[shard])
         };
-        let whole = self.total / b;
-        let k = r / b;
-        if k >= whole || whole < 2 {
-            return r;
-        }
-        Permutation::new(whole, key(&[self.key, epoch])).apply(k) * b + r % b
+        Some(SourceRow { epoch, shard, row })
     }
 
     /// Rows in one epoch.
@@ -98,7 +108,7 @@ impl SourceOrder {
 
     /// Whether epochs differ in shard order (so layouts are worth caching per epoch).
     pub fn varies_by_epoch(&self) -> bool {
-        self.permute && self.block_rows.is_none() && self.rows.len() > 1
+        self.permute && self.blocks.is_none() && self.rows.len() > 1
     }
 
     /// Row `r` of an epoch laid out as `layout`.
@@ -120,6 +130,38 @@ impl SourceOrder {
             .position(|&s| s == shard)
             .unwrap_or(shard);
         self.listed.starts[pos] + row
+    }
+}
+
+/// A source's shards cut into blocks from each shard's start.
+#[derive(Debug, Clone)]
+struct Blocks {
+    rows: u64,
+    /// `whole_before[i]`: whole blocks of the shards listed before shard `i` (one more entry,
+    /// the total, at the end).
+    whole_before: Vec<u64>,
+    /// `tail_before[i]`: the rows after the whole blocks of the shards before shard `i`.
+    tail_before: Vec<u64>,
+}
+
+impl Blocks {
+    fn new(rows: &[u64], b: u64) -> Self {
+        let (mut whole, mut tail) = (0u64, 0u64);
+        let mut whole_before = Vec::with_capacity(rows.len() + 1);
+        let mut tail_before = Vec::with_capacity(rows.len() + 1);
+        for &n in rows {
+            whole_before.push(whole);
+            tail_before.push(tail);
+            whole += n / b;
+            tail += n % b;
+        }
+        whole_before.push(whole);
+        tail_before.push(tail);
+        Blocks {
+            rows: b,
+            whole_before,
+            tail_before,
+        }
     }
 }
 

@@ -281,8 +281,10 @@ impl StageOrder {
         let (source, index) = self.mix.locate(self.input_position(o));
         let total = self.sources[source].total();
         let epoch = index / total;
-        let r = self.sources[source].epoch_row(epoch, index % total);
-        let at = SourceOrder::locate(&layout(source, epoch), epoch, r);
+        let r = index % total;
+        let at = self.sources[source]
+            .block_row(epoch, r)
+            .unwrap_or_else(|| SourceOrder::locate(&layout(source, epoch), epoch, r));
         StageRow { source, index, at }
     }
 
