@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-
 from pathlib import Path
 
 import pytest
@@ -228,13 +227,15 @@ def test_a_read_plan_shows_what_partitions_save() -> None:
     with materialise(case):
         config = case.config()
         local = plan_reads(config, read_unit_rows=8, block_rows=8)
-        assert local.world_size == 4 and local.partitions == 4
+        assert local.world_size == 4
+        assert local.partitions == 4
         assert local.amplification == 1.0
         assert local.sampled_batches == 64, "the whole finite stage"
         assert local.bytes_per_rank * 4 == pytest.approx(local.corpus_bytes, rel=0.01)
         spread = plan_reads(dataclasses.replace(config, partitions=1), read_unit_rows=8, block_rows=8)
         assert spread.amplification > 2.0
-        assert local.planned_rows >= 16 and local.decoded_bytes_per_rank > 0
+        assert local.planned_rows >= 16
+        assert local.decoded_bytes_per_rank > 0
         # One batch of four rows holds four records of one window: at most four blocks.
         assert 1.0 <= local.distinct_blocks_per_batch <= 4.0
         assert 0.0 <= local.consecutive_neighbours <= 1.0

@@ -308,6 +308,34 @@ def test_a_curriculum_switch_resumes_exactly_from_every_checkpoint_around_it(
 
 
 @RESUMING
+def test_a_partitioned_stream_resumes_exactly_and_refuses_a_switch(data: Path, tmp_path: Path) -> None:
+    # docs/order.md, "Partitions": the module reads a partitioned stream and resumes it from any
+    # checkpoint; a curriculum switch, which it would count in the wrong batches, is refused.
+    base = make_config(data)
+    shuffled = [
+        dataclasses.replace(stage, shuffle=Shuffle(buffer_rows=8, unit_rows=2)) for stage in base.stages
+    ]
+    config = dataclasses.replace(base, stages=shuffled, partitions=4)
+
+    def run(max_steps: int, ckpt_path: Path | None = None) -> Recorder:
+        callbacks = [checkpoints(tmp_path / "ck", every=1)]
+        return fit(O41DataModule(config), tmp_path, max_steps, callbacks=callbacks, ckpt_path=ckpt_path)
+
+    straight = run(10)
+    with open_batch_stream(config) as stream:
+        core = [
+            digest(torch.from_numpy(b.arrays()["x"]), torch.from_numpy(b.arrays()["id"]))
+            for b, _ in zip(stream, range(10), strict=False)
+        ]
+        assert [digest_ for _, _, _, digest_ in straight.trained] == core[:10]
+    for step in (3, 6):
+        resumed = run(10, tmp_path / "ck" / f"epoch=0-step={step}.ckpt")
+        assert resumed.trained == straight.trained[step:], step
+    with pytest.raises(ConfigError, match="partitions=4"):
+        O41DataModule(config).advance(1)
+
+
+@RESUMING
 @pytest.mark.parametrize("workers", [0, 2])
 def test_a_switch_opens_no_extra_stream_and_a_resume_switches_at_the_same_global_batch(
     data: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, workers: int

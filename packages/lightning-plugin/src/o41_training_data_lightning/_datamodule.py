@@ -287,12 +287,22 @@ class O41DataModule(LightningDataModule):
         trains on the first batch of ``stage``. Call it on every rank at the same step (as
         :class:`O41Curriculum` does); the switch is part of the state, so a resume from a
         checkpoint taken in between switches at the same batch. Switching to the stage already
-        in effect (or requested) does nothing.
+        in effect (or requested) does nothing. A config with ``partitions`` above 1 is refused
+        with :class:`ConfigError` (docs/lightning.md).
         """
         stages = len(self._config.stages)
         if type(stage) is not int or not 0 <= stage < stages:
             raise ConfigError(
                 f"advance: stage {stage!r} does not exist; the config has stages 0 to {stages - 1}"
+            )
+        if self._config.partitions != 1:
+            # This module counts switches in the rank's own batches; a partitioned stream moves
+            # a switch to where every partition has read the same rows, which those counts do not
+            # follow yet. Refused rather than resumed in the wrong stage.
+            raise ConfigError(
+                f"advance: the config has partitions={self._config.partitions}; curriculum switches "
+                "of a partitioned stream are not supported by O41DataModule yet (the torch and JAX "
+                "adapters support them); use partitions=1 for a run that switches stages"
             )
         if self._frontier is not None:
             _, at, current = self._frontier
