@@ -206,11 +206,14 @@ impl StageOrder {
         if self.window == 0 {
             return x;
         }
-        let whole = self.last_round().map(|(start, _)| start / self.partitions);
-        match (whole, self.last_round()) {
-            (Some(whole), Some((start, len))) if x >= whole => start + p * len + (x - whole),
-            _ => (x / self.window * self.partitions + p) * self.window + x % self.window,
+        if let Some((start, len)) = self.last_round() {
+            // Rows of each partition before the last round: its whole windows.
+            let whole = start / self.partitions;
+            if x >= whole {
+                return start + p * len + (x - whole);
+            }
         }
+        (x / self.window * self.partitions + p) * self.window + x % self.window
     }
 
     /// End of the window of a partition that holds its row `x` (clipped to the partition's
@@ -240,10 +243,7 @@ impl StageOrder {
         if let Some((start, len)) = self.last_round() {
             if o >= start {
                 let whole = start / self.window;
-                if len == 0 {
-                    return (whole, start, self.total().unwrap_or(start) - start);
-                }
-                let q = (o - start) / len;
+                let q = (o - start).checked_div(len).unwrap_or(self.partitions);
                 if q >= self.partitions {
                     // The rows no partition holds stay in place.
                     return (whole + q, o, 0);
