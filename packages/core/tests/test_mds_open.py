@@ -40,8 +40,12 @@ def test_open_over_s3_asks_for_the_index_once_whatever_the_shard_count(
     for file in sorted(local.iterdir()):
         upload(boto3_client, file, f"{s3_prefix}mds/{file.name}")
     data = data_for(s3_server, fault_proxy.endpoint_url)
+    # What open does before any batch is read: resolving the config. (A stream's read jobs
+    # start while open returns, so the requests seen right after it include theirs on a loaded
+    # machine; resolving alone starts none.)
+    data.resolve_batch_stream_config(config(f"{s3_prefix}mds"))
+    at_open = list(fault_proxy.requests)
     with data.batch_stream(config(f"{s3_prefix}mds")) as stream:
-        at_open = list(fault_proxy.requests)
         rows = [r for b in stream for r in b.arrays()["ids"].tolist()]
     assert sorted(r[:3] for r in rows) == sorted(docs)
     index_reads = [r for r in at_open if r.path.endswith("/index.json")]
