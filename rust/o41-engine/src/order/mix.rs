@@ -28,7 +28,8 @@ struct MixTable {
     prefix: Vec<u32>,
 }
 
-fn gcd(a: u64, b: u64) -> u64 {
+/// Greatest common divisor (of the weights here; of unit and batch sizes in `stage`).
+pub(super) fn gcd(a: u64, b: u64) -> u64 {
     if b == 0 {
         a
     } else {

@@ -15,19 +15,11 @@
 //! stage's output sequence itself.
 
 use super::keyed::{key, tag, Permutation};
-use super::mix::MixSchedule;
+use super::mix::{gcd, MixSchedule};
 use super::ramp::Batching;
 use super::source::{SourceOrder, SourceRow};
 use crate::config::{ResolvedStage, ShuffleSpec};
 use crate::error::{Error, Result};
-
-fn gcd(a: u64, b: u64) -> u64 {
-    if b == 0 {
-        a
-    } else {
-        gcd(b, a % b)
-    }
-}
 
 /// Rows that stay together when the shuffle window moves rows, unless configured.
 pub const DEFAULT_UNIT_ROWS: u64 = 8;
