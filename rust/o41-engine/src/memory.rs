@@ -96,9 +96,14 @@ impl PipelineShape {
         })
     }
 
-    /// The budget of the page cache a stream with remote shards keeps.
-    pub fn page_cache_bytes(&self) -> Result<u64> {
-        product(&[self.max_jobs, PAGE_CACHE_BYTES_PER_JOB])
+    /// The budget of the page cache a stream with Parquet shards keeps, for record rows of
+    /// `record_row_bytes` decoded: 2 MiB per job in flight, or a planned group's rows if more.
+    /// A shuffled group touches every row group of its windows and ends inside them, and where
+    /// a shard has no page index the next group's jobs read those row groups' column chunks
+    /// whole again: a group's rows decoded hold about as much as their chunks compressed.
+    pub fn page_cache_bytes(&self, record_row_bytes: u64) -> Result<u64> {
+        Ok(product(&[self.max_jobs, PAGE_CACHE_BYTES_PER_JOB])?
+            .max(product(&[self.group_rows, record_row_bytes])?))
     }
 }
 
@@ -149,6 +154,9 @@ pub struct ShardScratch {
     /// Whether some shard is remote: remote jobs fetch their bytes from dispatch on, so every
     /// job in flight may hold them, not only the ones being decoded.
     pub prefetching: bool,
+    /// Whether some shard is Parquet, whose reads keep pages for later jobs
+    /// ([`PipelineShape::page_cache_bytes`]).
+    pub pages: bool,
     /// Bytes the token shards' indexes hold (packing plans, record offsets) for the stream's
     /// life.
     pub token_plans: u64,
@@ -163,8 +171,8 @@ pub struct MemoryBound {
     /// Decoded rows of read jobs in flight: only their record columns, since synthetic and
     /// token-window columns are written straight into batches.
     pub decode_units: u64,
-    /// Open shard readers' buffers, and the remote pages kept for later jobs when some shard
-    /// is remote.
+    /// Open shard readers' buffers, and the Parquet pages kept for later jobs when some shard
+    /// is Parquet ([`PipelineShape::page_cache_bytes`]).
     pub readers: u64,
     /// Decoders' working memory: per decode thread, the largest any shard needs for one job.
     pub decode_scratch: u64,
@@ -209,8 +217,8 @@ impl MemoryBound {
         } else {
             shape.threads
         };
-        let pages = if scratch.prefetching {
-            shape.page_cache_bytes()?
+        let pages = if scratch.pages {
+            shape.page_cache_bytes(decoded_bytes)?
         } else {
             0
         };
@@ -279,6 +287,16 @@ mod tests {
         PipelineShape::new([(batch, None)], (1, 1), row_bytes, 2, 4, Some(u64::MAX))
             .unwrap()
             .group_rows
+    }
+
+    #[test]
+    fn the_page_cache_holds_a_planned_group_of_record_rows_or_2_mib_per_job() {
+        let shape = PipelineShape::new([(32, None)], (1, 1), 10_240, 2, 4, Some(u64::MAX)).unwrap();
+        // 16 MiB of 10 KiB rows, in whole batches: 1,664 rows.
+        assert_eq!(shape.group_rows, 1664);
+        assert_eq!(shape.page_cache_bytes(10_240).unwrap(), 1664 * 10_240);
+        // Narrow record columns: two jobs per decode thread, 2 MiB each.
+        assert_eq!(shape.page_cache_bytes(16).unwrap(), 4 * (2 << 20));
     }
 
     #[test]

@@ -119,6 +119,7 @@ impl Plan {
         let mut shards = Shards::new(config.clone(), resumed_from.is_some(), inspected)?;
         let encodings = shards.encodings();
         let prefetching = shards.any_remote();
+        let pages = encodings.contains(&Encoding::Parquet);
         let shape = config.pipeline_shape()?;
         let known = MemoryBound::compute(
             &shape,
@@ -126,6 +127,7 @@ impl Plan {
             ShardScratch {
                 largest: scratch.largest,
                 prefetching,
+                pages,
                 token_plans,
             },
         )?;
@@ -151,6 +153,7 @@ impl Plan {
             ShardScratch {
                 largest: scratch_reserved,
                 prefetching,
+                pages,
                 token_plans,
             },
         )?;
@@ -161,6 +164,7 @@ impl Plan {
         });
         let (dropped_rows, dropped_before) = shards.dropped_rows();
         let labels = crate::labels::Labels::of(&config, &projection)?;
+        let page_budget = shape.page_cache_bytes(records.row_bytes() as u64)?;
         let plan = Plan {
             schema: batch_schema(&projection),
             resolved: config,
@@ -177,8 +181,8 @@ impl Plan {
             scratch_reserved,
             group_rows: shape.group_rows,
             max_jobs: shape.max_jobs as usize,
-            pages: if prefetching {
-                Some(Arc::new(PageCache::new(shape.page_cache_bytes()?)))
+            pages: if pages {
+                Some(Arc::new(PageCache::new(page_budget)))
             } else {
                 None
             },

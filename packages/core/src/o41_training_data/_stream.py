@@ -400,8 +400,8 @@ class MemoryBound:
     """Decoded rows of read jobs in flight: their record columns only, since reserved columns
     (``@row_id``, ``@segment_ids``, ...) are written straight into batches."""
     readers: int
-    """Open shard readers' buffers, and the pages of remote shards kept for later read jobs
-    (dictionary pages, a page a job ended in) when some shard is remote."""
+    """Open shard readers' buffers, and the Parquet pages kept for later read jobs (dictionary
+    pages, a page a job ended in, column chunks read whole) when some shard is Parquet."""
     decode_scratch: int
     """Decoders' working memory (Parquet column chunks, the longest line or frame)."""
     token_plans: int

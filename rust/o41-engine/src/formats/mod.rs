@@ -337,8 +337,9 @@ pub trait ShardReader: Send {
 pub struct Prefetch(parquet::Prefetched);
 
 /// Starts fetching what reading `ranges` of a remote Parquet shard needs, so the transfer
-/// overlaps other decoding; None where reads are not fetched ahead (local files, and
-/// encodings read as a stream, whose readers fetch ahead on their own).
+/// overlaps other decoding, and plans a local Parquet shard's reads, so that pages several
+/// jobs read are read once (`pages`); None where reads are not planned ahead (no page cache,
+/// and encodings read as a stream, whose readers fetch ahead on their own).
 pub fn prefetch(
     storage: &Storage,
     path: &str,
@@ -347,7 +348,7 @@ pub fn prefetch(
     projection: &Projection,
     pages: Option<&Arc<PageCache>>,
 ) -> Option<Prefetch> {
-    if !crate::storage::is_remote(path) {
+    if !crate::storage::is_remote(path) && pages.is_none() {
         return None;
     }
     let ranges = meta.dropped.file_ranges(ranges);

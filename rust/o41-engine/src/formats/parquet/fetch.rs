@@ -14,7 +14,7 @@ use parquet::file::reader::{ChunkReader, Length};
 use super::footer::{check_layout, check_schema, selection, ParquetIndex};
 use super::guard;
 use super::metered::metered;
-use super::page_cache::{held, Lookup, PageCache};
+use super::page_cache::{held, Lookup, PageCache, Promised};
 use super::{decode_error, format_error, ENCODING, REMOTE_TAIL_BYTES};
 use crate::cancel::Cancel;
 use crate::error::{Error, Result};
@@ -137,14 +137,19 @@ impl FetchPlan {
     }
 }
 
-/// A remote job's bytes: those being fetched, and the pages the page cache held.
+/// A job's bytes: those being fetched (a remote shard's) or to read when it decodes (a local
+/// shard's, with the pages later jobs want promised), and the pages the page cache held.
 pub struct Prefetched {
     pub(super) pending: Option<PendingPieces>,
     pub(super) plan: FetchPlan,
+    /// A local shard's promise, kept by the job once it has read `plan.fetch`.
+    pub(super) promised: Option<Promised>,
 }
 
 /// Starts fetching what decoding `ranges` of the remote shard `object` will read, less the
-/// pages `cache` holds.
+/// pages `cache` holds. A local shard's job is planned alike and reads when it decodes: the
+/// pages that several jobs of a row group read (dictionaries, a page two jobs share, column
+/// chunks read whole where there is no page index) are then read from storage once.
 pub fn prefetch(
     object: &Object,
     index: &ParquetIndex,
@@ -155,13 +160,27 @@ pub fn prefetch(
     if ranges.iter().all(Range::is_empty) {
         return None;
     }
+    let local = object.local_file().is_some();
+    if local && cache.is_none() {
+        return None;
+    }
     let cache = cache.map(|c| (c.clone(), PageCache::key(object.uri(), object.version())));
-    let mut plan = index.fetch_plan(ranges, projection, cache.as_ref());
+    let gap = if local { 0 } else { MERGE_GAP };
+    let mut plan = index.fetch_plan(ranges, projection, cache.as_ref(), gap);
+    if local {
+        let promised = cache.map(|(cache, key)| cache.promise(&key, plan.keep.clone()));
+        return Some(Prefetched {
+            pending: None,
+            plan,
+            promised,
+        });
+    }
     let fetch = std::mem::take(&mut plan.fetch);
     if fetch.is_empty() {
         return Some(Prefetched {
             pending: None,
             plan,
+            promised: None,
         });
     }
     // The pages to keep go to the cache as soon as they arrive, and are promised until then:
@@ -172,7 +191,11 @@ pub fn prefetch(
         Box::new(move |pieces: &Pieces| promised.keep(pieces)) as _
     });
     let pending = Some(object.spawn_pieces(fetch, arrived)?);
-    Some(Prefetched { pending, plan })
+    Some(Prefetched {
+        pending,
+        plan,
+        promised: None,
+    })
 }
 
 /// Remote byte ranges closer than this are fetched in one request. A request costs about as
@@ -180,13 +203,13 @@ pub fn prefetch(
 /// short gap is cheaper than asking twice; 1 MiB is also `object_store`'s coalescing default.
 pub(super) const MERGE_GAP: u64 = 1 << 20;
 
-/// Sorts byte ranges and merges those less than [`MERGE_GAP`] apart.
-pub(super) fn merge_ranges(mut ranges: Vec<Range<u64>>) -> Vec<Range<u64>> {
+/// Sorts byte ranges and merges those at most `gap` apart.
+pub(super) fn merge_ranges(mut ranges: Vec<Range<u64>>, gap: u64) -> Vec<Range<u64>> {
     ranges.sort_by_key(|r| r.start);
     let mut merged: Vec<Range<u64>> = Vec::with_capacity(ranges.len());
     for range in ranges {
         match merged.last_mut() {
-            Some(last) if range.start <= last.end + MERGE_GAP => last.end = last.end.max(range.end),
+            Some(last) if range.start <= last.end + gap => last.end = last.end.max(range.end),
             _ => merged.push(range),
         }
     }
@@ -224,13 +247,14 @@ impl ParquetIndex {
         ranges: &[Range<u64>],
         projection: &Projection,
     ) -> Vec<Range<u64>> {
-        merge_ranges(self.pages(ranges, projection).0)
+        merge_ranges(self.pages(ranges, projection).0, MERGE_GAP)
     }
 
     /// The byte ranges decoding the rows of `ranges` reads, unmerged (see
     /// [`ParquetIndex::fetch_ranges`]), and among them the pages a later job of the same row
-    /// groups is likely to read again: each column chunk's dictionary page, and its last page
-    /// read where more pages follow.
+    /// groups is likely to read again: each column chunk's dictionary page, its last page read
+    /// where more pages follow, and a chunk read whole (no page index), which every job of its
+    /// row group reads.
     pub(in crate::formats) fn pages(
         &self,
         ranges: &[Range<u64>],
@@ -251,8 +275,7 @@ impl ParquetIndex {
                 .collect();
             let pages = metadata.page_index();
             for (c, column) in metadata.row_group(g).columns().iter().enumerate() {
-                let root = &column.column_path().parts()[0];
-                if !projection.columns.iter().any(|p| &p.source == root) {
+                if !projects(projection, column) {
                     continue;
                 }
                 let (start, len) = column.byte_range();
@@ -260,6 +283,7 @@ impl ParquetIndex {
                     parquet::file::page_index::offset_index::OffsetIndexMetaData::page_locations,
                 ) else {
                     out.push(start..start + len);
+                    reused.push(start..start + len);
                     continue;
                 };
                 if let Some(first_page) = locations.first() {
@@ -293,19 +317,20 @@ impl ParquetIndex {
     }
 
     /// What decoding the rows of `ranges` fetches, after taking what it can from `cache`
-    /// (with the shard's key there).
+    /// (with the shard's key there), with ranges at most `gap` apart merged.
     pub(in crate::formats) fn fetch_plan(
         &self,
         ranges: &[Range<u64>],
         projection: &Projection,
         cache: Option<&(Arc<PageCache>, String)>,
+        gap: u64,
     ) -> FetchPlan {
         let (needed, reused) = self.pages(ranges, projection);
         let Some((cache, key)) = cache else {
             return FetchPlan {
                 cached: Vec::new(),
                 expected: Vec::new(),
-                fetch: merge_ranges(needed),
+                fetch: merge_ranges(needed, gap),
                 keep: Vec::new(),
             };
         };
@@ -319,7 +344,7 @@ impl ParquetIndex {
                 Lookup::Missing => fetch.push(range),
             }
         }
-        let fetch = merge_ranges(fetch);
+        let fetch = merge_ranges(fetch, gap);
         // A page inside a gap that merging closed comes with the request anyway: taking it
         // from the cache too would only overlap the fetched pieces.
         let fetched = |at: &u64| fetch.iter().any(|r| r.contains(at));
@@ -338,6 +363,15 @@ impl ParquetIndex {
     pub fn group_of(&self, row: u64) -> u64 {
         (self.group_starts.partition_point(|&s| s <= row) - 1) as u64
     }
+}
+
+/// Whether `column` belongs to a projected root column.
+fn projects(
+    projection: &Projection,
+    column: &parquet::file::metadata::ColumnChunkMetaData,
+) -> bool {
+    let root = &column.column_path().parts()[0];
+    projection.columns.iter().any(|p| &p.source == root)
 }
 
 pub(super) fn load_metadata(object: &Arc<Object>) -> Result<ArrowReaderMetadata> {

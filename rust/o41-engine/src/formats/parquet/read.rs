@@ -13,7 +13,7 @@ use parquet::arrow::ProjectionMask;
 use parquet::errors::ParquetError;
 use parquet::file::reader::ChunkReader;
 
-use super::fetch::{load_metadata, ArcReader, Fetched, Prefetched};
+use super::fetch::{load_metadata, ArcReader, Fetched, Prefetched, MERGE_GAP};
 use super::footer::{check_codecs, guarded, selection, ParquetIndex};
 use super::guard;
 use super::metered::metered;
@@ -30,7 +30,8 @@ use crate::storage::{Object, PendingPieces};
 pub struct Reader {
     pub(super) path: String,
     pub(super) object: Arc<Object>,
-    /// Local shards are read through the file itself, which the OS caches and reads ahead.
+    /// A local shard's file: a job the pipeline planned reads its pages from it into memory
+    /// ([`super::fetch::prefetch`]); other reads go through it page by page.
     pub(super) file: Option<Arc<File>>,
     pub(super) index: Arc<ParquetIndex>,
     /// Where a remote shard's reusable pages are kept, with the shard's key there.
@@ -48,15 +49,12 @@ impl Reader {
         }
     }
 
-    /// Takes pages from `cache` and keeps there the pages later jobs may read again (remote
-    /// shards only: local ones are cached by the OS).
+    /// Takes pages from `cache` and keeps there the pages later jobs may read again.
     pub fn with_pages(mut self, cache: Option<&Arc<PageCache>>) -> Self {
-        if self.file.is_none() {
-            self.pages = cache.map(|c| {
-                let key = PageCache::key(self.object.uri(), self.object.version());
-                (c.clone(), key)
-            });
-        }
+        self.pages = cache.map(|c| {
+            let key = PageCache::key(self.object.uri(), self.object.version());
+            (c.clone(), key)
+        });
         self
     }
 }
@@ -124,7 +122,7 @@ impl Reader {
         if ranges.iter().all(Range::is_empty) {
             return Ok(());
         }
-        if let Some(file) = &self.file {
+        if let (Some(file), None) = (&self.file, &prefetched) {
             // Each reader takes its own handle; a cloned handle shares the open file.
             return match self.object.meter() {
                 Some(meter) => self.read_local(|| metered(file, meter), ranges, projection, chunk),
@@ -136,13 +134,31 @@ impl Reader {
                 ),
             };
         }
-        let (mut pieces, plan) = if let Some(Prefetch(Prefetched { pending, plan })) = prefetched {
-            let pieces = pending.map(PendingPieces::wait).transpose()?;
-            (pieces.unwrap_or_default(), plan)
+        let (mut pieces, plan) = if let Some(Prefetch(prefetched)) = prefetched {
+            let Prefetched {
+                pending,
+                mut plan,
+                promised,
+            } = prefetched;
+            let mut pieces = pending
+                .map(PendingPieces::wait)
+                .transpose()?
+                .unwrap_or_default();
+            if !plan.fetch.is_empty() {
+                // A local shard's pages, read now; those promised at dispatch are kept for the
+                // jobs waiting on them.
+                let read = self.object.read_pieces(&std::mem::take(&mut plan.fetch))?;
+                if let Some(promised) = &promised {
+                    promised.keep(&read);
+                }
+                pieces.extend(read);
+            }
+            drop(promised);
+            (pieces, plan)
         } else {
-            let mut plan = self
-                .index
-                .fetch_plan(ranges, projection, self.pages.as_ref());
+            let mut plan =
+                self.index
+                    .fetch_plan(ranges, projection, self.pages.as_ref(), MERGE_GAP);
             let pieces = self.object.read_pieces(&std::mem::take(&mut plan.fetch))?;
             if let Some((cache, key)) = &self.pages {
                 cache.keep(key, &plan.keep, &pieces);

@@ -1,4 +1,4 @@
-use super::fetch::load_metadata;
+use super::fetch::{load_metadata, MERGE_GAP};
 use super::footer::decode_batch_rows;
 use super::read::read_ranges;
 use super::*;
@@ -229,18 +229,33 @@ fn a_job_takes_the_pages_its_predecessor_kept_and_fetches_only_the_rest() {
     let cache = (Arc::new(PageCache::new(1 << 20)), PageCache::key("s", None));
     // Pages hold 10 rows: a job of rows 0..15 ends inside page 1, which the next job of
     // the row group starts in, so it is kept (no dictionary: the writer wrote none).
-    let first = index.fetch_plan(std::slice::from_ref(&(0..15)), &projection, Some(&cache));
+    let first = index.fetch_plan(
+        std::slice::from_ref(&(0..15)),
+        &projection,
+        Some(&cache),
+        MERGE_GAP,
+    );
     assert_eq!(first.fetch, vec![page(0).start..page(1).end]);
     assert_eq!(first.keep, vec![page(1)]);
     assert!(first.cached.is_empty() && first.expected.is_empty());
 
     // While that fetch is under way the page is promised; then kept.
     let promised = cache.0.promise(&cache.1, first.keep.clone());
-    let next = index.fetch_plan(std::slice::from_ref(&(15..30)), &projection, Some(&cache));
+    let next = index.fetch_plan(
+        std::slice::from_ref(&(15..30)),
+        &projection,
+        Some(&cache),
+        MERGE_GAP,
+    );
     assert_eq!((next.expected, next.fetch), (vec![page(1)], vec![page(2)]));
     let bytes = object.read_range(page(0).start..page(1).end).unwrap();
     promised.keep(&[(page(0).start, bytes)]);
-    let next = index.fetch_plan(std::slice::from_ref(&(15..30)), &projection, Some(&cache));
+    let next = index.fetch_plan(
+        std::slice::from_ref(&(15..30)),
+        &projection,
+        Some(&cache),
+        MERGE_GAP,
+    );
     assert_eq!(next.fetch, vec![page(2)]);
     assert_eq!(next.cached.len(), 1);
     assert_eq!(next.cached[0].0, page(1).start);
@@ -251,7 +266,12 @@ fn a_job_takes_the_pages_its_predecessor_kept_and_fetches_only_the_rest() {
     );
 
     // A kept page inside a gap that merging closes comes with the request, not the cache.
-    let around = index.fetch_plan(&[5..6, 15..16, 25..26], &projection, Some(&cache));
+    let around = index.fetch_plan(
+        &[5..6, 15..16, 25..26],
+        &projection,
+        Some(&cache),
+        MERGE_GAP,
+    );
     assert_eq!(around.fetch, vec![page(0).start..page(2).end]);
     assert!(around.cached.is_empty() && around.expected.is_empty());
     std::fs::remove_file(path).unwrap();
