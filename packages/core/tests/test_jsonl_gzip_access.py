@@ -140,13 +140,19 @@ def test_a_deep_resume_inflates_from_the_nearest_point_not_from_the_start(
         read = stream.stats.sources[0].bytes_read
     assert read < size * 0.35, f"{read} of {size} bytes read to resume at row {deep}"
 
-    # Damage well before the deep row, keeping size, inode and modification time: the resume
-    # refuses the file by its content (it would not have inflated those bytes).
-    rewrite_in_place(path, size * 2 // 5)
+    # Damage in the last 64 KiB (the last member's end and trailer, which the file's identity
+    # samples), keeping size, inode and modification time: the resume refuses the file by its
+    # content.
+    assert size > 1 << 20, "a file the identity samples (docs/storage.md)"
+    rewrite_in_place(path, size - 100)
     with pytest.raises(CheckpointError, match=rf"{path.name} changed since the checkpoint was taken"):
         resume_batch_stream(checkpoint)
-    # Damaged deflate data reads as an error or as bytes that are not the records (the
-    # member's CRC-32 is only known at its end), either naming the file.
+    rewrite_in_place(path, size - 100)  # undone
+    # Damage between the identity's samples, well before the deep row, is not seen at resume,
+    # which does not inflate those bytes; where they are inflated, damaged deflate data reads
+    # as an error or as bytes that are not the records (the member's CRC-32 is only known at
+    # its end), either naming the file.
+    rewrite_in_place(path, size * 2 // 5)
     with pytest.raises((MalformedShardError, ProjectionError), match=path.name):
         collect(config(path, threads=1))
 

@@ -146,3 +146,38 @@ def test_a_token_stage_over_a_copied_megatron_dataset_resumes(tmp_path: Path) ->
         copy_without_times(path)
     with resume_batch_stream(checkpoint) as resumed:
         assert [next(resumed).arrays()["tokens"].tolist() for _ in range(3)] == rest
+
+
+SAMPLED_BYTES = 2 * (64 << 10) + 64 * (4 << 10)
+
+
+def test_a_large_shard_is_identified_by_samples_not_a_whole_read(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A file of a format without a footer of its own, over 1 MiB, is pinned by its size, its
+    # ends and 64 runs between them (384 KiB whatever its size), so a cold node does not read
+    # the whole corpus once more before its first batch.
+    monkeypatch.setenv("O41_INSPECT_CACHE", "off")
+    path = write_shard(tmp_path / "data.jsonl", "jsonl", records(100_000, 80_000))
+    size = path.stat().st_size
+    assert size > 1 << 20
+    with open_batch_stream(config_of(path, "jsonl")) as stream:
+        next(stream)
+        checkpoint = stream.checkpoint()
+        # Open counts the file's lines (every byte once) and samples it for its identity.
+        assert stream.stats.open.bytes_read == size + SAMPLED_BYTES
+    assert [v.split(":")[1] for v in pinned_versions(checkpoint)] == ["highway128-sampled"]
+    copy_without_times(path)
+    resume_batch_stream(checkpoint).close()
+
+
+def test_a_same_size_rewrite_of_a_sampled_shard_is_refused(tmp_path: Path) -> None:
+    path = write_shard(tmp_path / "data.jsonl", "jsonl", records(100_000, 80_000))
+    checkpoint, _ = checkpoint_and_rest(config_of(path, "jsonl"))
+    before = path.stat()
+    # Every record rewritten with values of the same width: every sampled run differs.
+    with path.open("r+") as out:
+        out.write("".join(json.dumps(r) + "\n" for r in records(500_000, 80_000)))
+    assert path.stat().st_size == before.st_size
+    with pytest.raises(CheckpointError, match=r"data\.jsonl changed since the checkpoint was taken"):
+        resume_batch_stream(checkpoint)

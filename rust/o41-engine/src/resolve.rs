@@ -519,7 +519,8 @@ fn settle(storage: &Storage, jobs: &[Job], setup: &Setup<'_>) -> Result<Settled>
             _ => true,
         };
         let content = if compared {
-            identity::of(&object, job.encoding, cache.as_ref())?
+            let pinned = job.promise.as_ref().and_then(|p| p.version.as_deref());
+            identity::of(&object, job.encoding, cache.as_ref(), pinned)?
         } else {
             None
         };

@@ -8,8 +8,15 @@
 //!   which holds every column chunk's offset, size and statistics; open reads it anyway.
 //! - `megatron-idx`: the `.bin`'s size and the whole `.idx` beside it (every sequence's length
 //!   and offset, the document boundaries).
-//! - `highway128`: every byte of the file, for the formats without a footer or index of their
-//!   own.
+//! - `highway128-sampled`: a file of another format over [`WHOLE_UP_TO`]: its size, its first
+//!   and last [`EDGE`] bytes and [`SAMPLES`] runs of [`SAMPLE`] bytes spread evenly between
+//!   them, 384 KiB in all whatever the file's size. The edges hold what these formats carry
+//!   about their content: an MDS shard's sample offsets, a `NumPy` header, an Arrow IPC or
+//!   `ArrayRecord` footer, a gzip member's CRC-32 and size. A rewrite of the same size that
+//!   changes no sampled byte (an edit confined to a few records in the middle) keeps it: the
+//!   rule trades that for not reading every byte of a corpus on every cold node.
+//! - `highway128`: every byte of the file, for smaller files of those formats, and for a file a
+//!   checkpoint of an earlier release pinned so (it is compared as it was pinned).
 //!
 //! Each is a 128-bit `HighwayHash` under the fixed key [`KEY`]. An identity is computed once per
 //! file and kept in the inspection cache, keyed by the file's size, times (status change
@@ -36,6 +43,21 @@ const KEY: Key = Key([
 /// Bytes hashed per read of a whole file.
 const CHUNK: u64 = 1 << 20;
 
+/// Files of the formats without a footer or index kind up to this size are hashed whole; larger
+/// ones are sampled (a whole read of a small file costs about what sampling it does).
+const WHOLE_UP_TO: u64 = 1 << 20;
+
+/// Bytes a sampled identity hashes at each end of the file.
+const EDGE: u64 = 64 << 10;
+
+/// Runs a sampled identity hashes between the ends, and their length.
+const SAMPLES: u64 = 64;
+const SAMPLE: u64 = 4 << 10;
+
+/// The kind of the whole-file identity, which checkpoints of earlier releases pinned for every
+/// format but Parquet and Megatron.
+const WHOLE: &str = "highway128";
+
 /// Files up to this size are hashed whole at each open rather than kept in the cache: reading
 /// them costs less than writing (and later reading) a cache file, and a first open of thousands
 /// of small shards spent most of its time creating those files.
@@ -50,32 +72,43 @@ pub fn is_content(version: &str) -> bool {
     version.starts_with(PREFIX)
 }
 
+/// The kind of a content identity (`parquet-footer` of `content:parquet-footer:<hex>`).
+fn kind_of(identity: &str) -> Option<&str> {
+    identity.strip_prefix(PREFIX)?.split(':').next()
+}
+
 /// The content identity of the local file `object` (None for a remote object, whose `ETag`
 /// identifies it), from the cache where it knows the file, else computed and stored there.
+/// `pinned` is the identity a checkpoint or listing holds the file to, if any: a file pinned
+/// whole by an earlier release is hashed whole again, so that its checkpoint still resumes.
 pub fn of(
     object: &Object,
     encoding: Encoding,
     cache: Option<&InspectCache>,
+    pinned: Option<&str>,
 ) -> Result<Option<String>> {
     let Some(ctime) = object.local_ctime_ns()? else {
         return Ok(None);
     };
     let pin = object.pin();
     let path = object.uri();
+    let whole_wanted = pinned.and_then(kind_of) == Some(WHOLE);
     let cache = cache.filter(|_| object.size() > UNCACHED_BYTES);
     if let Some(found) = cache.and_then(|c| c.lookup_content(path, encoding, &pin, ctime)) {
-        if is_content(&found) {
+        if is_content(&found) && (!whole_wanted || kind_of(&found) == Some(WHOLE)) {
             return Ok(Some(found));
         }
     }
-    let identity = compute(object, encoding)?;
-    if let Some(cache) = cache {
+    let identity = compute(object, encoding, whole_wanted)?;
+    // The cache keeps the identity an open computes; one computed only to compare with an old
+    // checkpoint is not kept in its place.
+    if let Some(cache) = cache.filter(|_| !whole_wanted) {
         cache.store_content(path, encoding, &pin, ctime, &identity);
     }
     Ok(Some(identity))
 }
 
-fn compute(object: &Object, encoding: Encoding) -> Result<String> {
+fn compute(object: &Object, encoding: Encoding, whole_wanted: bool) -> Result<String> {
     let size = object.size();
     let mut hasher = HighwayHasher::new(KEY);
     hasher.append(&size.to_le_bytes());
@@ -93,7 +126,8 @@ fn compute(object: &Object, encoding: Encoding) -> Result<String> {
             hasher.append(&bytes);
             "megatron-idx"
         }
-        _ => whole(object, 0..size, &mut hasher)?,
+        _ if whole_wanted || size <= WHOLE_UP_TO => whole(object, 0..size, &mut hasher)?,
+        _ => sampled(object, &mut hasher)?,
     };
     let [high, low] = hasher.finalize128();
     Ok(format!("{PREFIX}{kind}:{high:016x}{low:016x}"))
@@ -115,6 +149,23 @@ fn footer_len(object: &Object) -> Result<Option<u64>> {
     Ok((len <= size - 4 && len <= MAX_FOOTER).then_some(len))
 }
 
+/// Hashes the ends of the file and [`SAMPLES`] runs spread evenly between them (a file over
+/// [`WHOLE_UP_TO`], so the runs never overlap the ends), and names the kind.
+fn sampled(object: &Object, hasher: &mut HighwayHasher) -> Result<&'static str> {
+    let size = object.size();
+    let inner = size - 2 * EDGE - SAMPLE;
+    let mut buf = Vec::new();
+    let runs = std::iter::once((0, EDGE))
+        .chain((0..SAMPLES).map(|k| (EDGE + inner / (SAMPLES - 1) * k, SAMPLE)))
+        .chain(std::iter::once((size - EDGE, EDGE)));
+    for (start, len) in runs {
+        object.cancel().check(object.uri())?;
+        object.read_range_into(start..start + len, &mut buf)?;
+        hasher.append(&buf);
+    }
+    Ok("highway128-sampled")
+}
+
 /// Hashes the bytes of `range`, a chunk at a time, and names the kind.
 fn whole(
     object: &Object,
@@ -130,5 +181,51 @@ fn whole(
         hasher.append(&buf);
         at = end;
     }
-    Ok("highway128")
+    Ok(WHOLE)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::storage::Storage;
+
+    fn whole_hash(bytes: &[u8]) -> String {
+        let mut hasher = HighwayHasher::new(KEY);
+        hasher.append(&(bytes.len() as u64).to_le_bytes());
+        hasher.append(bytes);
+        let [high, low] = hasher.finalize128();
+        format!("{PREFIX}{WHOLE}:{high:016x}{low:016x}")
+    }
+
+    #[test]
+    fn a_large_file_is_sampled_unless_pinned_whole_by_an_earlier_release() {
+        let path = std::env::temp_dir().join(format!("o41-identity-{}.jsonl", std::process::id()));
+        let bytes: Vec<u8> = (0..3u32 << 20).map(|i| (i % 251) as u8).collect();
+        std::fs::write(&path, &bytes).unwrap();
+        let object = Storage::local().open(path.to_str().unwrap()).unwrap();
+
+        let sampled = of(&object, Encoding::Jsonl, None, None).unwrap().unwrap();
+        assert_eq!(kind_of(&sampled), Some("highway128-sampled"));
+        // A checkpoint that pinned the file whole is compared whole, and a sampled pin as is.
+        let old = whole_hash(&bytes);
+        assert_eq!(
+            of(&object, Encoding::Jsonl, None, Some(&old)).unwrap(),
+            Some(old)
+        );
+        let again = of(&object, Encoding::Jsonl, None, Some(&sampled)).unwrap();
+        assert_eq!(again, Some(sampled));
+        std::fs::remove_file(path).unwrap();
+    }
+
+    #[test]
+    fn a_small_file_is_hashed_whole() {
+        let path =
+            std::env::temp_dir().join(format!("o41-identity-small-{}.jsonl", std::process::id()));
+        let bytes = b"{\"v\": 1}\n".repeat(1000);
+        std::fs::write(&path, &bytes).unwrap();
+        let object = Storage::local().open(path.to_str().unwrap()).unwrap();
+        let identity = of(&object, Encoding::Jsonl, None, None).unwrap();
+        assert_eq!(identity, Some(whole_hash(&bytes)));
+        std::fs::remove_file(path).unwrap();
+    }
 }

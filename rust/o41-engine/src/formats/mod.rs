@@ -260,7 +260,7 @@ fn open_held(
     let pin = object.pin();
     if let Some(promise) = checks.promise {
         promise.check_pin(path, encoding, &pin, || {
-            identity::of(&object, encoding, checks.cache)
+            identity::of(&object, encoding, checks.cache, promise.version.as_deref())
         })?;
         promise.check_stored_sha256(path, encoding, object.stored_sha256())?;
     }
