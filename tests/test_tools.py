@@ -90,6 +90,30 @@ def test_test_modules_comments_and_strings_make_no_edges_and_no_lines(tmp_path: 
     assert "a.rs: 6 lines of code (limit 4)" in too_long
 
 
+def test_a_path_after_a_continued_string_or_a_quote_character_is_still_an_edge(tmp_path: Path) -> None:
+    # A string continued with a backslash before its newline, a `"` character literal, an
+    # apostrophe in a comment or a string: none may pair quotes across the code between them
+    # and erase the path that closes the cycle.
+    cycles = tool("rust_module_cycles")
+    src = crate(
+        tmp_path,
+        {
+            "lib.rs": "pub mod config;\npub mod fields;\n",
+            "config.rs": (
+                "pub fn check(s: &str) -> String {\n"
+                "    let quote = '\"';\n"
+                "    // the field's prefix\n"
+                '    let m = format!("a message \\\n         continued, it\'s {quote}");\n'
+                "    if s.starts_with(crate::fields::PREFIX) { m } else { String::new() }\n"
+                "}\npub struct Spec<'a>(&'a str, char);\nconst Q: char = '\"';\n"
+            ),
+            "fields.rs": 'use crate::config::Spec;\npub const PREFIX: &str = "@length:";\n',
+        },
+    )
+    [problem] = cycles.check(src, max_lines=800)
+    assert "crate::config -> crate::fields (crate::config uses crate::fields::PREFIX)" in problem
+
+
 def test_the_engine_has_no_module_cycle_and_no_oversized_file() -> None:
     cycles = tool("rust_module_cycles")
     for src in sorted(ROOT.glob("rust/*/src")):

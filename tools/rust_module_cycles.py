@@ -33,7 +33,17 @@ ROOT = Path(__file__).resolve().parent.parent
 _PATH = re.compile(r"\b(crate|super|self)((?:::\w+)+)")
 _USE = re.compile(r"\buse\s+((?:crate|super|self)::[^;]*);", re.DOTALL)
 _COMMENT = re.compile(r"//[^\n]*|/\*.*?\*/", re.DOTALL)
-_STRING = re.compile(r'r#*"(?:.|\n)*?"#*|"(?:\\.|[^"\\])*"')
+# Comments, string literals (raw ones closed by as many `#` as opened them; an escape may be a
+# backslash before a newline, which continues the string) and character literals, found in one
+# left-to-right pass so that none is read inside another: a quote in a comment, `"` as a char,
+# an apostrophe in a string. A lifetime (`'a`) is no character literal: one has its closing
+# quote after one character or escape.
+_TOKEN = re.compile(
+    r"(?P<comment>//[^\n]*|/\*.*?\*/)"
+    r'|(?P<string>b?r(?P<hashes>#*)".*?"(?P=hashes)|b?"(?:\\.|[^"\\])*")'
+    r"|(?P<char>b?'(?:\\(?:x[0-9a-fA-F]{2}|u\{[0-9a-fA-F]{1,6}\}|.)|[^'\\\n])')",
+    re.DOTALL,
+)
 
 
 def module_of(src: Path, file: Path) -> tuple[str, ...]:
@@ -45,8 +55,12 @@ def module_of(src: Path, file: Path) -> tuple[str, ...]:
 
 
 def strip(text: str) -> str:
-    """The code of ``text`` without comments and string literals."""
-    return _COMMENT.sub(" ", _STRING.sub('""', text))
+    """The code of ``text`` without comments, string and character literals."""
+
+    def blank(match: re.Match[str]) -> str:
+        return " " if match.group("comment") else '""'
+
+    return _TOKEN.sub(blank, text)
 
 
 def without_tests(code: str) -> str:

@@ -1,7 +1,7 @@
 //! The projected fields of a stream, validated: which record field each column reads, its dtype,
 //! fixed shape and pad, and the reserved `@` sources the engine fills itself.
 
-use crate::config::{FieldSource, FieldSpec, Overflow, PadSide};
+use crate::config::{FieldSource, FieldSpec, Overflow, PadSide, LENGTH_PREFIX};
 use crate::dtype::{DType, Scalar};
 use crate::error::{Error, Result};
 
@@ -91,9 +91,6 @@ pub struct ProjectedColumn {
     /// column reads (`source`); its value is how many of that axis' entries hold values.
     pub measure: Option<usize>,
 }
-
-/// The source prefix of a field's length: `@length:<name of another projected field>`.
-pub const LENGTH_PREFIX: &str = "@length:";
 
 impl ProjectedColumn {
     /// Validates a field spec; `option` names it in errors.

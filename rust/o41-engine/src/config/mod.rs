@@ -21,7 +21,7 @@ pub use resolved::{
 pub use schema::{
     is_window_source, parse_named, FieldSource, FieldSpec, Overflow, PackOverflow, PackingSpec,
     PadSide, RampSpec, ShuffleSpec, SourceSpec, Stage, StageSpec, StreamConfig, TokenLayout,
-    WindowColumn, WindowsSpec, LABELS, LABELS_PREFIX, MAX_BINS, MAX_SEQ_LEN, POSITIONS,
-    SEGMENT_IDS, SEGMENT_LENGTHS,
+    WindowColumn, WindowsSpec, LABELS, LABELS_PREFIX, LENGTH_PREFIX, MAX_BINS, MAX_SEQ_LEN,
+    POSITIONS, SEGMENT_IDS, SEGMENT_LENGTHS,
 };
 pub use validate::{MAX_RAMP_STEPS, VALID_COLUMN};

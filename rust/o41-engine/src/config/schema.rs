@@ -432,6 +432,9 @@ pub const LABELS: &str = "@labels";
 /// See [`LABELS`].
 pub const LABELS_PREFIX: &str = "@labels:";
 
+/// The source prefix of a field's length: `@length:<name of another projected field>`.
+pub const LENGTH_PREFIX: &str = "@length:";
+
 /// Whether `source` is one of the columns a token stage fills from its windows.
 pub fn is_window_source(source: &str) -> bool {
     WindowColumn::of(source).is_some()

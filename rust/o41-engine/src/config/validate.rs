@@ -103,7 +103,7 @@ pub(super) fn validate_tokens(
             validate_labels((option, i), f, row, fields, layout.field())?;
             continue;
         }
-        if source.starts_with(crate::fields::LENGTH_PREFIX) {
+        if source.starts_with(super::schema::LENGTH_PREFIX) {
             return Err(Error::config(
                 format!("fields[{i}].source"),
                 format!(
