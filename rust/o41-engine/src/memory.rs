@@ -154,7 +154,7 @@ pub struct ShardScratch {
     /// Whether some shard is remote: remote jobs fetch their bytes from dispatch on, so every
     /// job in flight may hold them, not only the ones being decoded.
     pub prefetching: bool,
-    /// Whether some shard is Parquet, whose reads keep pages for later jobs
+    /// Whether some shard is Parquet or MDS, whose reads keep pages for later jobs
     /// ([`PipelineShape::page_cache_bytes`]).
     pub pages: bool,
     /// Bytes the token shards' indexes hold (packing plans, record offsets) for the stream's
@@ -172,7 +172,7 @@ pub struct MemoryBound {
     /// token-window columns are written straight into batches.
     pub decode_units: u64,
     /// Open shard readers' buffers, and the Parquet pages kept for later jobs when some shard
-    /// is Parquet ([`PipelineShape::page_cache_bytes`]).
+    /// is Parquet or MDS ([`PipelineShape::page_cache_bytes`]).
     pub readers: u64,
     /// Decoders' working memory: per decode thread, the largest any shard needs for one job.
     pub decode_scratch: u64,

@@ -119,7 +119,9 @@ impl Plan {
         let mut shards = Shards::new(config.clone(), resumed_from.is_some(), inspected)?;
         let encodings = shards.encodings();
         let prefetching = shards.any_remote();
-        let pages = encodings.contains(&Encoding::Parquet);
+        let pages = encodings
+            .iter()
+            .any(|e| matches!(e, Encoding::Parquet | Encoding::Mds));
         let shape = config.pipeline_shape()?;
         let known = MemoryBound::compute(
             &shape,

@@ -24,6 +24,7 @@ mod mds;
 mod megatron;
 mod msgpack;
 mod npy;
+mod page_cache;
 mod parquet;
 mod parquet_direct;
 mod records;
@@ -56,7 +57,7 @@ pub use format::{
 };
 pub use mds::dataset_files as mds_files;
 pub use msgpack::FRAME_HEADER_BYTES;
-pub use parquet::PageCache;
+pub use page_cache::PageCache;
 pub use records::{RecordChunk, ShardRecords};
 pub use registry::{format_of, token_encodings};
 pub use tokens::{

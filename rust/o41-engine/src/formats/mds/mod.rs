@@ -22,6 +22,7 @@ use super::format::{
     read_in_place, EachRecord, EachTokens, RecordInspection, RecordSource, ShardFormat,
     TokenRecords,
 };
+use super::page_cache::Claim;
 use super::value::{Record, Value};
 use super::{PageCache, ReadFailure, ShardData, ShardIndex, ShardMeta, ShardReader};
 use crate::columns::Chunk;
@@ -502,9 +503,17 @@ impl ShardIndex for MdsIndex {
         self: Arc<Self>,
         object: Arc<Object>,
         _meta: &ShardMeta,
-        _pages: Option<&Arc<PageCache>>,
+        pages: Option<&Arc<PageCache>>,
     ) -> Result<Box<dyn ShardReader>> {
-        Ok(Box::new(SampleReader::new(object, self)))
+        let mut reader = SampleReader::new(object, self);
+        // A compressed shard is inflated once for every job of the stream (and its readers on
+        // other decode threads), under a key of its own: its bytes are not the object's.
+        reader.shared = pages.map(|cache| {
+            let object = &reader.object;
+            let key = PageCache::key(object.uri(), object.version());
+            (cache.clone(), format!("{key}\ninflated"))
+        });
+        Ok(Box::new(reader))
     }
 }
 
@@ -514,6 +523,8 @@ struct SampleReader {
     index: Arc<MdsIndex>,
     /// A compressed shard, inflated once.
     inflated: Option<Bytes>,
+    /// Where the stream keeps inflated shards for its other readers, and this shard's key.
+    shared: Option<(Arc<PageCache>, String)>,
     /// Whether the shard's own sample count was checked against `index.json`.
     checked: bool,
     next: u64,
@@ -525,6 +536,7 @@ impl SampleReader {
             object,
             index,
             inflated: None,
+            shared: None,
             checked: false,
             next: 0,
         }
@@ -550,9 +562,24 @@ impl SampleReader {
         if let Some(codec) = &self.index.info.compression {
             if self.inflated.is_none() {
                 let codec = codec_of(self.path(), codec)?;
-                let data = self.object.read_range(0..self.object.size())?;
-                let inflated = inflate(self.path(), codec, &data, raw_len)?;
-                self.inflated = Some(Bytes::from(inflated));
+                let inflate_now = || -> Result<Bytes> {
+                    let data = self.object.read_range(0..self.object.size())?;
+                    Ok(Bytes::from(inflate(self.path(), codec, &data, raw_len)?))
+                };
+                let inflated = match &self.shared {
+                    Some((cache, key)) => {
+                        match cache.claim(key, &(0..raw_len), self.object.cancel()) {
+                            Claim::Held(bytes) => bytes,
+                            Claim::Bring(promised) => {
+                                let bytes = inflate_now()?;
+                                promised.keep(&[(0, bytes.clone())]);
+                                bytes
+                            }
+                        }
+                    }
+                    None => inflate_now()?,
+                };
+                self.inflated = Some(inflated);
             }
             let all = self.inflated.as_ref().expect("inflated above");
             return Ok(all.slice(range.start as usize..range.end as usize));

@@ -14,11 +14,11 @@ use parquet::file::reader::{ChunkReader, Length};
 use super::footer::{check_layout, check_schema, selection, ParquetIndex};
 use super::guard;
 use super::metered::metered;
-use super::page_cache::{held, Lookup, PageCache, Promised};
 use super::{decode_error, format_error, ENCODING, REMOTE_TAIL_BYTES};
 use crate::cancel::Cancel;
 use crate::error::{Error, Result};
 use crate::fields::Projection;
+use crate::formats::page_cache::{held, Lookup, PageCache, Promised};
 use crate::storage::{Object, PendingPieces, Pieces};
 
 /// Byte ranges of a remote object fetched ahead of decoding, served to the Parquet reader as if

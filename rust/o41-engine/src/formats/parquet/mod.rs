@@ -2,8 +2,8 @@
 //! row-group and page level seeking through a row selection. Every standard codec reads; a
 //! codec this build lacks (LZO) is an unsupported feature, not a malformed shard.
 //!
-//! `inspect` reads and checks the footer, `fetch` plans and fetches a remote job's byte ranges,
-//! `page_cache` keeps the pages later jobs read again, `read` decodes row ranges (and whole
+//! `inspect` reads and checks the footer, `fetch` plans and fetches a job's byte ranges (keeping
+//! in `super::page_cache` the pages later jobs read again), `read` decodes row ranges (and whole
 //! shards), `metered` counts a local file's reads, `lists` reads token lists, `write` writes.
 
 mod fetch;
@@ -13,7 +13,6 @@ mod guard;
 mod inspect;
 mod lists;
 mod metered;
-mod page_cache;
 mod read;
 mod write;
 
@@ -36,7 +35,6 @@ pub(super) use lists::list_lengths;
 pub(super) use lists::projected_type;
 pub(super) use lists::EachList;
 pub(super) use lists::Ids;
-pub use page_cache::PageCache;
 pub use read::Batches;
 pub use read::Reader;
 pub use write::write;

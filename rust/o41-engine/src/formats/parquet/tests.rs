@@ -2,6 +2,7 @@ use super::fetch::{load_metadata, MERGE_GAP};
 use super::footer::decode_batch_rows;
 use super::read::read_ranges;
 use super::*;
+use crate::formats::PageCache;
 use std::ops::Range;
 use std::sync::Mutex;
 

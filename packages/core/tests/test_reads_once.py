@@ -1,15 +1,18 @@
-"""One rank's pass over Parquet reads each byte it decodes once (issue 47).
+"""One rank's pass reads each byte it decodes once (issue 47).
 
-A row group is read by several jobs: a planned group of batches ends inside it, and a shuffled
-window scatters its rows over many jobs. Where the shard has no page index (pyarrow's default)
-every such job needs the row group's column chunks whole; with a page index, consecutive jobs
-share the page one ends and the next starts in. The stream keeps those bytes for the later
-jobs, so its sources' ``bytes_read`` is the projected column chunks' bytes exactly, locally
+A Parquet row group is read by several jobs: a planned group of batches ends inside it, and a
+shuffled window scatters its rows over many jobs. Where the shard has no page index (pyarrow's
+default) every such job needs the row group's column chunks whole; with a page index,
+consecutive jobs share the page one ends and the next starts in. A compressed MDS shard is
+inflated whole by the first job that reads it, on any decode thread. The stream keeps those
+bytes for the later jobs, so its sources' ``bytes_read`` is the bytes decoded exactly, locally
 and over S3.
 """
 
 from __future__ import annotations
 
+import gzip
+import json
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +21,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from o41_testkit import LocalS3Server, data_for, upload
+from o41_testkit.corpora import write_mds_tokens_plain
 from o41_training_data import BatchStreamConfig, FileSource, ProjectedField, Shuffle, Stage, open_batch_stream
 
 ROWS, WIDTH, GROUP = 4000, 300, 1000
@@ -54,10 +58,10 @@ def stream_config(uri: str, shuffled: bool) -> BatchStreamConfig:
     return BatchStreamConfig(fields=[T], stages=[stage], threads=2, seed=5)
 
 
-def one_pass(stream: Any) -> tuple[list[list[int]], int]:
-    """Every batch's ids, and the bytes the stream's source read."""
+def one_pass(stream: Any, field: str = "t") -> tuple[list[list[int]], int]:
+    """Every batch's values of ``field``, and the bytes the stream's source read."""
     with stream:
-        batches = [b.arrays()["t"].tolist() for b in stream]
+        batches = [b.arrays()[field].tolist() for b in stream]
         return batches, sum(s.bytes_read for s in stream.stats.sources)
 
 
@@ -101,3 +105,36 @@ def test_a_remote_pass_fetches_each_projected_byte_once(
     # which a job reading both row groups spans. Each row group's ids are fetched by one job,
     # so each gap at most once.
     assert chunk_bytes <= fetched <= chunk_bytes + other_bytes
+
+
+def test_compressed_mds_shards_are_fetched_once_per_pass(tmp_path: Path) -> None:
+    # Eight gzip-compressed shards of 1,000 samples, shuffled in blocks of 100 rows so that each
+    # planned group of 4,096 rows reads every shard. One decode thread keeps 4 shard readers,
+    # each holding its shard inflated; the stream keeps the inflated shards for all of them, so
+    # a shard whose reader was closed is not fetched and inflated again by the next group.
+    docs = [[k] * (1 + k % 40) for k in range(8000)]
+    plain = write_mds_tokens_plain(tmp_path / "plain", docs, per_shard=1000)
+    out = tmp_path / "mds"
+    out.mkdir()
+    index = json.loads((plain / "index.json").read_text())
+    compressed = 0
+    for entry in index["shards"]:
+        raw = entry["raw_data"]["basename"]
+        data = gzip.compress((plain / raw).read_bytes())
+        (out / f"{raw}.gz").write_bytes(data)
+        entry["compression"] = "gz"
+        entry["zip_data"] = {"basename": f"{raw}.gz", "bytes": len(data), "hashes": {}}
+        compressed += len(data)
+    (out / "index.json").write_text(json.dumps(index))
+
+    field = ProjectedField("tokens", "tokens", "i32", length=40)
+    shuffle = Shuffle(buffer_rows=2000, block_rows=100)
+    stage = Stage(
+        sources=[FileSource([str(out)], encoding="mds")], batch_size=8, shuffle=shuffle, infinite=False
+    )
+    config = BatchStreamConfig(fields=[field], stages=[stage], threads=1, seed=5)
+    batches, read = one_pass(open_batch_stream(config), "tokens")
+    assert sorted(row[0] for batch in batches for row in batch) == list(range(8000))
+    # Each shard's bytes once; the stream also reads the dataset's index.json again, once, to
+    # inspect the shards open did not.
+    assert compressed <= read <= compressed + (out / "index.json").stat().st_size

@@ -1,11 +1,14 @@
-//! Pages of remote Parquet shards kept for the next read job of the same shard.
+//! Bytes of shards kept for the next read job of the same shard.
 //!
-//! A row group is often read by more than one job: a sequential read is cut where a planned
-//! group of batches ends, and a shuffled read touches a row group in many jobs. Every such job
-//! needs the column chunks' dictionary pages, and one that starts inside a page needs the page
-//! its predecessor ended in. On object storage asking again costs a request (about as much as
-//! a megabyte of transfer) or, merged into a neighbouring range, the bytes again; the stream
-//! keeps these few pages instead, up to a fixed budget counted in its memory bound.
+//! A Parquet row group is often read by more than one job: a sequential read is cut where a
+//! planned group of batches ends, and a shuffled read touches a row group in many jobs. Every
+//! such job needs the column chunks' dictionary pages (the whole chunks where the shard has no
+//! page index), and one that starts inside a page needs the page its predecessor ended in. A
+//! compressed MDS shard is inflated whole by whichever job first reads it, and read again by
+//! the others. Asking storage again costs a request (about as much as a megabyte of transfer)
+//! or, merged into a neighbouring range, the bytes again; the stream keeps these pages (an
+//! inflated shard is one page of its own key) instead, up to a fixed budget counted in its
+//! memory bound.
 //!
 //! Jobs are dispatched a few at a time, so the next job often asks while its predecessor's
 //! fetch is still under way: a page being fetched is promised, and the later job waits for it
@@ -104,6 +107,14 @@ impl Drop for Promised {
     }
 }
 
+/// What [`PageCache::claim`] finds.
+pub enum Claim {
+    /// The bytes.
+    Held(Bytes),
+    /// Nothing: the caller reads them, and keeps them through the promise.
+    Bring(Promised),
+}
+
 /// What the cache knows of a range.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Lookup {
@@ -159,6 +170,42 @@ impl PageCache {
                         .wait_timeout(pages, CANCEL_POLL)
                         .unwrap_or_else(std::sync::PoisonError::into_inner)
                         .0;
+                }
+            }
+        }
+    }
+
+    /// All of `range` of shard `shard`: held, else (after waiting while another reader brings
+    /// it) for the caller to bring, under a promise it keeps or drops. Looked up and promised
+    /// under one lock, so that two readers never bring the same page at once.
+    pub fn claim(self: &Arc<Self>, shard: &str, range: &Range<u64>, cancel: &Cancel) -> Claim {
+        let mut pages = self.pages();
+        loop {
+            match pages.lookup(shard, range) {
+                Lookup::Held(bytes) => return Claim::Held(bytes),
+                Lookup::Coming if !cancel.is_cancelled() => {
+                    pages = self
+                        .settled
+                        .wait_timeout(pages, CANCEL_POLL)
+                        .unwrap_or_else(std::sync::PoisonError::into_inner)
+                        .0;
+                }
+                Lookup::Coming | Lookup::Missing => {
+                    let mut promised = Vec::new();
+                    if self.fits(range) && !pages.entries.iter().any(|p| p.holds(shard, range)) {
+                        self.make_room(&mut pages, 0);
+                        pages.entries.push_back(Page {
+                            shard: shard.to_owned(),
+                            range: range.clone(),
+                            bytes: None,
+                        });
+                        promised.push(range.clone());
+                    }
+                    return Claim::Bring(Promised {
+                        cache: self.clone(),
+                        shard: shard.to_owned(),
+                        ranges: promised,
+                    });
                 }
             }
         }
@@ -260,7 +307,7 @@ impl PageCache {
 
 /// Bytes `start..start + len` of `parts` (pieces in offset order) where they hold them: a view
 /// of one piece when it holds them all, else a copy of the consecutive pieces that do.
-pub(super) fn held(parts: &[(u64, Bytes)], start: u64, len: u64) -> Option<Bytes> {
+pub(in crate::formats) fn held(parts: &[(u64, Bytes)], start: u64, len: u64) -> Option<Bytes> {
     let end = start + len;
     let k = parts.partition_point(|(at, _)| *at <= start);
     if k == 0 {
