@@ -4,15 +4,17 @@
 
 Writes the "cluster" section of benchmarks/RESULTS.md. The corpus is the benchmark corpus
 (`corpus.py`: 1,024-row row groups, 32 KiB pages with a page index) and the same rows rewritten
-without a page index (pyarrow's default pages); two sources 3:1 (the first shards and the
-rest), one finite pass, batches of 32 rows of 2,048 ids + mask, `Shuffle(buffer_rows=4096)`.
+without a page index (pyarrow's default pages), as jsonl.gz, and as MDS zstd shards of about
+1,024 rows (MosaicML's `MDSWriter`); two sources 3:1 (the first shards and the rest), one finite
+pass, batches of 32 rows of 2,048 ids + mask, `Shuffle(buffer_rows=4096)`.
 
 For each layout, each layout of the order (one partition as before; partitions planned for the
 world, with blocks) and each world size (1, 8, 64, and a sample of the ranks of 1,024,
 extrapolated), every rank reads its share of the pass in a fresh process. The figures: the
 bytes all ranks fetched over the corpus's bytes (`stats.sources[*].bytes_read`, summed), the
 largest per-rank decoded-row bound (`memory_bound.batches`: the planned groups and queued
-batches), the largest per-rank peak RSS, and CPU seconds per delivered row of the slowest
+batches) and readers term (`memory_bound.readers`: readers' buffers and the cache of pages and
+inflated shards that later jobs read again), the largest per-rank peak RSS, and CPU seconds per delivered row of the slowest
 rank. Batch diversity (distinct 1,024-row blocks per 32-row batch, consecutive neighbours) is
 measured on the world-1 order, which every world shares.
 """
@@ -38,10 +40,11 @@ WINDOW = 4096
 BLOCK = 1024  # the diversity measure's block, and the row group of both layouts
 
 
-def corpora(rows: int) -> dict[str, tuple[list[Path], int]]:
-    """The page-index corpus and its copy without a page index, each with the block it is read
-    by: a row group (1,024 rows) in both, so that no row group's pages or dictionary are read by
-    two ranks, or twice by one."""
+def corpora(rows: int) -> dict[str, tuple[list[Path], int | None]]:
+    """The page-index corpus, its copy without a page index, a jsonl.gz copy and an MDS zstd
+    copy, each with the block it is read by: a row group (1,024 rows) for Parquet, so that no
+    row group's pages or dictionary are read by two ranks, or twice by one; 1,024 rows for
+    jsonl.gz; an MDS shard's own rows (None: the shards' order)."""
     import pyarrow.parquet as pq
 
     from corpus import generate
@@ -55,17 +58,67 @@ def corpora(rows: int) -> dict[str, tuple[list[Path], int]]:
         if not target.exists() or target.stat().st_mtime < shard.stat().st_mtime:
             pq.write_table(pq.read_table(shard), target, compression="zstd", row_group_size=BLOCK)
         plain.append(target)
-    return {"page index, 32 KiB pages": (paged, BLOCK), "no page index": (plain, BLOCK)}
+    from corpus import jsonl_copy
+
+    gz_dir = HERE / "data" / "corpus-jsonl-gz"
+    jsonl_copy(paged, gz_dir)
+    gzipped = [gz_dir / p.name.replace(".parquet", ".jsonl.gz") for p in paged]
+    return {
+        "page index, 32 KiB pages": (paged, BLOCK),
+        "no page index": (plain, BLOCK),
+        "jsonl.gz": (gzipped, BLOCK),
+        # An MDS shard is its own block: the planned order keeps the shard order (no block_rows).
+        "MDS zstd, shards of about 1,024 rows": (mds_copy(paged, HERE / "data" / "corpus-mds-zstd"), None),
+    }
+
+
+def mds_copy(shards: list[Path], out: Path) -> list[Path]:
+    """The same rows written by MosaicML's ``MDSWriter`` (zstd), each shard holding one block
+    (1,024 rows, as a row group does), once; returns the shard files in order."""
+    import numpy as np
+    import pyarrow.parquet as pq
+    from streaming import MDSWriter
+
+    stamp = out / "copy.json"
+    names = [p.name for p in shards]
+    if not (stamp.exists() and json.loads(stamp.read_text()).get("shards") == names):
+        # A sample is its two arrays (4 + 1 bytes an id) and a few bytes of MDS framing; a shard
+        # closes before the sample that would take it past the limit. The mask is bytes of 0
+        # and 1 (MDSWriter has no boolean arrays), read as the config's bool field.
+        lengths = pq.read_table(shards[0], columns=["input_ids"]).column(0).combine_chunks()
+        sample = int(5 * len(lengths.values) / len(lengths)) + 64
+        columns = {"input_ids": "ndarray:int32", "loss_mask": "ndarray:uint8"}
+        with MDSWriter(
+            out=str(out), columns=columns, compression="zstd", size_limit=BLOCK * sample
+        ) as writer:
+            for shard in shards:
+                for batch in pq.read_table(shard, columns=["input_ids", "loss_mask"]).to_batches(1024):
+                    # Documents of their own lengths, as the Parquet rows hold them.
+                    ids, mask = batch.column(0), batch.column(1)
+                    id_at, id_values = ids.offsets.to_numpy(), ids.values.to_numpy()
+                    mask_at = mask.offsets.to_numpy()
+                    mask_values = mask.values.to_numpy(zero_copy_only=False).astype(np.uint8)
+                    for i in range(len(ids)):
+                        writer.write(
+                            {
+                                "input_ids": id_values[id_at[i] : id_at[i + 1]],
+                                "loss_mask": mask_values[mask_at[i] : mask_at[i + 1]],
+                            }
+                        )
+        stamp.write_text(json.dumps({"shards": names}))
+    index = json.loads((out / "index.json").read_text())
+    return [out / entry["zip_data"]["basename"] for entry in index["shards"]]
 
 
 def config_document(
-    shards: list[str], layout: str, world: int, rank: int, planned: int, block: int
+    shards: list[str], layout: str, world: int, rank: int, planned: int, block: int | None
 ) -> dict[str, Any]:
     """The stream: two sources 3:1, one finite pass; ``layout`` is ``one`` (one partition, as
-    before partitions) or ``planned`` (``planned`` partitions, blocks of ``block`` rows)."""
+    before partitions) or ``planned`` (``planned`` partitions, blocks of ``block`` rows, or the
+    shards' own order where ``block`` is None)."""
     cut = max(1, len(shards) * 3 // 4)
     shuffle: dict[str, Any] = {"buffer_rows": WINDOW}
-    if layout == "planned":
+    if layout == "planned" and block is not None:
         shuffle["block_rows"] = block
     return {
         "fields": [
@@ -100,6 +153,7 @@ def child(document: str) -> None:
             rows += batch.num_rows
         fetched = sum(source.bytes_read for source in stream.stats.sources)
         bound = stream.memory_bound.batches
+        readers = stream.memory_bound.readers
     print(
         json.dumps(
             {
@@ -107,13 +161,16 @@ def child(document: str) -> None:
                 "rows": rows,
                 "cpu": time.process_time() - cpu,
                 "bound": bound,
+                "readers": readers,
                 "rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
             }
         )
     )
 
 
-def diversity(shards: list[str], layout: str, planned: int, block: int, batches: int) -> tuple[float, float]:
+def diversity(
+    shards: list[str], layout: str, planned: int, block: int | None, batches: int
+) -> tuple[float, float]:
     """Mean distinct 1,024-row blocks per batch and the fraction of consecutive neighbours."""
     from o41_training_data import BatchStreamConfig, open_batch_stream
 
@@ -136,7 +193,9 @@ def diversity(shards: list[str], layout: str, planned: int, block: int, batches:
     return sum(blocks) / len(blocks), consecutive / max(pairs, 1)
 
 
-def measure(shards: list[str], layout: str, world: int, block: int, sample: int | None) -> dict[str, float]:
+def measure(
+    shards: list[str], layout: str, world: int, block: int | None, sample: int | None
+) -> dict[str, float]:
     ranks = range(world) if sample is None else range(0, world, world // sample)
     documents = [config_document(shards, layout, world, r, world, block) for r in ranks]
     results = [run_child([sys.executable, __file__, "--child", json.dumps(d)]) for d in documents]
@@ -145,6 +204,7 @@ def measure(shards: list[str], layout: str, world: int, block: int, sample: int 
         "bytes": sum(r["bytes"] for r in results) * scale,
         "rows": sum(r["rows"] for r in results) * scale,
         "bound": max(r["bound"] for r in results),
+        "readers": max(r["readers"] for r in results),
         "rss": max(r["rss"] for r in results),
         "cpu_per_row": max(r["cpu"] / max(r["rows"], 1) for r in results),
     }
@@ -175,11 +235,13 @@ def main() -> None:
             for world in worlds:
                 sample = args.sample if world > 64 else None
                 m = measure(shards, layout, world, block, sample)
-                label = "one partition" if layout == "one" else f"partitions={world}, blocks of {block}"
+                order = f"blocks of {block}" if block else "shard order"
+                label = "one partition" if layout == "one" else f"partitions={world}, {order}"
                 extrapolated = f" (sample of {args.sample}, extrapolated)" if sample else ""
                 lines.append(
                     f"| {name} | {label} | {world}{extrapolated} | **{m['bytes'] / size:.2f}x** | "
-                    f"{m['bound'] / 2**20:.0f} | {m['rss'] / 2**20:.0f} | {m['cpu_per_row'] * 1e6:.0f} |"
+                    f"{m['bound'] / 2**20:.0f} | {m['readers'] / 2**20:.0f} | {m['rss'] / 2**20:.0f} | "
+                    f"{m['cpu_per_row'] * 1e6:.0f} |"
                 )
                 print(lines[-1], flush=True)
     paths, block = next(iter(layouts.values()))
@@ -202,11 +264,12 @@ def main() -> None:
   mask, `Shuffle(buffer_rows=4096)`, every rank in its own process; a world of 1,024 is a sample
   of its ranks, extrapolated (said in the row).
 - Amplification: bytes fetched by all ranks over the corpus's bytes. Bound: the largest rank's
-  `memory_bound.batches` (planned rows and queued batches). CPU: the slowest rank's CPU
-  microseconds per delivered row.
+  `memory_bound.batches` (planned rows and queued batches); readers: its `memory_bound.readers`
+  (readers' buffers, and the cache of pages and inflated shards later jobs read again). CPU:
+  the slowest rank's CPU microseconds per delivered row.
 
-| corpus | order | world | amplification | bound MiB | peak RSS MiB | CPU us/row |
-|---|---|---:|---:|---:|---:|---:|
+| corpus | order | world | amplification | bound MiB | readers MiB | peak RSS MiB | CPU us/row |
+|---|---|---:|---:|---:|---:|---:|---:|
 {chr(10).join(lines)}
 
 Batch diversity over the first {args.diversity_batches} batches of the page-index corpus (the order does not depend on
