@@ -54,17 +54,19 @@ struct Page {
 }
 
 impl Pages {
-    fn lookup(&self, shard: &str, range: &Range<u64>) -> Lookup {
-        let Some(page) = self.entries.iter().find(|p| p.holds(shard, range)) else {
+    /// What the cache knows of `range`; a held page it serves becomes the newest, so the pages
+    /// jobs keep reading (a window's row groups, its inflated shards) outlive those read once.
+    fn lookup(&mut self, shard: &str, range: &Range<u64>) -> Lookup {
+        let Some(k) = self.entries.iter().position(|p| p.holds(shard, range)) else {
             return Lookup::Missing;
         };
-        match &page.bytes {
-            Some(bytes) => {
-                let from = (range.start - page.range.start) as usize;
-                Lookup::Held(bytes.slice(from..from + (range.end - range.start) as usize))
-            }
-            None => Lookup::Coming,
-        }
+        let Some(bytes) = self.entries[k].bytes.clone() else {
+            return Lookup::Coming;
+        };
+        let page = self.entries.remove(k).expect("found above");
+        let from = (range.start - page.range.start) as usize;
+        self.entries.push_back(page);
+        Lookup::Held(bytes.slice(from..from + (range.end - range.start) as usize))
     }
 }
 
