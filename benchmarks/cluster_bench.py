@@ -149,6 +149,7 @@ def child(document: str) -> None:
     cpu = time.process_time()
     rows = 0
     with open_batch_stream(config) as stream:
+        opened = time.process_time()
         for batch in stream:
             rows += batch.num_rows
         fetched = sum(source.bytes_read for source in stream.stats.sources)
@@ -160,6 +161,7 @@ def child(document: str) -> None:
                 "bytes": fetched,
                 "rows": rows,
                 "cpu": time.process_time() - cpu,
+                "open_cpu": opened - cpu,
                 "bound": bound,
                 "readers": readers,
                 "rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
@@ -207,6 +209,8 @@ def measure(
         "readers": max(r["readers"] for r in results),
         "rss": max(r["rss"] for r in results),
         "cpu_per_row": max(r["cpu"] / max(r["rows"], 1) for r in results),
+        "stream_cpu_per_row": max((r["cpu"] - r["open_cpu"]) / max(r["rows"], 1) for r in results),
+        "open_cpu": max(r["open_cpu"] for r in results),
     }
 
 
@@ -241,7 +245,7 @@ def main() -> None:
                 lines.append(
                     f"| {name} | {label} | {world}{extrapolated} | **{m['bytes'] / size:.2f}x** | "
                     f"{m['bound'] / 2**20:.0f} | {m['readers'] / 2**20:.0f} | {m['rss'] / 2**20:.0f} | "
-                    f"{m['cpu_per_row'] * 1e6:.0f} |"
+                    f"{m['cpu_per_row'] * 1e6:.0f} | {m['open_cpu'] * 1e3:.0f} | {m['stream_cpu_per_row'] * 1e6:.0f} |"
                 )
                 print(lines[-1], flush=True)
     paths, block = next(iter(layouts.values()))
@@ -266,10 +270,12 @@ def main() -> None:
 - Amplification: bytes fetched by all ranks over the corpus's bytes. Bound: the largest rank's
   `memory_bound.batches` (planned rows and queued batches); readers: its `memory_bound.readers`
   (readers' buffers, and the cache of pages and inflated shards later jobs read again). CPU:
-  the slowest rank's CPU microseconds per delivered row.
+  the slowest rank's CPU microseconds per delivered row, then the largest rank's CPU
+  milliseconds in `open_batch_stream` (footers, inspection, the order's layouts: the same for
+  every rank, whatever its share) and the slowest rank's CPU per row after it.
 
-| corpus | order | world | amplification | bound MiB | readers MiB | peak RSS MiB | CPU us/row |
-|---|---|---:|---:|---:|---:|---:|---:|
+| corpus | order | world | amplification | bound MiB | readers MiB | peak RSS MiB | CPU us/row | open CPU ms | after open us/row |
+|---|---|---:|---:|---:|---:|---:|---:|---:|---:|
 {chr(10).join(lines)}
 
 Batch diversity over the first {args.diversity_batches} batches of the page-index corpus (the order does not depend on
