@@ -138,3 +138,22 @@ def test_compressed_mds_shards_are_fetched_once_per_pass(tmp_path: Path) -> None
     # Each shard's bytes once; the stream also reads the dataset's index.json again, once, to
     # inspect the shards open did not.
     assert compressed <= read <= compressed + (out / "index.json").stat().st_size
+
+
+def test_a_gzip_stream_is_fetched_once_by_jobs_starting_at_its_access_points(tmp_path: Path) -> None:
+    # One gzip stream (as `gzip` writes) of about 10 MB of lines: open notes an access point
+    # every 2 MiB of output, and each read job inflates from the point before its rows. Jobs of
+    # a shuffled pass start at every point, often the same one, on two threads; the compressed
+    # blocks they read are kept for each other, so the pass fetches each byte once.
+    rng = np.random.default_rng(11)
+    lines = [json.dumps({"v": i, "text": rng.bytes(200).hex()}) for i in range(24_000)]
+    path = tmp_path / "part-0.jsonl.gz"
+    path.write_bytes(gzip.compress(("\n".join(lines) + "\n").encode()))
+    field = ProjectedField("v", "v", "i64")
+    stage = Stage(
+        sources=[FileSource([str(path)])], batch_size=16, shuffle=Shuffle(buffer_rows=4096), infinite=False
+    )
+    config = BatchStreamConfig(fields=[field], stages=[stage], threads=2, seed=5)
+    batches, read = one_pass(open_batch_stream(config), "v")
+    assert sorted(v for batch in batches for v in batch) == list(range(24_000))
+    assert read == path.stat().st_size

@@ -121,7 +121,7 @@ impl Plan {
         let prefetching = shards.any_remote();
         let pages = encodings
             .iter()
-            .any(|e| matches!(e, Encoding::Parquet | Encoding::Mds));
+            .any(|e| matches!(e, Encoding::Parquet | Encoding::Mds | Encoding::JsonlGz));
         let shape = config.pipeline_shape()?;
         let known = MemoryBound::compute(
             &shape,

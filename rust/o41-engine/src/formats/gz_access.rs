@@ -19,8 +19,11 @@ use std::path::PathBuf;
 
 use zlib_rs::{Inflate, InflateFlush, Status};
 
+use std::sync::Arc;
+
 use super::gz_members::{self, BadHeader};
 use super::lines::{for_each_newline, is_blank, too_long};
+use super::page_cache::{CachedReader, PageCache};
 use crate::encoding::Encoding;
 use crate::error::{Error, Result};
 use crate::storage::{self, Object};
@@ -261,13 +264,18 @@ struct Input {
 
 impl Input {
     fn open(object: &Object, offset: u64) -> Result<Self> {
-        Ok(Input {
-            reader: object.reader(offset)?,
+        Ok(Self::from_reader(object.reader(offset)?, offset))
+    }
+
+    /// The bytes `reader` gives, which start at file offset `offset`.
+    fn from_reader(reader: Box<dyn Read + Send>, offset: u64) -> Self {
+        Input {
+            reader,
             buf: Vec::new(),
             pos: 0,
             start: offset,
             eof: false,
-        })
+        }
     }
 
     fn avail(&self) -> &[u8] {
@@ -729,10 +737,10 @@ pub struct GzStream {
 }
 
 impl GzStream {
-    /// The stream from its start.
-    pub fn from_start(object: &Object) -> Result<Self> {
+    /// The stream from its start (read through `pages` as [`GzStream::at`] reads).
+    pub fn from_start(object: &Arc<Object>, pages: Option<&Arc<PageCache>>) -> Result<Self> {
         Ok(GzStream {
-            input: Input::open(object, 0)?,
+            input: Self::input(object, 0, pages)?,
             inflate: Inflate::new(false, 15),
             part: Part::Header,
             member_end: None,
@@ -742,18 +750,26 @@ impl GzStream {
     }
 
     /// The stream from point `k` of `index`, or from its start when the point's window is gone
-    /// from the cache (with false: the caller then reads from row 0).
-    pub fn at(object: &Object, index: &AccessIndex, k: usize) -> Result<(Self, bool)> {
+    /// from the cache (with false: the caller then reads from row 0). With `pages`, the
+    /// compressed bytes are read through it in blocks ([`CachedReader`]), so that jobs starting
+    /// at other points read each block from storage once.
+    pub fn at(
+        object: &Arc<Object>,
+        index: &AccessIndex,
+        k: usize,
+        pages: Option<&Arc<PageCache>>,
+    ) -> Result<(Self, bool)> {
         let point = &index.points[k];
         let Some(window) = index.window(k) else {
-            return Ok((Self::from_start(object)?, false));
+            return Ok((Self::from_start(object, pages)?, false));
         };
+        let input = Self::input(object, point.offset, pages)?;
         let mut inflate = Inflate::new(false, 15);
         inflate
             .set_dictionary(&window)
             .map_err(|e| bad(object.uri(), Some(point.row), e.as_str().to_owned()))?;
         let stream = GzStream {
-            input: Input::open(object, point.offset)?,
+            input,
             inflate,
             part: Part::Body(None),
             member_end: Some(point.member_end),
@@ -761,6 +777,14 @@ impl GzStream {
             done: false,
         };
         Ok((stream, true))
+    }
+
+    /// The compressed bytes from `offset`: through `pages` where its blocks fit, else read on.
+    fn input(object: &Arc<Object>, offset: u64, pages: Option<&Arc<PageCache>>) -> Result<Input> {
+        match pages.and_then(|cache| CachedReader::new(object.clone(), cache, offset)) {
+            Some(reader) => Ok(Input::from_reader(Box::new(reader), offset)),
+            None => Input::open(object, offset),
+        }
     }
 
     /// Inflates into `out`: bytes written, 0 only at the end of the stream.
@@ -882,7 +906,7 @@ mod tests {
     /// The records a reader starting at `row`'s point delivers, from `row` on (`n` of them).
     fn read_from(object: &Arc<Object>, index: &AccessIndex, row: u64, n: usize) -> Vec<Vec<u8>> {
         let (k, point) = index.point_before(row).expect("a point");
-        let (stream, primed) = GzStream::at(object, index, k).unwrap();
+        let (stream, primed) = GzStream::at(object, index, k, None).unwrap();
         assert!(primed, "the window is in the cache file");
         let mut lines = std::io::BufReader::new(stream);
         let mut skipped = vec![0; point.skip() as usize];
@@ -937,7 +961,7 @@ mod tests {
             );
             // From the start, every record and every member check.
             let mut all = String::new();
-            GzStream::from_start(&object)
+            GzStream::from_start(&object, None)
                 .unwrap()
                 .read_to_string(&mut all)
                 .unwrap();
@@ -1042,7 +1066,7 @@ mod tests {
         let file = dir.join("index");
         std::fs::write(&file, &payload).unwrap();
         let index = AccessIndex::decode(&payload, file, 0).expect("well-formed");
-        let (mut stream, primed) = GzStream::at(&object, &index, 0).unwrap();
+        let (mut stream, primed) = GzStream::at(&object, &index, 0, None).unwrap();
         assert!(primed);
         let err = std::io::copy(&mut stream, &mut std::io::sink()).unwrap_err();
         assert!(

@@ -94,14 +94,19 @@ impl ShardIndex for LineIndex {
         self: Arc<Self>,
         object: Arc<Object>,
         meta: &ShardMeta,
-        _pages: Option<&Arc<PageCache>>,
+        pages: Option<&Arc<PageCache>>,
     ) -> Result<Box<dyn ShardReader>> {
-        let reader = Reader::open(
+        let mut reader = Reader::open(
             object,
             self.encoding,
             self.lines.clone(),
             meta.longest_record,
         )?;
+        if let Some(pages) = pages.filter(|_| self.encoding == Encoding::JsonlGz) {
+            // The stream `open` positioned at the start, read through the cache from now on.
+            reader.pages = Some(pages.clone());
+            reader.rewind(0)?;
+        }
         Ok(Box::new(reader))
     }
 }
@@ -138,6 +143,8 @@ pub struct Reader {
     /// Longest line read, newline included: a longer one is an error before it is buffered
     /// (a compressed stream can inflate to any length).
     max_line: u64,
+    /// Where a gzip stream's compressed blocks are kept for the stream's other jobs.
+    pages: Option<Arc<PageCache>>,
 }
 
 impl Reader {
@@ -156,6 +163,7 @@ impl Reader {
             next_row: 0,
             line: Vec::new(),
             max_line,
+            pages: None,
         };
         reader.rewind(0)?;
         Ok(reader)
@@ -190,12 +198,18 @@ impl Reader {
             _ => None,
         };
         let (stream, first_row, skip) = match point {
-            Some((index, k, point)) => match GzStream::at(&self.object, &index, k)? {
-                (stream, true) => (stream, point.row(), point.skip()),
-                // The window is gone from the cache: from the start, as without an index.
-                (stream, false) => (stream, 0, 0),
-            },
-            None => (GzStream::from_start(&self.object)?, 0, 0),
+            Some((index, k, point)) => {
+                match GzStream::at(&self.object, &index, k, self.pages.as_ref())? {
+                    (stream, true) => (stream, point.row(), point.skip()),
+                    // The window is gone from the cache: from the start, as without an index.
+                    (stream, false) => (stream, 0, 0),
+                }
+            }
+            None => (
+                GzStream::from_start(&self.object, self.pages.as_ref())?,
+                0,
+                0,
+            ),
         };
         // Small reads: a job ends where its span does, and inflating a MiB past it for the
         // buffer would inflate rows another thread reads.

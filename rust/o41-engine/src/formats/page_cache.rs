@@ -16,6 +16,7 @@
 //! withdraws it, and the later job then reads the page itself.
 
 use std::collections::VecDeque;
+use std::io::Read;
 use std::ops::Range;
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
@@ -23,6 +24,7 @@ use std::time::Duration;
 use bytes::Bytes;
 
 use crate::cancel::Cancel;
+use crate::storage::{carry, Object};
 
 /// Pages (held and promised) at most, whatever their size: a promise whose fetch failed is
 /// never fulfilled, and goes with the oldest.
@@ -106,6 +108,73 @@ impl Promised {
 impl Drop for Promised {
     fn drop(&mut self) {
         self.cache.withdraw(&self.shard, &self.ranges);
+    }
+}
+
+/// Bytes of an object a [`CachedReader`] reads at once, kept whole: about what one request
+/// costs in transfer, and what a rank reads past its own rows at most at each end.
+pub const BLOCK_BYTES: u64 = 1 << 20;
+
+/// An object's bytes from an offset on, read a block of [`BLOCK_BYTES`] at a time through a
+/// [`PageCache`]: readers that start at different offsets of one object (jobs inflating a
+/// gzip stream from the access points before their rows, on any decode thread) read each block
+/// from storage once while the cache holds it.
+pub struct CachedReader {
+    object: Arc<Object>,
+    cache: Arc<PageCache>,
+    key: String,
+    pos: u64,
+    block: Option<(u64, Bytes)>,
+}
+
+impl CachedReader {
+    /// Reads `object` from `offset` through `cache`, where its blocks fit (None where they do
+    /// not: a cache that cannot keep a block only cuts the reads into blocks).
+    pub fn new(object: Arc<Object>, cache: &Arc<PageCache>, offset: u64) -> Option<Self> {
+        if !cache.fits(&(0..BLOCK_BYTES.min(object.size()))) {
+            return None;
+        }
+        let key = PageCache::key(object.uri(), object.version());
+        Some(CachedReader {
+            object,
+            cache: cache.clone(),
+            key,
+            pos: offset,
+            block: None,
+        })
+    }
+}
+
+impl Read for CachedReader {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let size = self.object.size();
+        if self.pos >= size || buf.is_empty() {
+            return Ok(0);
+        }
+        let pos = self.pos;
+        if !self
+            .block
+            .as_ref()
+            .is_some_and(|(at, b)| *at <= pos && pos < at + b.len() as u64)
+        {
+            let start = pos / BLOCK_BYTES * BLOCK_BYTES;
+            let range = start..(start + BLOCK_BYTES).min(size);
+            let bytes = match self.cache.claim(&self.key, &range, self.object.cancel()) {
+                Claim::Held(bytes) => bytes,
+                Claim::Bring(promised) => {
+                    let bytes = self.object.read_range(range.clone()).map_err(carry)?;
+                    promised.keep(&[(range.start, bytes.clone())]);
+                    bytes
+                }
+            };
+            self.block = Some((start, bytes));
+        }
+        let (at, bytes) = self.block.as_ref().expect("set above");
+        let from = (pos - at) as usize;
+        let n = buf.len().min(bytes.len() - from);
+        buf[..n].copy_from_slice(&bytes[from..from + n]);
+        self.pos += n as u64;
+        Ok(n)
     }
 }
 
@@ -285,7 +354,7 @@ impl PageCache {
 
     /// Whether a page of `range` may be kept: not empty, and at most a quarter of the budget
     /// (a larger one would evict most others).
-    fn fits(&self, range: &Range<u64>) -> bool {
+    pub fn fits(&self, range: &Range<u64>) -> bool {
         let len = range.end - range.start;
         len > 0 && len <= self.capacity / 4
     }
