@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import resource
 import sys
 import time
 from pathlib import Path
@@ -141,6 +140,15 @@ def config_document(
     }
 
 
+def peak_rss() -> int:
+    """This process's peak resident bytes (``VmHWM``): ``ru_maxrss`` would report the parent's
+    peak from before ``exec``, which Linux carries over."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) * 1024
+    raise RuntimeError("no VmHWM in /proc/self/status")
+
+
 def child(document: str) -> None:
     """Reads one rank's share; prints its bytes, rows, CPU seconds, bound and peak RSS."""
     from o41_training_data import BatchStreamConfig, open_batch_stream
@@ -164,7 +172,7 @@ def child(document: str) -> None:
                 "open_cpu": opened - cpu,
                 "bound": bound,
                 "readers": readers,
-                "rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+                "rss": peak_rss(),
             }
         )
     )
@@ -283,14 +291,16 @@ the world size):
 
 {chr(10).join(table)}
 
-Reading the table: with partitions planned for the world and blocks of a row group, each row
-group is read by one rank where the windows of a round are whole (every row group of the
-page-index corpus at 8 ranks). The rest is still to do (issue 47): a pass of this corpus is
-shorter than one round of 64 or 1,024 windows of 4,096 rows, so its last round is cut into
-windows smaller than a row group, which two or more ranks then share; and a single rank
-without a page index fetches more than its row groups (a row group split between two read jobs
-is fetched by both, and dictionary pages are fetched again), which is most of the no-page-index
-rows' excess at every world size.
+Reading the table: a rank reads each byte of its rows once: the page cache keeps what several
+of its jobs read (Parquet chunks and pages, inflated MDS shards, 1 MiB blocks of a gzip
+stream), so one rank's pass reads about the corpus once on every layout and format. With
+partitions planned for the world, each block is read by one rank where the windows of a round
+hold whole blocks. What is left at 8 and more ranks (issue 47): partitions deal windows of the
+mixed sequence, so a source's block that straddles a window boundary is read by two ranks; a
+pass of this corpus is shorter than one round of 64 or 1,024 windows of 4,096 rows, so its last
+round is cut into windows smaller than a block, which several ranks share; a jsonl.gz rank
+inflates from the access point before its blocks and past their ends; and MDS shards inflated
+whole are larger than Parquet's compressed chunks, so the cache holds fewer of them.
 """
     write_section("cluster", body)
 

@@ -4,11 +4,11 @@
 //! planned group of batches ends, and a shuffled read touches a row group in many jobs. Every
 //! such job needs the column chunks' dictionary pages (the whole chunks where the shard has no
 //! page index), and one that starts inside a page needs the page its predecessor ended in. A
-//! compressed MDS shard is inflated whole by whichever job first reads it, and read again by
-//! the others. Asking storage again costs a request (about as much as a megabyte of transfer)
-//! or, merged into a neighbouring range, the bytes again; the stream keeps these pages (an
-//! inflated shard is one page of its own key) instead, up to a fixed budget counted in its
-//! memory bound.
+//! compressed MDS shard is read whole by every job that reads it, and gzip jobs read the
+//! compressed bytes from the access point before their rows on. Asking storage again costs a
+//! request (about as much as a megabyte of transfer) or, merged into a neighbouring range, the
+//! bytes again; the stream keeps these pages (a whole MDS shard is one page, a gzip stream's
+//! are blocks of [`BLOCK_BYTES`]) instead, up to a fixed budget counted in its memory bound.
 //!
 //! Jobs are dispatched a few at a time, so the next job often asks while its predecessor's
 //! fetch is still under way: a page being fetched is promised, and the later job waits for it

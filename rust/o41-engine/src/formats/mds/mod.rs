@@ -506,12 +506,15 @@ impl ShardIndex for MdsIndex {
         pages: Option<&Arc<PageCache>>,
     ) -> Result<Box<dyn ShardReader>> {
         let mut reader = SampleReader::new(object, self);
-        // A compressed shard is inflated once for every job of the stream (and its readers on
-        // other decode threads), under a key of its own: its bytes are not the object's.
+        // A compressed shard is fetched once for every job of the stream (and its readers on
+        // other decode threads): its compressed bytes are kept, about half its inflated size,
+        // so that the shards a shuffle window spans fit the cache; each reader inflates them.
         reader.shared = pages.map(|cache| {
             let object = &reader.object;
-            let key = PageCache::key(object.uri(), object.version());
-            (cache.clone(), format!("{key}\ninflated"))
+            (
+                cache.clone(),
+                PageCache::key(object.uri(), object.version()),
+            )
         });
         Ok(Box::new(reader))
     }
@@ -523,7 +526,7 @@ struct SampleReader {
     index: Arc<MdsIndex>,
     /// A compressed shard, inflated once.
     inflated: Option<Bytes>,
-    /// Where the stream keeps inflated shards for its other readers, and this shard's key.
+    /// Where the stream keeps compressed shards for its other readers, and this shard's key.
     shared: Option<(Arc<PageCache>, String)>,
     /// Whether the shard's own sample count was checked against `index.json`.
     checked: bool,
@@ -562,23 +565,19 @@ impl SampleReader {
         if let Some(codec) = &self.index.info.compression {
             if self.inflated.is_none() {
                 let codec = codec_of(self.path(), codec)?;
-                let inflate_now = || -> Result<Bytes> {
-                    let data = self.object.read_range(0..self.object.size())?;
-                    Ok(Bytes::from(inflate(self.path(), codec, &data, raw_len)?))
-                };
-                let inflated = match &self.shared {
-                    Some((cache, key)) => {
-                        match cache.claim(key, &(0..raw_len), self.object.cancel()) {
-                            Claim::Held(bytes) => bytes,
-                            Claim::Bring(promised) => {
-                                let bytes = inflate_now()?;
-                                promised.keep(&[(0, bytes.clone())]);
-                                bytes
-                            }
+                let whole = 0..self.object.size();
+                let data = match &self.shared {
+                    Some((cache, key)) => match cache.claim(key, &whole, self.object.cancel()) {
+                        Claim::Held(bytes) => bytes,
+                        Claim::Bring(promised) => {
+                            let bytes = self.object.read_range(whole)?;
+                            promised.keep(&[(0, bytes.clone())]);
+                            bytes
                         }
-                    }
-                    None => inflate_now()?,
+                    },
+                    None => self.object.read_range(whole)?,
                 };
+                let inflated = Bytes::from(inflate(self.path(), codec, &data, raw_len)?);
                 self.inflated = Some(inflated);
             }
             let all = self.inflated.as_ref().expect("inflated above");
