@@ -14,8 +14,8 @@ extrapolated), every rank reads its share of the pass in a fresh process. The fi
 bytes all ranks fetched over the corpus's bytes (`stats.sources[*].bytes_read`, summed), the
 largest per-rank decoded-row bound (`memory_bound.batches`: the planned groups and queued
 batches) and readers term (`memory_bound.readers`: readers' buffers and the cache of pages and
-inflated shards that later jobs read again), the largest per-rank peak RSS, and CPU seconds per delivered row of the slowest
-rank. Batch diversity (distinct 1,024-row blocks per 32-row batch, consecutive neighbours) is
+shards that later jobs read again), the largest per-rank peak RSS (`VmHWM`), CPU seconds per
+delivered row of the slowest rank, and CPU in `open_batch_stream` apart from after it. Batch diversity (distinct 1,024-row blocks per 32-row batch, consecutive neighbours) is
 measured on the world-1 order, which every world shares.
 """
 
@@ -277,7 +277,7 @@ def main() -> None:
   of its ranks, extrapolated (said in the row).
 - Amplification: bytes fetched by all ranks over the corpus's bytes. Bound: the largest rank's
   `memory_bound.batches` (planned rows and queued batches); readers: its `memory_bound.readers`
-  (readers' buffers, and the cache of pages and inflated shards later jobs read again). CPU:
+  (readers' buffers, and the cache of pages and shards later jobs read again). CPU:
   the slowest rank's CPU microseconds per delivered row, then the largest rank's CPU
   milliseconds in `open_batch_stream` (footers, inspection, the order's layouts: the same for
   every rank, whatever its share) and the slowest rank's CPU per row after it.
@@ -291,16 +291,19 @@ the world size):
 
 {chr(10).join(table)}
 
-Reading the table: a rank reads each byte of its rows once: the page cache keeps what several
-of its jobs read (Parquet chunks and pages, inflated MDS shards, 1 MiB blocks of a gzip
-stream), so one rank's pass reads about the corpus once on every layout and format. With
-partitions planned for the world, each block is read by one rank where the windows of a round
-hold whole blocks. What is left at 8 and more ranks (issue 47): partitions deal windows of the
-mixed sequence, so a source's block that straddles a window boundary is read by two ranks; a
-pass of this corpus is shorter than one round of 64 or 1,024 windows of 4,096 rows, so its last
-round is cut into windows smaller than a block, which several ranks share; a jsonl.gz rank
-inflates from the access point before its blocks and past their ends; and MDS shards inflated
-whole are larger than Parquet's compressed chunks, so the cache holds fewer of them.
+Reading the table: a rank reads each byte of its rows once while the page cache holds what
+several of its jobs read (Parquet chunks and pages, compressed MDS shards, 1 MiB blocks of a
+gzip stream): one rank's pass reads 1.00-1.02x the corpus on Parquet and on MDS in shard order,
+1.10x for MDS as one partition and 1.18x for jsonl.gz in blocks of 1,024 rows, where a window's
+working set is larger than the cache. With partitions planned for the world, each block is
+read by one rank where the windows of a round hold whole blocks. What is left at 8 and more
+ranks (issue 47): partitions deal windows of the mixed sequence, so a source's block that
+straddles a window boundary is read by two ranks; a pass of this corpus is shorter than one
+round of 64 or 1,024 windows of 4,096 rows, so its last round is cut into windows smaller than
+a block, which several ranks share; and since a job now reads a row group's chunks whole where
+there is no page index (so that the next job finds them in the cache), a rank of 1,024 that
+needs a few rows of a row group fetches all of it (41x, where reading up to its last row gave
+25x before).
 """
     write_section("cluster", body)
 
