@@ -16,10 +16,9 @@
 use std::io::{self, Read};
 use std::os::unix::fs::FileExt;
 use std::path::PathBuf;
+use std::sync::Arc;
 
 use zlib_rs::{Inflate, InflateFlush, Status};
-
-use std::sync::Arc;
 
 use super::gz_members::{self, BadHeader};
 use super::lines::{for_each_newline, is_blank, too_long};

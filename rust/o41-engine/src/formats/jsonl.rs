@@ -55,7 +55,12 @@ impl ShardFormat for JsonLines {
         object: Arc<Object>,
         _chunk_rows: usize,
     ) -> Result<Box<dyn RecordSource>> {
-        let reader = Reader::open(object, self.0, Lines::Forward, super::MAX_RECORD_BYTES)?;
+        let reader = Reader::open(
+            object,
+            self.0,
+            Lines::Forward,
+            (super::MAX_RECORD_BYTES, None),
+        )?;
         Ok(Box::new(EachRecord::new(reader, Reader::next_record)))
     }
 
@@ -96,17 +101,16 @@ impl ShardIndex for LineIndex {
         meta: &ShardMeta,
         pages: Option<&Arc<PageCache>>,
     ) -> Result<Box<dyn ShardReader>> {
-        let mut reader = Reader::open(
+        // A gzip stream's jobs read its compressed blocks through the stream's cache.
+        let pages = pages
+            .filter(|_| self.encoding == Encoding::JsonlGz)
+            .cloned();
+        let reader = Reader::open(
             object,
             self.encoding,
             self.lines.clone(),
-            meta.longest_record,
+            (meta.longest_record, pages),
         )?;
-        if let Some(pages) = pages.filter(|_| self.encoding == Encoding::JsonlGz) {
-            // The stream `open` positioned at the start, read through the cache from now on.
-            reader.pages = Some(pages.clone());
-            reader.rewind(0)?;
-        }
         Ok(Box::new(reader))
     }
 }
@@ -148,11 +152,13 @@ pub struct Reader {
 }
 
 impl Reader {
+    /// A reader of `object` positioned at its first record; lines longer than `max_line` are
+    /// refused, and a gzip stream's compressed bytes are read through `pages` where given.
     pub fn open(
         object: Arc<Object>,
         encoding: Encoding,
         index: Lines,
-        max_line: u64,
+        (max_line, pages): (u64, Option<Arc<PageCache>>),
     ) -> Result<Self> {
         let mut reader = Reader {
             path: object.uri().to_owned(),
@@ -163,7 +169,7 @@ impl Reader {
             next_row: 0,
             line: Vec::new(),
             max_line,
-            pages: None,
+            pages,
         };
         reader.rewind(0)?;
         Ok(reader)
@@ -411,7 +417,7 @@ pub fn inspect(
         }
         return inspect_stream(object, how);
     }
-    let mut reader = Reader::open(object, encoding, Lines::Forward, max_record)?;
+    let mut reader = Reader::open(object, encoding, Lines::Forward, (max_record, None))?;
     let mut offsets = Vec::new();
     let mut offset = 0u64;
     let mut rows = 0u64;
@@ -477,7 +483,7 @@ fn inspect_stream(object: Arc<Object>, how: &RecordInspection<'_>) -> Result<Sha
         }
         let lines = Lines::Access(Arc::new(index));
         if how.first_record && rows > 0 {
-            let mut reader = Reader::open(object, encoding, lines.clone(), longest)?;
+            let mut reader = Reader::open(object, encoding, lines.clone(), (longest, None))?;
             let mut chunk = Chunk::padded(how.projection, 1);
             reader.project_next(how.projection, &mut chunk, 0)?;
         }

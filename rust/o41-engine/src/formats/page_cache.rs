@@ -134,7 +134,7 @@ impl CachedReader {
         if !cache.fits(&(0..BLOCK_BYTES.min(object.size()))) {
             return None;
         }
-        let key = PageCache::key(object.uri(), object.version());
+        let key = PageCache::key_of(&object);
         Some(CachedReader {
             object,
             cache: cache.clone(),
@@ -159,14 +159,10 @@ impl Read for CachedReader {
         {
             let start = pos / BLOCK_BYTES * BLOCK_BYTES;
             let range = start..(start + BLOCK_BYTES).min(size);
-            let bytes = match self.cache.claim(&self.key, &range, self.object.cancel()) {
-                Claim::Held(bytes) => bytes,
-                Claim::Bring(promised) => {
-                    let bytes = self.object.read_range(range.clone()).map_err(carry)?;
-                    promised.keep(&[(range.start, bytes.clone())]);
-                    bytes
-                }
-            };
+            let bytes = self
+                .cache
+                .read_through(&self.key, &self.object, range)
+                .map_err(carry)?;
             self.block = Some((start, bytes));
         }
         let (at, bytes) = self.block.as_ref().expect("set above");
@@ -179,7 +175,7 @@ impl Read for CachedReader {
 }
 
 /// What [`PageCache::claim`] finds.
-pub enum Claim {
+enum Claim {
     /// The bytes.
     Held(Bytes),
     /// Nothing: the caller reads them, and keeps them through the promise.
@@ -211,6 +207,11 @@ impl PageCache {
     /// the pages of an object replaced under the same name are never served for it.
     pub fn key(uri: &str, version: Option<&str>) -> String {
         format!("{uri}\n{}", version.unwrap_or(""))
+    }
+
+    /// The key of `object`'s pages ([`PageCache::key`]).
+    pub fn key_of(object: &Object) -> String {
+        Self::key(object.uri(), object.version())
     }
 
     fn pages(&self) -> std::sync::MutexGuard<'_, Pages> {
@@ -249,7 +250,7 @@ impl PageCache {
     /// All of `range` of shard `shard`: held, else (after waiting while another reader brings
     /// it) for the caller to bring, under a promise it keeps or drops. Looked up and promised
     /// under one lock, so that two readers never bring the same page at once.
-    pub fn claim(self: &Arc<Self>, shard: &str, range: &Range<u64>, cancel: &Cancel) -> Claim {
+    fn claim(self: &Arc<Self>, shard: &str, range: &Range<u64>, cancel: &Cancel) -> Claim {
         let mut pages = self.pages();
         loop {
             match pages.lookup(shard, range) {
@@ -263,13 +264,7 @@ impl PageCache {
                 }
                 Lookup::Coming | Lookup::Missing => {
                     let mut promised = Vec::new();
-                    if self.fits(range) && !pages.entries.iter().any(|p| p.holds(shard, range)) {
-                        self.make_room(&mut pages, 0);
-                        pages.entries.push_back(Page {
-                            shard: shard.to_owned(),
-                            range: range.clone(),
-                            bytes: None,
-                        });
+                    if self.promise_locked(&mut pages, shard, range) {
                         promised.push(range.clone());
                     }
                     return Claim::Bring(Promised {
@@ -282,21 +277,46 @@ impl PageCache {
         }
     }
 
+    /// All of `range` of `object`, whose pages are under `key`: from the cache, else read from
+    /// storage (by whichever reader asks first, the others waiting for it) and kept.
+    pub fn read_through(
+        self: &Arc<Self>,
+        key: &str,
+        object: &Object,
+        range: Range<u64>,
+    ) -> crate::error::Result<Bytes> {
+        match self.claim(key, &range, object.cancel()) {
+            Claim::Held(bytes) => Ok(bytes),
+            Claim::Bring(promised) => {
+                let bytes = object.read_range(range.clone())?;
+                promised.keep(&[(range.start, bytes.clone())]);
+                Ok(bytes)
+            }
+        }
+    }
+
+    /// Promises `range` of shard `shard` under the lock `pages` holds; false where a page that
+    /// large is not kept, or one holding it is held or promised already.
+    fn promise_locked(&self, pages: &mut Pages, shard: &str, range: &Range<u64>) -> bool {
+        if !self.fits(range) || pages.entries.iter().any(|p| p.holds(shard, range)) {
+            return false;
+        }
+        self.make_room(pages, 0);
+        pages.entries.push_back(Page {
+            shard: shard.to_owned(),
+            range: range.clone(),
+            bytes: None,
+        });
+        true
+    }
+
     /// Promises the pages of `ranges` of shard `shard`, which a fetch under way brings. The
     /// promises last until the guard is dropped: pages the fetch kept by then stay, the others
     /// are withdrawn.
     pub fn promise(self: &Arc<Self>, shard: &str, ranges: Vec<Range<u64>>) -> Promised {
         let mut pages = self.pages();
         for range in &ranges {
-            if !self.fits(range) || pages.entries.iter().any(|p| p.holds(shard, range)) {
-                continue;
-            }
-            self.make_room(&mut pages, 0);
-            pages.entries.push_back(Page {
-                shard: shard.to_owned(),
-                range: range.clone(),
-                bytes: None,
-            });
+            self.promise_locked(&mut pages, shard, range);
         }
         Promised {
             cache: self.clone(),

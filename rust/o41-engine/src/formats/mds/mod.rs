@@ -22,7 +22,6 @@ use super::format::{
     read_in_place, EachRecord, EachTokens, RecordInspection, RecordSource, ShardFormat,
     TokenRecords,
 };
-use super::page_cache::Claim;
 use super::value::{Record, Value};
 use super::{PageCache, ReadFailure, ShardData, ShardIndex, ShardMeta, ShardReader};
 use crate::columns::Chunk;
@@ -509,13 +508,7 @@ impl ShardIndex for MdsIndex {
         // A compressed shard is fetched once for every job of the stream (and its readers on
         // other decode threads): its compressed bytes are kept, about half its inflated size,
         // so that the shards a shuffle window spans fit the cache; each reader inflates them.
-        reader.shared = pages.map(|cache| {
-            let object = &reader.object;
-            (
-                cache.clone(),
-                PageCache::key(object.uri(), object.version()),
-            )
-        });
+        reader.shared = pages.map(|cache| (cache.clone(), PageCache::key_of(&reader.object)));
         Ok(Box::new(reader))
     }
 }
@@ -567,14 +560,7 @@ impl SampleReader {
                 let codec = codec_of(self.path(), codec)?;
                 let whole = 0..self.object.size();
                 let data = match &self.shared {
-                    Some((cache, key)) => match cache.claim(key, &whole, self.object.cancel()) {
-                        Claim::Held(bytes) => bytes,
-                        Claim::Bring(promised) => {
-                            let bytes = self.object.read_range(whole)?;
-                            promised.keep(&[(0, bytes.clone())]);
-                            bytes
-                        }
-                    },
+                    Some((cache, key)) => cache.read_through(key, &self.object, whole)?,
                     None => self.object.read_range(whole)?,
                 };
                 let inflated = Bytes::from(inflate(self.path(), codec, &data, raw_len)?);

@@ -164,7 +164,7 @@ pub fn prefetch(
     if local && cache.is_none() {
         return None;
     }
-    let cache = cache.map(|c| (c.clone(), PageCache::key(object.uri(), object.version())));
+    let cache = cache.map(|c| (c.clone(), PageCache::key_of(object)));
     let gap = if local { 0 } else { MERGE_GAP };
     let mut plan = index.fetch_plan(ranges, projection, cache.as_ref(), gap);
     if local {

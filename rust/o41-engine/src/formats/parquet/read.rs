@@ -51,10 +51,7 @@ impl Reader {
 
     /// Takes pages from `cache` and keeps there the pages later jobs may read again.
     pub fn with_pages(mut self, cache: Option<&Arc<PageCache>>) -> Self {
-        self.pages = cache.map(|c| {
-            let key = PageCache::key(self.object.uri(), self.object.version());
-            (c.clone(), key)
-        });
+        self.pages = cache.map(|c| (c.clone(), PageCache::key_of(&self.object)));
         self
     }
 }
