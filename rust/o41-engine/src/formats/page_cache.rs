@@ -374,7 +374,7 @@ impl PageCache {
 
     /// Whether a page of `range` may be kept: not empty, and at most a quarter of the budget
     /// (a larger one would evict most others).
-    pub fn fits(&self, range: &Range<u64>) -> bool {
+    fn fits(&self, range: &Range<u64>) -> bool {
         let len = range.end - range.start;
         len > 0 && len <= self.capacity / 4
     }
