@@ -138,9 +138,16 @@ def cases(draw: st.DrawFn, max_stages: int = 3, infinite: bool | None = None) ->
     world_size = draw(st.integers(1, 4))
     # Partitions need every stage shuffled; a multiple of the world size keeps a rank's windows
     # its own and its stage switches where a single rank's are.
+    # An infinite stage shares every source among the partitions: each needs a row per partition.
     partitions = 1
     if all(stage.shuffle for stage in stages):
-        partitions = draw(st.sampled_from([1, world_size, 2 * world_size]))
+        smallest = min(
+            (sum(source.shards) for stage in stages if stage.infinite for source in stage.sources),
+            default=None,
+        )
+        partitions = draw(
+            st.sampled_from([p for p in (1, world_size, 2 * world_size) if smallest is None or p <= smallest])
+        )
     return Case(stages=stages, seed=draw(st.integers(0, 2**32)), world_size=world_size, partitions=partitions)
 
 

@@ -13,13 +13,13 @@ from o41_testkit import write_shard
 from o41_training_data import BatchStreamConfig, FileSource, ProjectedField, Shuffle, Stage, open_batch_stream
 
 
-def test_golden_order(tmp_path: Path) -> None:
+def golden_config(tmp_path: Path, partitions: int = 1) -> BatchStreamConfig:
     a = [
         str(write_shard(tmp_path / f"a{k}.jsonl", "jsonl", [{"v": k * 100 + i} for i in range(30)]))
         for k in range(3)
     ]
     b = [str(write_shard(tmp_path / "b.jsonl", "jsonl", [{"v": 1000 + i} for i in range(25)]))]
-    config = BatchStreamConfig(
+    return BatchStreamConfig(
         fields=[ProjectedField("v", "v", "i64")],
         stages=[
             Stage(
@@ -30,8 +30,12 @@ def test_golden_order(tmp_path: Path) -> None:
             )
         ],
         seed=20261130,
+        partitions=partitions,
     )
-    with open_batch_stream(config) as stream:
+
+
+def test_golden_order(tmp_path: Path) -> None:
+    with open_batch_stream(golden_config(tmp_path)) as stream:
         batches = [next(stream).arrays()["v"].tolist() for _ in range(31)]
     assert batches[:4] == [
         [12, 13, 1002, 8, 0, 1],
@@ -40,3 +44,17 @@ def test_golden_order(tmp_path: Path) -> None:
         [1004, 14, 1007, 23, 1009, 29],
     ]
     assert batches[30] == [1020, 17, 1021, 20, 1024, 29]
+
+
+def test_golden_order_of_two_partitions(tmp_path: Path) -> None:
+    # Partition layout 2 (docs/order.md, "Partitions"); the order documents of layout 1 keep is
+    # pinned in rust/o41-engine/tests/order_properties.rs.
+    with open_batch_stream(golden_config(tmp_path, partitions=2)) as stream:
+        batches = [next(stream).arrays()["v"].tolist() for _ in range(31)]
+    assert batches[:4] == [
+        [12, 13, 1002, 8, 0, 1],
+        [1014, 123, 1016, 129, 118, 119],
+        [15, 16, 3, 4, 9, 10],
+        [1015, 126, 127, 128, 1017, 202],
+    ]
+    assert batches[30] == [1010, 123, 1011, 126, 1009, 120]

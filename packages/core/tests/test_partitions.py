@@ -214,6 +214,32 @@ def test_a_checkpoint_with_a_hostile_partition_count_is_refused(partitions: obje
             resume_batch_stream(Checkpoint.from_json(json.dumps(document)))
 
 
+def test_a_partitioned_document_pins_its_layout_and_unknown_layouts_are_refused() -> None:
+    case = infinite_case(5, partitions=4)
+    with materialise(case):
+        with open_batch_stream(case.config()) as stream:
+            next(stream)
+            document = json.loads(stream.checkpoint().to_json())
+        with open_batch_stream(dataclasses.replace(case.config(), partitions=1)) as stream:
+            plain = json.loads(stream.checkpoint().to_json())
+        assert document["resolved"]["partition_layout"] == 2
+        assert "partition_layout" not in plain["resolved"], "one partition reads the same either way"
+        # A layout is part of the fingerprint, so an edited one is refused as an altered
+        # document (an unknown layout is named by the document's own check, config/tests.rs).
+        document["resolved"]["partition_layout"] = 9
+        with pytest.raises(CheckpointError, match="altered"):
+            resume_batch_stream(Checkpoint.from_json(json.dumps(document)))
+
+
+def test_an_infinite_stage_refuses_a_source_too_small_to_share() -> None:
+    # The second source holds 11 rows: twelve partitions would leave one of them without any.
+    case = infinite_case(5, partitions=12)
+    with materialise(case):
+        with pytest.raises(ConfigError, match="11 rows cannot be shared by partitions=12") as error:
+            open_batch_stream(case.config())
+        assert error.value.option == "stages[0].sources[1]"
+
+
 def aligned_case() -> Case:
     """One source of 4 x 64 rows in windows of 16 rows: read units of 8 rows never cross one."""
     stage = StageCase([SourceCase([64] * 4, "parquet", 1.0)], batch_size=4, shuffle=(16, 1), infinite=False)

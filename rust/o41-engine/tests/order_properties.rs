@@ -65,6 +65,7 @@ fn config(stages: Vec<ResolvedStage>, seed: u64) -> ResolvedConfig {
         memory_limit_bytes: None,
         validation_pass: false,
         partitions: 1,
+        partition_layout: 1,
         skip_batches: Vec::new(),
     }
 }
@@ -294,10 +295,29 @@ proptest! {
     }
 }
 
-fn partitioned(stages: Vec<ResolvedStage>, seed: u64, partitions: u64) -> Order {
+/// The order of `stages` dealt to `partitions` by `layout` (1: documents written before layout
+/// 2, which keep their order; 2: what new documents pin).
+fn partitioned_as(
+    stages: Vec<ResolvedStage>,
+    seed: u64,
+    partitions: u64,
+    layout: u32,
+) -> o41_engine::Result<Order> {
     let mut config = config(stages, seed);
     config.partitions = partitions;
-    Order::new(&config).unwrap()
+    config.partition_layout = layout;
+    Order::new(&config)
+}
+
+fn partitioned(stages: Vec<ResolvedStage>, seed: u64, partitions: u64) -> Order {
+    partitioned_as(stages, seed, partitions, 1).unwrap()
+}
+
+/// Partition `p` whose share of an epoch of `rows` rows dealt to `partitions` holds row `r`.
+fn share_of(rows: u64, r: u64, partitions: u64) -> u64 {
+    (0..partitions)
+        .find(|&p| r < (u128::from(rows) * u128::from(p + 1) / u128::from(partitions)) as u64)
+        .expect("a row of the epoch")
 }
 
 proptest! {
@@ -308,17 +328,20 @@ proptest! {
     #[test]
     fn partitioned_finite_stage_delivers_each_row_once(
         sources in sources(), batch_size in 1usize..7, buffer_rows in 1u64..40, unit in 1u64..5,
-        partitions in 2u64..7, world in 1u64..5, seed in any::<u64>()
+        partitions in 2u64..7, world in 1u64..5, seed in any::<u64>(), layout in 1u32..3
     ) {
         let stage = stage(&sources, batch_size, Some((buffer_rows, unit)), false);
-        let order = partitioned(vec![stage], seed, partitions);
+        let order = partitioned_as(vec![stage], seed, partitions, layout).unwrap();
         let total: u64 = sources.iter().flat_map(|(s, _)| s.iter()).sum();
         let segment = Segment::first();
         let bs = batch_size as u64;
         let end = order.end_batch(&segment, 0, world).unwrap();
         let dropped = order.dropped_rows(&segment, end);
         prop_assert_eq!(end * bs + dropped, total);
-        prop_assert!(dropped < bs * (partitions + world) + partitions);
+        // Layout 1 leaves out fewer than `partitions` rows of the last round, layout 2 fewer
+        // than `partitions` of each source.
+        let unheld = partitions * if layout == 1 { 1 } else { sources.len() as u64 };
+        prop_assert!(dropped < bs * (partitions + world) + unheld);
         let mut cache = LayoutCache::default();
         let mut seen = HashSet::new();
         for t in 0..end * bs {
@@ -329,7 +352,7 @@ proptest! {
         }
     }
 
-    /// On a world size dividing the partitions, each window's rows reach one rank only: along
+    /// Layout 1: on a world size dividing the partitions, each window's rows reach one rank only: along
     /// each source's rows, the receiving rank changes at most once per window.
     #[test]
     fn ranks_dividing_the_partitions_read_windows_of_their_own(
@@ -359,18 +382,53 @@ proptest! {
         }
     }
 
+    /// Layout 2: on a world size dividing the partitions, every row a rank receives lies in
+    /// its own partitions' shares of its source's epoch, so no other rank reads it; with
+    /// blocks, a block is shared only where a share's end cuts it.
+    #[test]
+    fn ranks_dividing_the_partitions_read_shares_of_their_own(
+        sources in sources(), batch_size in 1usize..5, buffer_rows in 1u64..40, unit in 1u64..4,
+        world in prop::sample::select(vec![1u64, 2, 4]), times in 1u64..3, batches in 1u64..80,
+        block_rows in prop::option::of(1u64..9), seed in any::<u64>()
+    ) {
+        let partitions = world * times;
+        let mut stage = stage(&sources, batch_size, Some((buffer_rows, unit)), true);
+        stage.shuffle = stage.shuffle.map(|s| ShuffleSpec { block_rows, ..s });
+        let order = partitioned_as(vec![stage], seed, partitions, 2);
+        let rows: Vec<u64> = sources.iter().map(|(s, _)| s.iter().sum()).collect();
+        if rows.iter().any(|&n| n < partitions) {
+            prop_assert!(order.is_err(), "a source too small to share is refused");
+            return Ok(());
+        }
+        let order = order.unwrap();
+        let segment = Segment::first();
+        let mut cache = LayoutCache::default();
+        for g in 0..batches {
+            for i in 0..batch_size as u64 {
+                let slot = order.slot(&segment, g, i, &mut cache);
+                let n = rows[slot.row.source];
+                let p = share_of(n, slot.row.index % n, partitions);
+                prop_assert_eq!(p % world, g % world, "row {:?} of another rank's share", slot.row);
+            }
+        }
+    }
+
     /// A switch out of a partitioned stage drains, in every partition, the rest of the window
     /// it was reading; the new stage's rows follow, and no old row comes twice.
     #[test]
     fn partitioned_advance_drains_every_partitions_window(
         first in sources(), second in sources(), batch_size in 1usize..5, buffer_rows in 1u64..30,
-        partitions in 2u64..5, rounds in 0u64..6, seed in any::<u64>()
+        partitions in 2u64..5, rounds in 0u64..6, seed in any::<u64>(), layout in 1u32..3
     ) {
         let stages = vec![
             stage(&first, batch_size, Some((buffer_rows, 1)), true),
             stage(&second, batch_size, Some((buffer_rows, 1)), true),
         ];
-        let order = partitioned(stages, seed, partitions);
+        let Ok(order) = partitioned_as(stages, seed, partitions, layout) else {
+            // Layout 2 refuses a source of fewer rows than partitions (tested above).
+            prop_assert_eq!(layout, 2);
+            return Ok(());
+        };
         let bs = batch_size as u64;
         let at = rounds * partitions;
         prop_assert!(order.advance(&Segment::first(), at + 1, 1).is_err(), "unaligned switches are refused");
@@ -447,4 +505,53 @@ proptest! {
             }
         }
     }
+}
+
+/// Values of `packages/core/tests/test_golden_order.py`'s shards: source 0 has three shards
+/// whose row `i` holds `k * 100 + i`, source 1 one whose row `i` holds `1000 + i`.
+fn golden_values(order: &Order, batches: &[u64]) -> Vec<Vec<u64>> {
+    let mut cache = LayoutCache::default();
+    batches
+        .iter()
+        .map(|&g| {
+            (0..6)
+                .map(|i| {
+                    let row = order.slot(&Segment::first(), g, i, &mut cache).row;
+                    let base = if row.source == 0 {
+                        row.at.shard as u64 * 100
+                    } else {
+                        1000
+                    };
+                    base + row.at.row
+                })
+                .collect()
+        })
+        .collect()
+}
+
+fn golden_stage() -> ResolvedStage {
+    stage(
+        &[(vec![30, 30, 30], 3.0), (vec![25], 1.0)],
+        6,
+        Some((20, 2)),
+        true,
+    )
+}
+
+/// A document written before layout 2 (partitions, no `partition_layout`) keeps the order it
+/// was taken with: these batches are what the release before layout 2 streamed for the golden
+/// config with `partitions=2`.
+#[test]
+fn layout_1_documents_keep_their_order() {
+    let order = partitioned(vec![golden_stage()], 20_261_130, 2);
+    assert_eq!(
+        golden_values(&order, &[0, 1, 2, 3, 30]),
+        vec![
+            vec![12, 13, 1002, 8, 0, 1],
+            vec![1008, 26, 1010, 102, 21, 22],
+            vec![15, 16, 3, 4, 9, 10],
+            vec![1009, 29, 100, 101, 1011, 105],
+            vec![1015, 2, 1016, 5, 1014, 129],
+        ]
+    );
 }

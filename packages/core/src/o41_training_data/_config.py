@@ -728,10 +728,13 @@ class BatchStreamConfig:
     every other batch keeps its rows and its place. A resumed stream may add ranges that start
     at or after its position.
 
-    ``partitions`` deals each stage's shuffle windows to that many partitions and cuts global
-    batch ``g`` from partition ``g mod partitions`` (counted from the stage's start), so that
-    on a world size dividing it each rank reads windows no other rank reads: each byte of the
-    corpus is fetched by one rank per pass. Set it to the world size a run is planned for; a
+    ``partitions`` cuts every epoch of each source into that many contiguous shares, one per
+    partition; each partition mixes and shuffles its own shares, and global batch ``g`` comes
+    from partition ``g mod partitions`` (counted from the stage's start), so that on a world
+    size dividing it each rank reads rows no other rank reads: each byte of the corpus is
+    fetched by one rank per pass, but for the blocks a share's ends cut. An infinite stage
+    needs every source to hold at least ``partitions`` rows. Set it to the world size a run is
+    planned for; a
     rank holds ``partitions / world_size`` windows at once (docs/order.md, "Partitions"). It
     is part of the order, like ``seed``: 1 (the default) is the order of streams without it.
     Every stage must shuffle and none may ramp; stage switches land where every partition has

@@ -48,6 +48,9 @@ impl ResolvedConfig {
         if self.partitions != 1 {
             doc["partitions"] = serde_json::json!(self.partitions);
         }
+        if self.partition_layout != 1 {
+            doc["partition_layout"] = serde_json::json!(self.partition_layout);
+        }
         for (s, stage) in doc["stages"]
             .as_array_mut()
             .expect("stages serialise as an array")

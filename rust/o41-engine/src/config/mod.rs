@@ -16,7 +16,7 @@ mod tests;
 pub use mapping::{renamed_fields, renamed_layout, MappedSource};
 pub use resolved::{
     ManifestSelection, NamedFile, ResolvedConfig, ResolvedShard, ResolvedSource, ResolvedStage,
-    RESOLVED_CONFIG_VERSION,
+    PARTITION_LAYOUT, RESOLVED_CONFIG_VERSION,
 };
 pub use schema::{
     is_window_source, parse_named, FieldSource, FieldSpec, Overflow, PackOverflow, PackingSpec,

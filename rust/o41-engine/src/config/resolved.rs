@@ -141,7 +141,20 @@ pub struct ResolvedConfig {
         skip_serializing_if = "super::schema::is_one"
     )]
     pub partitions: u64,
+    /// How a partitioned stream deals its rows to partitions ([`PARTITION_LAYOUT`]); absent
+    /// (1: shuffle windows dealt in turn) in documents of one partition and in those written
+    /// before layout 2 existed, which keep the order they were taken with.
+    #[serde(
+        default = "super::schema::one_u32",
+        skip_serializing_if = "super::schema::is_one_u32"
+    )]
+    pub partition_layout: u32,
 }
+
+/// The partition layout new partitioned documents pin: each source's rows of every epoch cut
+/// into one contiguous share per partition, each partition mixing and shuffling its own shares
+/// (`docs/order.md`, "Partitions"). Layout 1 dealt windows of the stage's one mixed sequence.
+pub const PARTITION_LAYOUT: u32 = 2;
 
 impl ResolvedConfig {
     /// Serialises the document as JSON.

@@ -558,6 +558,17 @@ pub(crate) fn is_one(n: &u64) -> bool {
     *n == 1
 }
 
+/// The partition layout a document without one reads as: layout 1, windows dealt in turn.
+pub(crate) fn one_u32() -> u32 {
+    1
+}
+
+/// Whether `n` is layout 1, which documents leave out.
+#[allow(clippy::trivially_copy_pass_by_ref)] // serde passes the field by reference
+pub(crate) fn is_one_u32(n: &u32) -> bool {
+    *n == 1
+}
+
 /// A stage of the config users write.
 pub type StageSpec = Stage<SourceSpec>;
 

@@ -23,6 +23,12 @@ fn reference_fingerprint(config: &ResolvedConfig) -> String {
     if !config.skip_batches.is_empty() {
         doc["skip_batches"] = serde_json::json!(config.skip_batches);
     }
+    if config.partitions != 1 {
+        doc["partitions"] = serde_json::json!(config.partitions);
+    }
+    if config.partition_layout != 1 {
+        doc["partition_layout"] = serde_json::json!(config.partition_layout);
+    }
     let mut hash = Fnv1a::default();
     hash.update(doc.to_string().as_bytes());
     format!("fnv1a64:{:016x}", hash.value())
@@ -98,6 +104,7 @@ fn streamed_fingerprint_equals_the_canonical_document_hash() {
         memory_limit_bytes: None,
         validation_pass: false,
         partitions: 1,
+        partition_layout: 1,
         skip_batches: Vec::new(),
     };
     assert_eq!(config.fingerprint(), reference_fingerprint(&config));
@@ -112,6 +119,25 @@ fn streamed_fingerprint_equals_the_canonical_document_hash() {
     let mut other = config.clone();
     other.stages[0].sources[0].shards[3].rows += 1;
     assert_ne!(other.fingerprint(), config.fingerprint());
+    // A partition layout is part of the order, so of the fingerprint; layout 1 is left out, so
+    // documents written before layout 2 keep theirs.
+    let mut dealt = config.clone();
+    dealt.partitions = 4;
+    let mut shared = dealt.clone();
+    shared.partition_layout = 2;
+    assert_eq!(dealt.fingerprint(), reference_fingerprint(&dealt));
+    assert_eq!(shared.fingerprint(), reference_fingerprint(&shared));
+    assert_ne!(shared.fingerprint(), dealt.fingerprint());
+    assert!(!serde_json::to_string(&dealt)
+        .unwrap()
+        .contains("partition_layout"));
+    let mut unknown = config.clone();
+    unknown.partition_layout = 3;
+    let err = unknown.validate().unwrap_err();
+    assert!(
+        err.to_string().contains("partition_layout") && err.to_string().contains("layout 3"),
+        "{err}"
+    );
 }
 
 #[test]

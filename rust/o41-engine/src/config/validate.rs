@@ -2,7 +2,7 @@
 //! error names the option at fault by its path in the document.
 
 use super::mapping::{validate_columns, MappedSource};
-use super::resolved::ResolvedConfig;
+use super::resolved::{ResolvedConfig, PARTITION_LAYOUT};
 use super::schema::{
     is_window_source, FieldSource, FieldSpec, Overflow, PackingSpec, PadSide, RampSpec,
     ShuffleSpec, SourceSpec, Stage, StreamConfig, TokenLayout, WindowColumn, WindowsSpec,
@@ -675,6 +675,15 @@ impl ResolvedConfig {
         crate::skips::validate(&self.skip_batches)?;
         let stages = self.stages.iter().map(|s| (s.shuffle, s.ramp));
         validate_partitions(self.partitions, self.validation_pass, stages)?;
+        if !(1..=PARTITION_LAYOUT).contains(&self.partition_layout) {
+            return Err(Error::config(
+                "partition_layout",
+                format!(
+                    "layout {} is not one this release reads (1 to {PARTITION_LAYOUT})",
+                    self.partition_layout
+                ),
+            ));
+        }
         let resources = (self.threads, self.rank, self.world_size);
         let (fields, stages) = (&self.fields, &self.stages);
         validate_document(

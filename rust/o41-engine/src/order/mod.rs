@@ -111,7 +111,14 @@ impl Order {
             .stages
             .iter()
             .enumerate()
-            .map(|(s, stage)| StageOrder::new(stage, s, config.seed, config.partitions))
+            .map(|(s, stage)| {
+                StageOrder::new(
+                    stage,
+                    s,
+                    config.seed,
+                    (config.partitions, config.partition_layout),
+                )
+            })
             .collect::<Result<Vec<_>>>()?;
         Ok(Order {
             stages,
@@ -291,8 +298,7 @@ impl Order {
             None => (segment.stage, x),
         };
         let order = &self.stages[stage];
-        let o = order.partition_output(p, x);
-        let row = order.row(o, &mut |source, epoch| {
+        let row = order.partition_row(p, x, &mut |source, epoch| {
             let layouts = &mut cache.layouts;
             if layouts.len() > 256 {
                 layouts.clear();
@@ -366,7 +372,7 @@ impl Order {
     pub fn epochs(&self, segment: &Segment, g: u64) -> Vec<u64> {
         let x = self.first_row(segment, g) / self.partitions;
         let x = x.saturating_sub(segment.drain.map_or(0, |d| d.len()));
-        self.stages[segment.stage].epochs(x * self.partitions)
+        self.stages[segment.stage].epochs(x)
     }
 
     /// Checks that a cursor read from a checkpoint fits this order.

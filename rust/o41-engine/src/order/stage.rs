@@ -7,12 +7,21 @@
 //! bijection. The last window of a finite stage permutes its whole units; a trailing partial
 //! unit stays in place at the very end (it always falls in the rows a finite stage drops).
 //!
-//! Partitions: with `C` partitions, every run of `C` consecutive windows (a *round* of windows)
-//! is dealt one window to each partition, and partition `p` is the sequence of its windows
-//! (`p`, `C + p`, `2C + p`, ...). A finite stage's last, partial round is cut into `C` equal
-//! windows (its last `rows mod C` rows go to no partition: the stage drops them), so every
-//! partition of a stage holds the same number of rows. With one partition, partition 0 is the
-//! stage's output sequence itself.
+//! Partitions, layout 2 (what new documents pin): every epoch of source `j` (its `N_j` rows in
+//! the epoch's shard or block order) is cut into `C` contiguous shares, share `p` being rows
+//! `[p N_j / C, (p + 1) N_j / C)`, and partition `p` is its own stage: the mix of its shares
+//! (each share an endless sequence of that source's epochs, or read once in a finite stage),
+//! cut into windows and permuted as above. A partition's rows are then whole blocks or shards
+//! of each source but at the two ends of its share, whatever the weights, windows and epochs.
+//! A finite stage mixes `N_j div C` rows of each source in every partition, so that every
+//! partition holds the same rows; the `N_j mod C` rows past them go to no partition.
+//!
+//! Layout 1 (documents written before layout 2): every run of `C` consecutive windows of the
+//! stage's one mixed sequence (a *round*) is dealt one window to each partition, and partition
+//! `p` is the sequence of its windows (`p`, `C + p`, `2C + p`, ...). A finite stage's last,
+//! partial round is cut into `C` equal windows (its last `rows mod C` rows go to no partition).
+//!
+//! With one partition both layouts are the stage's output sequence itself.
 
 use super::keyed::{key, tag, Permutation};
 use super::mix::{gcd, MixSchedule};
@@ -100,8 +109,11 @@ pub struct StageOrder {
     pub window: u64,
     /// Rows moved together by the shuffle.
     pub unit: u64,
-    /// Partitions the windows are dealt to (1: the output sequence is one partition).
+    /// Partitions the rows are dealt to (1: the output sequence is one partition).
     pub partitions: u64,
+    /// Layout 2: each partition mixes its own shares of the sources, and `mix` is one
+    /// partition's; layout 1: `mix` is the whole stage's, its windows dealt in turn.
+    shares: bool,
     mix: MixSchedule,
     sources: Vec<SourceOrder>,
     key: u64,
@@ -113,9 +125,16 @@ fn round_up(x: u64, m: u64) -> u64 {
 }
 
 impl StageOrder {
-    /// The order of `stage` (index `s`) under `seed`, its windows dealt to `partitions`
-    /// partitions (1 for none; more need a shuffled stage, which the config checks).
-    pub fn new(stage: &ResolvedStage, s: usize, seed: u64, partitions: u64) -> Result<Self> {
+    /// The order of `stage` (index `s`) under `seed`, dealt to `partitions` partitions by
+    /// `layout` (1 partition for none; more need a shuffled stage, which the config checks).
+    pub fn new(
+        stage: &ResolvedStage,
+        s: usize,
+        seed: u64,
+        (partitions, layout): (u64, u32),
+    ) -> Result<Self> {
+        let partitions = partitions.max(1);
+        let shares = partitions > 1 && layout >= 2;
         let shuffle = stage.shuffle;
         let sources: Vec<SourceOrder> = stage
             .sources
@@ -131,7 +150,22 @@ impl StageOrder {
             })
             .collect();
         let weights: Vec<f64> = stage.sources.iter().map(|src| src.weight).collect();
-        let rows: Vec<u64> = sources.iter().map(SourceOrder::total).collect();
+        let mut rows: Vec<u64> = sources.iter().map(SourceOrder::total).collect();
+        if shares {
+            for (j, n) in rows.iter_mut().enumerate() {
+                if stage.infinite && *n < partitions {
+                    // A partition with an empty share could never draw this source's rows.
+                    return Err(Error::config(
+                        format!("stages[{s}].sources[{j}]"),
+                        format!(
+                            "{n} rows cannot be shared by partitions={partitions}: every \
+                             partition of an infinite stage reads each source; lower partitions"
+                        ),
+                    ));
+                }
+                *n /= partitions;
+            }
+        }
         let mix = MixSchedule::new(
             &weights,
             (!stage.infinite).then_some(rows.as_slice()),
@@ -144,15 +178,17 @@ impl StageOrder {
             batching: Batching::new(batch_size, stage.ramp),
             window,
             unit,
-            partitions: partitions.max(1),
+            partitions,
+            shares,
             mix,
             sources,
             key: key(&[seed, tag::WINDOW, s as u64]),
         })
     }
 
-    /// Total rows of a finite stage; `None` when infinite.
-    pub fn total(&self) -> Option<u64> {
+    /// Rows of the mixed sequence `mix` describes (the stage's, or in layout 2 one
+    /// partition's) when finite; `None` when infinite.
+    fn total(&self) -> Option<u64> {
         self.mix.total()
     }
 
@@ -178,7 +214,7 @@ impl StageOrder {
     /// Rows of each partition of a finite stage; `None` when infinite.
     pub fn partition_rows(&self) -> Option<u64> {
         let total = self.total()?;
-        if self.window == 0 {
+        if self.window == 0 || self.shares {
             return Some(total);
         }
         let whole = total / self.round_rows() * self.window;
@@ -188,6 +224,10 @@ impl StageOrder {
     /// Rows of a finite stage that no partition holds (the last `rows mod partitions` of a
     /// partial last round).
     pub fn unpartitioned_rows(&self) -> u64 {
+        if self.shares {
+            let rows: u64 = self.sources.iter().map(SourceOrder::total).sum();
+            return self.total().map_or(0, |each| rows - each * self.partitions);
+        }
         self.total().map_or(0, |total| {
             total - self.partition_rows().unwrap_or(total) * self.partitions
         })
@@ -211,8 +251,12 @@ impl StageOrder {
     /// End of the window of a partition that holds its row `x` (clipped to the partition's
     /// end); `x` itself when unshuffled or at a window boundary. The same for every partition.
     pub fn window_end(&self, x: u64) -> u64 {
-        if self.window == 0 {
+        if self.window == 0 || x.is_multiple_of(self.window) {
             return x;
+        }
+        if self.shares {
+            let end = round_up(x, self.window);
+            return self.total().map_or(end, |total| end.min(total).max(x));
         }
         if let Some((start, len)) = self.last_round() {
             let whole = start / self.partitions;
@@ -223,9 +267,6 @@ impl StageOrder {
                     whole + len
                 };
             }
-        }
-        if x.is_multiple_of(self.window) {
-            return x;
         }
         round_up(x, self.window)
     }
@@ -263,6 +304,63 @@ impl StageOrder {
         start + perm.apply(u) * self.unit + within % self.unit
     }
 
+    /// Source, source index and shard row of row `x` of partition `p`, with `layout` giving
+    /// the shard order of an epoch (callers cache it).
+    pub fn partition_row(
+        &self,
+        p: u64,
+        x: u64,
+        layout: &mut impl FnMut(usize, u64) -> std::sync::Arc<super::source::EpochLayout>,
+    ) -> StageRow {
+        if !self.shares {
+            return self.row(self.partition_output(p, x), layout);
+        }
+        let (source, q) = self.mix.locate(self.shared_input(p, x));
+        let rows = self.sources[source].total();
+        let (first, len) = share(rows, p, self.partitions);
+        let (epoch, r) = (q / len, first + q % len);
+        StageRow {
+            source,
+            index: epoch * rows + r,
+            at: self.source_row(source, epoch, r, layout),
+        }
+    }
+
+    /// The mixed position of partition `p`'s own sequence shown at its row `x` (layout 2): its
+    /// windows are permuted as a stage's are, each by a key of its own.
+    fn shared_input(&self, p: u64, x: u64) -> u64 {
+        if self.window == 0 {
+            return x;
+        }
+        let w = x / self.window;
+        let start = w * self.window;
+        let len = self.total().map_or(self.window, |total| {
+            self.window.min(total.saturating_sub(start))
+        });
+        let units = len / self.unit;
+        let within = x - start;
+        let u = within / self.unit;
+        if u >= units {
+            return x;
+        }
+        // `w * C + p`: with one partition, the key of the unpartitioned stage's window `w`.
+        let perm = Permutation::new(units, key(&[self.key, w * self.partitions + p]));
+        start + perm.apply(u) * self.unit + within % self.unit
+    }
+
+    /// Where row `r` of `epoch` of `source` lives.
+    fn source_row(
+        &self,
+        source: usize,
+        epoch: u64,
+        r: u64,
+        layout: &mut impl FnMut(usize, u64) -> std::sync::Arc<super::source::EpochLayout>,
+    ) -> SourceRow {
+        self.sources[source]
+            .block_row(epoch, r)
+            .unwrap_or_else(|| SourceOrder::locate(&layout(source, epoch), epoch, r))
+    }
+
     /// Source, source index and shard row of output position `o`, with `layout` giving the
     /// shard order of an epoch (callers cache it).
     pub fn row(
@@ -274,20 +372,32 @@ impl StageOrder {
         let total = self.sources[source].total();
         let epoch = index / total;
         let r = index % total;
-        let at = self.sources[source]
-            .block_row(epoch, r)
-            .unwrap_or_else(|| SourceOrder::locate(&layout(source, epoch), epoch, r));
+        let at = self.source_row(source, epoch, r, layout);
         StageRow { source, index, at }
     }
 
-    /// Completed epochs of each source after the first `o` output rows (approximately: the
-    /// shuffle window can hold a few rows of the next epoch back).
-    pub fn epochs(&self, o: u64) -> Vec<u64> {
+    /// Completed epochs of each source once every partition has delivered `x` rows
+    /// (approximately: a shuffle window can hold a few rows of the next epoch back, and in
+    /// layout 2 partitions' shares differ by a row).
+    pub fn epochs(&self, x: u64) -> Vec<u64> {
+        let (o, parts) = if self.shares {
+            (x, self.partitions)
+        } else {
+            (x * self.partitions, 1)
+        };
         self.mix
             .counts(o)
             .iter()
             .zip(&self.sources)
-            .map(|(c, s)| c / s.total().max(1))
+            .map(|(c, s)| c / (s.total() / parts).max(1))
             .collect()
     }
+}
+
+/// Partition `p`'s share of an epoch of `rows` rows dealt to `partitions`: its first row and
+/// its length, `[p rows / C, (p + 1) rows / C)`.
+fn share(rows: u64, p: u64, partitions: u64) -> (u64, u64) {
+    let at = |p: u64| (u128::from(rows) * u128::from(p) / u128::from(partitions)) as u64;
+    let first = at(p);
+    (first, at(p + 1) - first)
 }
