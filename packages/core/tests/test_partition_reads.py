@@ -62,10 +62,14 @@ def corpus(tmp_path: Path, boto3_client: Any, s3_prefix: str) -> dict[str, list[
     return chunks
 
 
-def config(files: list[str], rank: int, partitions: int) -> BatchStreamConfig:
-    # A window is one row group: 64 rows, four batches of 16.
+def config(
+    files: list[str], rank: int, partitions: int, weights: tuple[float, ...] = (1.0,)
+) -> BatchStreamConfig:
+    # A window is one row group: 64 rows, four batches of 16. Several weights split the files
+    # into as many sources, in order.
+    per = len(files) // len(weights)
     stage = Stage(
-        sources=[FileSource(files)],
+        sources=[FileSource(files[j * per : (j + 1) * per], weight=w) for j, w in enumerate(weights)],
         batch_size=16,
         shuffle=Shuffle(buffer_rows=GROUP, unit_rows=4),
         infinite=False,
@@ -76,14 +80,19 @@ def config(files: list[str], rank: int, partitions: int) -> BatchStreamConfig:
 
 
 def fetched_by_rank(
-    s3_server: LocalS3Server, proxy: FaultProxy, files: list[str], partitions: int
+    s3_server: LocalS3Server,
+    proxy: FaultProxy,
+    files: list[str],
+    partitions: int,
+    weights: tuple[float, ...] = (1.0,),
 ) -> tuple[list[dict[str, list[Span]]], list[int]]:
     """Each rank's GET ranges per object key, and the rows each rank received."""
     per_rank: list[dict[str, list[Span]]] = []
     rows: list[int] = []
     for rank in range(WORLD):
         before = len(proxy.requests)
-        with data_for(s3_server, proxy.endpoint_url).batch_stream(config(files, rank, partitions)) as stream:
+        stream_config = config(files, rank, partitions, weights)
+        with data_for(s3_server, proxy.endpoint_url).batch_stream(stream_config) as stream:
             rows.extend(v for batch in stream for v in batch.arrays()["v"].tolist())
         spans: dict[str, list[Span]] = defaultdict(list)
         for request in proxy.requests[before:]:
@@ -107,11 +116,18 @@ def key_of(uri: str) -> str:
     return "/" + uri.removeprefix("s3://")
 
 
+@pytest.mark.parametrize("weights", [(1.0,), (2.0, 1.0)], ids=["one source", "two sources 2:1"])
 def test_with_partitions_each_data_byte_is_fetched_by_one_rank(
-    s3_server: LocalS3Server, fault_proxy: FaultProxy, corpus: dict[str, list[Span]]
+    s3_server: LocalS3Server,
+    fault_proxy: FaultProxy,
+    corpus: dict[str, list[Span]],
+    weights: tuple[float, ...],
 ) -> None:
+    # Two sources 2:1: a window of 64 rows holds 42 or 43 rows of the first, so windows of the
+    # mix dealt to ranks (partition layout 1) cut row groups that two ranks then both read;
+    # shares of each source's epoch (layout 2: 256 rows, four whole row groups) do not.
     files = list(corpus)
-    per_rank, rows = fetched_by_rank(s3_server, fault_proxy, files, partitions=WORLD)
+    per_rank, rows = fetched_by_rank(s3_server, fault_proxy, files, partitions=WORLD, weights=weights)
     assert sorted(rows) == list(range(SHARDS * ROWS)), "one pass delivers every row once"
     shared = []
     for uri, chunks in corpus.items():
@@ -120,10 +136,10 @@ def test_with_partitions_each_data_byte_is_fetched_by_one_rank(
             assert ranks, f"no rank fetched {chunk} of {uri}"
             if len(ranks) > 1:
                 shared.append((uri, chunk, ranks))
-    # Open checks the first record of a source's first shard on every rank: that shard's first
-    # row group is the one chunk more than one rank may fetch.
-    first = files[0]
-    assert all(uri == first and chunk in corpus[first][:2] for uri, chunk, _ in shared), shared
+    # Open checks the first record of each source's first shard on every rank: that shard's
+    # first row group is the one chunk more than one rank may fetch.
+    firsts = files[:: len(files) // len(weights)]
+    assert all(uri in firsts and chunk in corpus[uri][:2] for uri, chunk, _ in shared), shared
 
 
 def test_without_partitions_every_rank_fetches_most_of_the_corpus(

@@ -576,6 +576,16 @@ fn settle(storage: &Storage, jobs: &[Job], setup: &Setup<'_>) -> Result<Settled>
         }
     }
     inspect.sort_unstable();
+    // One shard of each source checks the projection against its first record; the others'
+    // counts come from their footers or indexes, and their rows are checked as they are
+    // decoded. Checking every shard cost each node that opens a cold cache a request or more
+    // per shard for data only the rank that reads it needs.
+    let mut checked = std::collections::HashSet::new();
+    let checkers: std::collections::HashSet<usize> = inspect
+        .iter()
+        .copied()
+        .filter(|&i| checked.insert((jobs[i].stage, jobs[i].source)))
+        .collect();
     let max_record = max_record(&setup.bound, threads, inspect.len());
     let max_plan = setup.bound.limit - setup.bound.total();
     let inspected = parallel(&inspect, threads, |&i| {
@@ -595,7 +605,7 @@ fn settle(storage: &Storage, jobs: &[Job], setup: &Setup<'_>) -> Result<Settled>
             (max_record, max_plan),
             formats::Checks {
                 promise: job.promise.as_ref(),
-                first_record: true,
+                first_record: checkers.contains(&i),
                 seen: seen.get(&i).map(|(pin, _, _)| pin),
                 cache: cache.as_ref(),
             },
