@@ -28,7 +28,7 @@ ROWS, WIDTH, GROUP = 4000, 300, 1000
 T = ProjectedField("t", "tokens", "i32", length=WIDTH)
 
 
-def write_corpus(path: Path, *, page_index: bool) -> tuple[int, int]:
+def write_corpus(path: Path, *, page_index: bool, page_bytes: int = 64 << 10) -> tuple[int, int]:
     """Four row groups of 1,000 lists of 300 ids (over 1 MiB each, so that a remote job's
     request never spans a row group it does not read), and an unprojected column beside them;
     returns the bytes of the projected column chunks and of the others."""
@@ -41,7 +41,7 @@ def write_corpus(path: Path, *, page_index: bool) -> tuple[int, int]:
         row_group_size=GROUP,
         compression="none",
         use_dictionary=False,
-        data_page_size=64 << 10,
+        data_page_size=page_bytes,
         write_page_index=page_index,
     )
     metadata = pq.ParquetFile(path).metadata
@@ -82,6 +82,20 @@ def test_a_local_pass_reads_each_projected_byte_once(
     assert sum(len(b) for b in batches) == ROWS
     # Every row group is read by more than one job (planned groups of 4,096 rows start after a
     # first batch of 16), and each byte of its projected chunks still comes from the file once.
+    assert read == chunk_bytes
+
+
+@pytest.mark.parametrize("shuffled", [False, True], ids=["sequential", "shuffled"])
+def test_a_page_several_jobs_read_is_read_once(tmp_path: Path, shuffled: bool) -> None:
+    # A page index whose pages are whole column chunks (pages larger than a chunk): the first
+    # job reads 16 rows of a page whose other rows later jobs read, and it is not the chunk's
+    # dictionary page or a page with more pages after it.
+    path = tmp_path / "part-0.parquet"
+    chunk_bytes, _ = write_corpus(path, page_index=True, page_bytes=64 << 20)
+    pages = pq.ParquetFile(path).metadata.row_group(0).column(0)
+    assert pages.has_offset_index
+    batches, read = one_pass(open_batch_stream(stream_config(str(path), shuffled)))
+    assert sum(len(b) for b in batches) == ROWS
     assert read == chunk_bytes
 
 

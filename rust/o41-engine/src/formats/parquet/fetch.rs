@@ -252,9 +252,9 @@ impl ParquetIndex {
 
     /// The byte ranges decoding the rows of `ranges` reads, unmerged (see
     /// [`ParquetIndex::fetch_ranges`]), and among them the pages a later job of the same row
-    /// groups is likely to read again: each column chunk's dictionary page, its last page read
-    /// where more pages follow, and a chunk read whole (no page index), which every job of its
-    /// row group reads.
+    /// groups is likely to read again: each column chunk's dictionary page, each page holding
+    /// rows besides those `ranges` select, and a chunk read whole (no page index), which every
+    /// job of its row group reads.
     pub(in crate::formats) fn pages(
         &self,
         ranges: &[Range<u64>],
@@ -293,23 +293,26 @@ impl ParquetIndex {
                         reused.push(dictionary);
                     }
                 }
-                let mut last = None;
                 for (k, page) in locations.iter().enumerate() {
                     let from = page.first_row_index as u64;
                     let to = locations
                         .get(k + 1)
                         .map_or(end - first, |next| next.first_row_index as u64);
-                    if wanted.iter().any(|w| w.start < to && w.end > from) {
+                    let overlap: u64 = wanted
+                        .iter()
+                        .map(|w| w.end.min(to).saturating_sub(w.start.max(from)))
+                        .sum();
+                    if overlap > 0 {
                         let offset = page.offset as u64;
-                        out.push(offset..offset + page.compressed_page_size as u64);
-                        last = Some(k);
+                        let bytes = offset..offset + page.compressed_page_size as u64;
+                        // A page holding rows this job does not decode is one another job of
+                        // the row group (the rest of a shuffle window, the next planned group)
+                        // reads: at a job's ends, or between its scattered rows.
+                        if overlap < to - from {
+                            reused.push(bytes.clone());
+                        }
+                        out.push(bytes);
                     }
-                }
-                if let Some(k) = last.filter(|&k| k + 1 < locations.len()) {
-                    let page = &locations[k];
-                    reused.push(
-                        page.offset as u64..(page.offset as u64 + page.compressed_page_size as u64),
-                    );
                 }
             }
         }
