@@ -231,6 +231,23 @@ def test_a_partitioned_document_pins_its_layout_and_unknown_layouts_are_refused(
             resume_batch_stream(Checkpoint.from_json(json.dumps(document)))
 
 
+def test_a_partitioned_stage_moves_single_rows_unless_told_otherwise() -> None:
+    # A window belongs to one partition, whose rank reads all of it whatever the unit: the
+    # default unit is 1 there (docs/order.md, "Units"), and stays 8 without partitions.
+    case = infinite_case(5, partitions=4)
+    with materialise(case):
+        config = case.config()
+
+        def first_batches(partitions: int, unit: int | None) -> list[list[int]]:
+            stage = dataclasses.replace(config.stages[0], shuffle=Shuffle(buffer_rows=24, unit_rows=unit))
+            edited = dataclasses.replace(config, stages=[stage], partitions=partitions)
+            with open_batch_stream(edited) as stream:
+                return [next(stream).arrays()["id"].tolist() for _ in range(16)]
+
+        assert first_batches(4, None) == first_batches(4, 1) != first_batches(4, 8)
+        assert first_batches(1, None) == first_batches(1, 8) != first_batches(1, 1)
+
+
 def test_an_infinite_stage_refuses_a_source_too_small_to_share() -> None:
     # The second source holds 11 rows: twelve partitions would leave one of them without any.
     case = infinite_case(5, partitions=12)

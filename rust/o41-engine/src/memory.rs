@@ -59,12 +59,12 @@ fn too_large() -> Error {
 }
 
 impl PipelineShape {
-    /// The shape for stages of `(batch_size, shuffle)` dealt to `partitions` read by
+    /// The shape for stages of `(batch_size, shuffle)` dealt to `partitions` by `layout`, read by
     /// `world_size` ranks, rows of `row_bytes`, `threads` decode threads, `prefetch_batches`
     /// and `memory_limit_bytes`.
     pub fn new(
         stages: impl IntoIterator<Item = (usize, Option<ShuffleSpec>)>,
-        (partitions, world_size): (u64, u64),
+        (partitions, layout, world_size): (u64, u32, u64),
         row_bytes: u64,
         threads: usize,
         prefetch_batches: usize,
@@ -76,7 +76,8 @@ impl PipelineShape {
         // whole, so that no window is read twice.
         let windows_read = partitions.div_ceil(world_size.max(1)).max(1);
         for (s, (batch_size, shuffle)) in stages.into_iter().enumerate() {
-            let (window, _) = partition_window_rows(shuffle, s, batch_size as u64, partitions)?;
+            let (window, _) =
+                partition_window_rows(shuffle, s, batch_size as u64, (partitions, layout))?;
             let read = window.checked_mul(windows_read).ok_or_else(too_large)?;
             largest_window = largest_window.max(read);
             largest_batch = largest_batch.max(batch_size as u64);
@@ -130,7 +131,7 @@ macro_rules! pipeline_shape {
                 let stages = self.stages.iter().map(|s| (s.batch_size, s.shuffle));
                 PipelineShape::new(
                     stages,
-                    (self.partitions, self.world_size as u64),
+                    (self.partitions, self.partition_layout(), self.world_size as u64),
                     declared_row_bytes(&self.fields)?,
                     self.threads,
                     self.prefetch_batches,
@@ -284,14 +285,15 @@ mod tests {
     use super::*;
 
     fn group_rows(batch: usize, row_bytes: u64) -> u64 {
-        PipelineShape::new([(batch, None)], (1, 1), row_bytes, 2, 4, Some(u64::MAX))
+        PipelineShape::new([(batch, None)], (1, 1, 1), row_bytes, 2, 4, Some(u64::MAX))
             .unwrap()
             .group_rows
     }
 
     #[test]
     fn the_page_cache_holds_a_planned_group_of_record_rows_or_2_mib_per_job() {
-        let shape = PipelineShape::new([(32, None)], (1, 1), 10_240, 2, 4, Some(u64::MAX)).unwrap();
+        let shape =
+            PipelineShape::new([(32, None)], (1, 1, 1), 10_240, 2, 4, Some(u64::MAX)).unwrap();
         // 16 MiB of 10 KiB rows, in whole batches: 1,664 rows.
         assert_eq!(shape.group_rows, 1664);
         assert_eq!(shape.page_cache_bytes(10_240).unwrap(), 1664 * 10_240);

@@ -14,8 +14,7 @@ use std::sync::Arc;
 use crate::checkpoint::Checkpoint;
 use crate::config::{
     renamed_fields, renamed_layout, FieldSpec, NamedFile, ResolvedConfig, ResolvedShard,
-    ResolvedSource, SourceSpec, StreamConfig, TokenLayout, PARTITION_LAYOUT,
-    RESOLVED_CONFIG_VERSION,
+    ResolvedSource, SourceSpec, StreamConfig, TokenLayout, RESOLVED_CONFIG_VERSION,
 };
 use crate::encoding::Encoding;
 use crate::error::{Error, Result};
@@ -789,12 +788,7 @@ pub fn resolve(config: &StreamConfig, storage: &Storage) -> Result<Resolved> {
         memory_limit_bytes: config.memory_limit_bytes,
         validation_pass: config.validation_pass,
         partitions: config.partitions,
-        // One partition reads the same under either layout; its documents leave it out.
-        partition_layout: if config.partitions > 1 {
-            PARTITION_LAYOUT
-        } else {
-            1
-        },
+        partition_layout: config.partition_layout(),
         skip_batches: config.skip_batches.clone(),
     });
     Ok(Resolved {

@@ -501,9 +501,10 @@ class Shuffle:
     """Row shuffling within a window of ``buffer_rows`` rows (rounded up to whole units).
 
     Each window of the stage's mixed rows is permuted by a seeded bijection, in units of
-    ``unit_rows`` consecutive rows (default 8): larger units mean fewer, longer reads, which
-    keeps each rank's read cost flat as ``world_size`` grows; ``unit_rows=1`` shuffles single
-    rows. Shard order is also permuted per epoch. See ``docs/order.md``.
+    ``unit_rows`` consecutive rows (default 8, or 1 with ``partitions`` above 1, where a window
+    belongs to one rank whatever the unit): larger units mean fewer, longer reads, which keeps
+    each rank's read cost flat as ``world_size`` grows; ``unit_rows=1`` shuffles single rows.
+    Shard order is also permuted per epoch. See ``docs/order.md``.
 
     ``block_rows`` cuts each shard into blocks of that many rows from its start and permutes the
     blocks of the whole source every epoch instead of its shards (each shard's shorter last run

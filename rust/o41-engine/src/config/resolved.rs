@@ -157,6 +157,11 @@ pub struct ResolvedConfig {
 pub const PARTITION_LAYOUT: u32 = 2;
 
 impl ResolvedConfig {
+    /// How the document deals rows to its partitions.
+    pub fn partition_layout(&self) -> u32 {
+        self.partition_layout
+    }
+
     /// Serialises the document as JSON.
     pub fn to_json(&self) -> String {
         serde_json::to_string(self).expect("a resolved config always serialises")

@@ -298,8 +298,9 @@ pub(super) fn default_weight() -> f64 {
 pub struct ShuffleSpec {
     /// Window size in rows.
     pub buffer_rows: u64,
-    /// Consecutive rows moved together (default `order::DEFAULT_UNIT_ROWS`); larger units read
-    /// fewer, longer ranges, which keeps each rank's cost flat as the world grows.
+    /// Consecutive rows moved together (default `order::default_unit_rows`: 8, or 1 when
+    /// partitioned); larger units read fewer, longer ranges, which keeps each rank's cost flat
+    /// as the world grows.
     #[serde(default)]
     pub unit_rows: Option<u64>,
     /// Rows each source is cut into for its per-epoch order: with it, every epoch of a source
@@ -609,6 +610,16 @@ impl StreamConfig {
         let config: StreamConfig = parse_named(text)?;
         config.validate()?;
         Ok(config)
+    }
+
+    /// The partition layout the config resolves to: the current one when partitioned (1, which
+    /// one partition reads the same as any, otherwise).
+    pub fn partition_layout(&self) -> u32 {
+        if self.partitions > 1 {
+            super::resolved::PARTITION_LAYOUT
+        } else {
+            1
+        }
     }
 }
 

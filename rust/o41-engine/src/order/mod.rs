@@ -28,7 +28,9 @@ use serde::{Deserialize, Serialize};
 pub use keyed::{key, mix64};
 pub use ramp::Batching;
 pub use source::{EpochLayout, SourceRow};
-pub use stage::{partition_window_rows, window_rows, StageOrder, StageRow, DEFAULT_UNIT_ROWS};
+pub use stage::{
+    default_unit_rows, partition_window_rows, window_rows, StageOrder, StageRow, DEFAULT_UNIT_ROWS,
+};
 
 use crate::config::ResolvedConfig;
 use crate::error::{Error, Result};

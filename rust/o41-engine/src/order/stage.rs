@@ -30,18 +30,36 @@ use super::source::{SourceOrder, SourceRow};
 use crate::config::{ResolvedStage, ShuffleSpec};
 use crate::error::{Error, Result};
 
-/// Rows that stay together when the shuffle window moves rows, unless configured.
+/// Rows that stay together when the shuffle window moves rows, unless configured, in a stream
+/// whose windows several ranks share.
 pub const DEFAULT_UNIT_ROWS: u64 = 8;
 
+/// The unit a stream dealt to `partitions` by `layout` moves rows in, unless configured. Units
+/// let a rank that shares a window read runs of consecutive records; in partition layout 2 a
+/// window belongs to one partition, whose rank reads all of it whatever the unit, so rows move
+/// one by one and a batch is not a run of neighbouring records (or of one document's windows).
+pub fn default_unit_rows(partitions: u64, layout: u32) -> u64 {
+    if partitions > 1 && layout >= 2 {
+        1
+    } else {
+        DEFAULT_UNIT_ROWS
+    }
+}
+
 /// The shuffle window in rows (the configured `buffer_rows` rounded up to whole units) and the
-/// unit; `(0, 1)` when unshuffled. `s` names the stage in errors.
-pub fn window_rows(shuffle: Option<ShuffleSpec>, s: usize) -> Result<(u64, u64)> {
+/// unit (`default_unit` unless configured); `(0, 1)` when unshuffled. `s` names the stage in
+/// errors.
+pub fn window_rows(
+    shuffle: Option<ShuffleSpec>,
+    s: usize,
+    default_unit: u64,
+) -> Result<(u64, u64)> {
     let Some(sh) = shuffle else {
         return Ok((0, 1));
     };
     let unit = sh
         .unit_rows
-        .unwrap_or(DEFAULT_UNIT_ROWS)
+        .unwrap_or(default_unit)
         .clamp(1, sh.buffer_rows.max(1));
     let window = sh
         .buffer_rows
@@ -59,16 +77,16 @@ pub fn window_rows(shuffle: Option<ShuffleSpec>, s: usize) -> Result<(u64, u64)>
     Ok((window, unit))
 }
 
-/// The shuffle window and unit of a stage of `batch_size` rows whose windows are dealt to
-/// `partitions` partitions: with more than one, the window is rounded up to whole batches too,
+/// The shuffle window and unit of a stage of `batch_size` rows dealt to `partitions`
+/// partitions by `layout`: with more than one, the window is rounded up to whole batches too,
 /// so that every partition's batches stay inside its own windows.
 pub fn partition_window_rows(
     shuffle: Option<ShuffleSpec>,
     s: usize,
     batch_size: u64,
-    partitions: u64,
+    (partitions, layout): (u64, u32),
 ) -> Result<(u64, u64)> {
-    let (window, unit) = window_rows(shuffle, s)?;
+    let (window, unit) = window_rows(shuffle, s, default_unit_rows(partitions, layout))?;
     if partitions <= 1 || window == 0 {
         return Ok((window, unit));
     }
@@ -172,7 +190,7 @@ impl StageOrder {
             &format!("stages[{s}].sources"),
         )?;
         let batch_size = stage.batch_size as u64;
-        let (window, unit) = partition_window_rows(shuffle, s, batch_size, partitions)?;
+        let (window, unit) = partition_window_rows(shuffle, s, batch_size, (partitions, layout))?;
         Ok(StageOrder {
             batch_size,
             batching: Batching::new(batch_size, stage.ramp),
