@@ -998,3 +998,31 @@ def test_window_columns_keep_their_pad_in_every_reused_batch(tmp_path: Path) -> 
         assert (row["segment_ids"][:used] >= 1).all()
         windows += 1
     assert windows > 100
+
+
+def test_a_partitioned_packed_stage_delivers_each_token_once_across_ranks(tmp_path: Path) -> None:
+    # Partitions share each source's packed windows among them (docs/order.md, "Partitions"):
+    # two ranks of two partitions deliver between them what one rank of the same order does,
+    # each token at most once, and what they leave out is what stats.dropped_rows counts.
+    lengths = np.random.default_rng(3).integers(1, 40, size=120).tolist()
+    docs = corpus(lengths)
+    path = write_bin(tmp_path / "corpus.bin", docs)
+    config = replace(
+        packed([path], 16, bins=4, batch_size=2, shuffle=Shuffle(buffer_rows=8), infinite=False), partitions=2
+    )
+    windows = len(rows(replace(config, partitions=1, stages=[replace(config.stages[0], batch_size=1)])))
+    per_rank, dropped = [], set()
+    for rank in range(2):
+        with open_batch_stream(replace(config, rank=rank, world_size=2)) as stream:
+            per_rank.append(drain(stream))
+            dropped.add(stream.stats.dropped_rows)
+    single = rows(config)
+    assert sorted(r["tokens"].tobytes() for rows_ in per_rank for r in rows_) == sorted(
+        r["tokens"].tobytes() for r in single
+    )
+    tokens = [
+        int(t) for rows_ in per_rank for r in rows_ for t in r["tokens"][r["segment_ids"] > 0] if t != EOS
+    ]
+    assert len(tokens) == len(set(tokens)), "no token twice"
+    assert len(dropped) == 1
+    assert sum(len(r) for r in per_rank) + dropped.pop() == windows

@@ -413,6 +413,38 @@ proptest! {
         }
     }
 
+    /// Layout 2: each partition mixes its shares by the stage's weights, so once every
+    /// partition has delivered whole windows the stream holds each source's share to within a
+    /// row per partition.
+    #[test]
+    fn partitioned_mixes_keep_their_proportions(
+        sources in sources(), batch_size in 1usize..5, buffer_rows in 1u64..40,
+        partitions in 2u64..6, windows in 1u64..6, seed in any::<u64>()
+    ) {
+        prop_assume!(sources.iter().all(|(s, _)| s.iter().sum::<u64>() >= partitions));
+        let stage = stage(&sources, batch_size, Some((buffer_rows, 1)), true);
+        let order = partitioned_as(vec![stage], seed, partitions, 2).unwrap();
+        let window = order.stages()[0].window;
+        let bs = batch_size as u64;
+        let batches = windows * window / bs * partitions;
+        let mut counts = vec![0u64; sources.len()];
+        let mut cache = LayoutCache::default();
+        for g in 0..batches {
+            for i in 0..bs {
+                counts[order.slot(&Segment::first(), g, i, &mut cache).row.source] += 1;
+            }
+        }
+        let weights: f64 = sources.iter().map(|(_, w)| w).sum();
+        let total = (batches * bs) as f64;
+        for (j, (_, w)) in sources.iter().enumerate() {
+            let expected = total * w / weights;
+            prop_assert!(
+                (counts[j] as f64 - expected).abs() <= partitions as f64 + 1e-9,
+                "source {} has {} rows of {}, expected {:.1}", j, counts[j], total, expected
+            );
+        }
+    }
+
     /// A switch out of a partitioned stage drains, in every partition, the rest of the window
     /// it was reading; the new stage's rows follow, and no old row comes twice.
     #[test]

@@ -16,12 +16,12 @@ mod tests;
 pub use mapping::{renamed_fields, renamed_layout, MappedSource};
 pub use resolved::{
     ManifestSelection, NamedFile, ResolvedConfig, ResolvedShard, ResolvedSource, ResolvedStage,
-    PARTITION_LAYOUT, RESOLVED_CONFIG_VERSION,
+    RESOLVED_CONFIG_VERSION,
 };
 pub use schema::{
     is_window_source, parse_named, FieldSource, FieldSpec, Overflow, PackOverflow, PackingSpec,
     PadSide, RampSpec, ShuffleSpec, SourceSpec, Stage, StageSpec, StreamConfig, TokenLayout,
     WindowColumn, WindowsSpec, LABELS, LABELS_PREFIX, LENGTH_PREFIX, MAX_BINS, MAX_SEQ_LEN,
-    POSITIONS, SEGMENT_IDS, SEGMENT_LENGTHS,
+    PARTITION_LAYOUT, POSITIONS, SEGMENT_IDS, SEGMENT_LENGTHS,
 };
 pub use validate::{MAX_RAMP_STEPS, VALID_COLUMN};

@@ -141,7 +141,7 @@ pub struct ResolvedConfig {
         skip_serializing_if = "super::schema::is_one"
     )]
     pub partitions: u64,
-    /// How a partitioned stream deals its rows to partitions ([`PARTITION_LAYOUT`]); absent
+    /// How a partitioned stream deals its rows to partitions ([`super::PARTITION_LAYOUT`]); absent
     /// (1: shuffle windows dealt in turn) in documents of one partition and in those written
     /// before layout 2 existed, which keep the order they were taken with.
     #[serde(
@@ -150,11 +150,6 @@ pub struct ResolvedConfig {
     )]
     pub partition_layout: u32,
 }
-
-/// The partition layout new partitioned documents pin: each source's rows of every epoch cut
-/// into one contiguous share per partition, each partition mixing and shuffling its own shares
-/// (`docs/order.md`, "Partitions"). Layout 1 dealt windows of the stage's one mixed sequence.
-pub const PARTITION_LAYOUT: u32 = 2;
 
 impl ResolvedConfig {
     /// How the document deals rows to its partitions.

@@ -559,6 +559,11 @@ pub(crate) fn is_one(n: &u64) -> bool {
     *n == 1
 }
 
+/// The partition layout new partitioned documents pin: each source's rows of every epoch cut
+/// into one contiguous share per partition, each partition mixing and shuffling its own shares
+/// (`docs/order.md`, "Partitions"). Layout 1 dealt windows of the stage's one mixed sequence.
+pub const PARTITION_LAYOUT: u32 = 2;
+
 /// The partition layout a document without one reads as: layout 1, windows dealt in turn.
 pub(crate) fn one_u32() -> u32 {
     1
@@ -616,7 +621,7 @@ impl StreamConfig {
     /// one partition reads the same as any, otherwise).
     pub fn partition_layout(&self) -> u32 {
         if self.partitions > 1 {
-            super::resolved::PARTITION_LAYOUT
+            PARTITION_LAYOUT
         } else {
             1
         }

@@ -2,11 +2,11 @@
 //! error names the option at fault by its path in the document.
 
 use super::mapping::{validate_columns, MappedSource};
-use super::resolved::{ResolvedConfig, PARTITION_LAYOUT};
+use super::resolved::ResolvedConfig;
 use super::schema::{
     is_window_source, FieldSource, FieldSpec, Overflow, PackingSpec, PadSide, RampSpec,
     ShuffleSpec, SourceSpec, Stage, StreamConfig, TokenLayout, WindowColumn, WindowsSpec,
-    LABELS_PREFIX, MAX_BINS, MAX_SEQ_LEN, SEGMENT_LENGTHS,
+    LABELS_PREFIX, MAX_BINS, MAX_SEQ_LEN, PARTITION_LAYOUT, SEGMENT_LENGTHS,
 };
 use crate::dtype::DType;
 use crate::encoding::Encoding;
