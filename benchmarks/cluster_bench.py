@@ -22,6 +22,7 @@ measured on the world-1 order, which every world shares.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import sys
 import time
@@ -69,6 +70,29 @@ def corpora(rows: int) -> dict[str, tuple[list[Path], int | None]]:
         # An MDS shard is its own block: the planned order keeps the shard order (no block_rows).
         "MDS zstd, shards of about 1,024 rows": (mds_copy(paged, HERE / "data" / "corpus-mds-zstd"), None),
     }
+
+
+def read_unit_rows(name: str, paths: list[Path], rows: int) -> int:
+    """Rows of the smallest piece of ``name``'s shards a reader can fetch alone: a 32 KiB page
+    with a page index, a row group without one, a 1 MiB block of a gzip stream (what a rank
+    reads past its rows), a whole MDS shard (compressed whole)."""
+    row_bytes = sum(p.stat().st_size for p in paths) / rows
+    if name.startswith("page index"):
+        return max(1, round((32 << 10) / row_bytes))
+    if name.startswith("jsonl.gz"):
+        return max(1, round((1 << 20) / row_bytes))
+    if name.startswith("MDS"):
+        return 1 << 40
+    return BLOCK
+
+
+def floor(shards: list[str], layout: str, world: int, planned: int, block: int | None, unit: int) -> float:
+    """The amplification the order itself makes the ranks share: each read unit charged to
+    every rank whose rows it holds (``plan_reads``, the figure ``o41 plan`` prints)."""
+    from o41_training_data import BatchStreamConfig, plan_reads
+
+    config = BatchStreamConfig.from_dict(config_document(shards, layout, world, 0, planned, block))
+    return plan_reads(config, world, read_unit_rows=unit, block_rows=BLOCK).amplification
 
 
 def mds_copy(shards: list[Path], out: Path) -> list[Path]:
@@ -203,11 +227,40 @@ def diversity(
     return sum(blocks) / len(blocks), consecutive / max(pairs, 1)
 
 
+def py1e_diversity(shard_sizes: list[int], nodes: int, block_size: int, batches: int) -> tuple[float, float]:
+    """MosaicML streaming's py1e order over the same rows (one stream, its shards as MDS wrote
+    them): each canonical node's samples in the order its device reads them, cut into batches of
+    ``BATCH``; mean distinct 1,024-row blocks per batch and the fraction of consecutive neighbours."""
+    import numpy as np
+    from streaming.base.shuffle import get_shuffle
+
+    ids = get_shuffle("py1e", np.array(shard_sizes, dtype=np.int64), nodes, 1, 0, block_size)
+    per_node = len(ids) // nodes
+    blocks, pairs, consecutive = [], 0, 0
+    for node in range(nodes):
+        samples = ids[node * per_node : (node + 1) * per_node].tolist()
+        for k in range(0, len(samples) - BATCH + 1, BATCH):
+            if len(blocks) >= batches:
+                break
+            batch = samples[k : k + BATCH]
+            blocks.append(len({s // BLOCK for s in batch}))
+            pairs += BATCH - 1
+            consecutive += sum(b == a + 1 for a, b in itertools.pairwise(batch))
+    return sum(blocks) / len(blocks), consecutive / max(pairs, 1)
+
+
 def measure(
-    shards: list[str], layout: str, world: int, block: int | None, sample: int | None
+    shards: list[str],
+    layout: str,
+    world: int,
+    block: int | None,
+    sample: int | None,
+    planned: int | None = None,
 ) -> dict[str, float]:
+    """One pass of every rank of ``world`` (or ``sample`` of them), partitions planned for
+    ``planned`` ranks (the world itself unless given)."""
     ranks = range(world) if sample is None else range(0, world, world // sample)
-    documents = [config_document(shards, layout, world, r, world, block) for r in ranks]
+    documents = [config_document(shards, layout, world, r, planned or world, block) for r in ranks]
     results = [run_child([sys.executable, __file__, "--child", json.dumps(d)]) for d in documents]
     scale = world / len(results)
     return {
@@ -230,6 +283,11 @@ def main() -> None:
     parser.add_argument("--worlds", default="1,8,64,1024")
     parser.add_argument("--sample", type=int, default=16, help="ranks measured of a world over 64")
     parser.add_argument("--diversity-batches", type=int, default=200)
+    parser.add_argument(
+        "--uneven",
+        default="64:24,64:96",
+        help="PARTITIONS:WORLD pairs: worlds that do not divide the partitions they run",
+    )
     parser.add_argument("--child")
     args = parser.parse_args()
     if args.child:
@@ -243,19 +301,24 @@ def main() -> None:
         shards = [str(p) for p in paths]
         size = sum(p.stat().st_size for p in paths)
         notes.append(f"{name}: {size / 1e6:.0f} MB in {len(paths)} shards")
-        for layout in ("one", "planned"):
-            for world in worlds:
-                sample = args.sample if world > 64 else None
-                m = measure(shards, layout, world, block, sample)
-                order = f"blocks of {block}" if block else "shard order"
-                label = "one partition" if layout == "one" else f"partitions={world}, {order}"
-                extrapolated = f" (sample of {args.sample}, extrapolated)" if sample else ""
-                lines.append(
-                    f"| {name} | {label} | {world}{extrapolated} | **{m['bytes'] / size:.2f}x** | "
-                    f"{m['bound'] / 2**20:.0f} | {m['readers'] / 2**20:.0f} | {m['rss'] / 2**20:.0f} | "
-                    f"{m['cpu_per_row'] * 1e6:.0f} | {m['open_cpu'] * 1e3:.0f} | {m['stream_cpu_per_row'] * 1e6:.0f} |"
-                )
-                print(lines[-1], flush=True)
+        unit = read_unit_rows(name, paths, args.rows)
+        runs = [(layout, world, world) for layout in ("one", "planned") for world in worlds]
+        runs += [
+            ("planned", *(int(n) for n in pair.split(":"))) for pair in filter(None, args.uneven.split(","))
+        ]
+        for layout, planned, world in runs:
+            sample = args.sample if world > 64 else None
+            m = measure(shards, layout, world, block, sample, planned)
+            least = floor(shards, layout, world, planned if layout == "planned" else 1, block, unit)
+            order = f"blocks of {block}" if block else "shard order"
+            label = "one partition" if layout == "one" else f"partitions={planned}, {order}"
+            extrapolated = f" (sample of {args.sample}, extrapolated)" if sample else ""
+            lines.append(
+                f"| {name} | {label} | {world}{extrapolated} | **{m['bytes'] / size:.2f}x** | {least:.2f}x | "
+                f"{m['bound'] / 2**20:.0f} | {m['readers'] / 2**20:.0f} | {m['rss'] / 2**20:.0f} | "
+                f"{m['cpu_per_row'] * 1e6:.0f} | {m['open_cpu'] * 1e3:.0f} | {m['stream_cpu_per_row'] * 1e6:.0f} |"
+            )
+            print(lines[-1], flush=True)
     paths, block = next(iter(layouts.values()))
     first = [str(p) for p in paths]
     table = ["| order | distinct 1,024-row blocks per batch | consecutive neighbours |", "|---|---:|---:|"]
@@ -268,7 +331,17 @@ def main() -> None:
         )
         table.append(f"| {label} | {blocks:.1f} | {consecutive:.1%} |")
         print(table[-1], flush=True)
-    command = f"uv run python benchmarks/cluster_bench.py --rows {args.rows} --worlds {args.worlds}"
+    mds_index = json.loads((HERE / "data" / "corpus-mds-zstd" / "index.json").read_text())
+    sizes = [shard["samples"] for shard in mds_index["shards"]]
+    for nodes, block_size in ((8, WINDOW), (64, WINDOW), (8, 1 << 18)):
+        blocks, consecutive = py1e_diversity(sizes, nodes, block_size, args.diversity_batches)
+        label = f"MosaicML streaming py1e, {nodes} canonical nodes, shuffle_block_size={block_size:,}"
+        table.append(f"| {label} | {blocks:.1f} | {consecutive:.1%} |")
+        print(table[-1], flush=True)
+    command = (
+        f"uv run python benchmarks/cluster_bench.py --rows {args.rows} --worlds {args.worlds}"
+        f" --uneven {args.uneven}"
+    )
     body = f"""## Bytes fetched per epoch by a whole cluster (`benchmarks/cluster_bench.py`)
 
 {preamble(command)}
@@ -282,8 +355,8 @@ def main() -> None:
   milliseconds in `open_batch_stream` (footers, inspection, the order's layouts: the same for
   every rank, whatever its share) and the slowest rank's CPU per row after it.
 
-| corpus | order | world | amplification | bound MiB | readers MiB | peak RSS MiB | CPU us/row | open CPU ms | after open us/row |
-|---|---|---:|---:|---:|---:|---:|---:|---:|---:|
+| corpus | order | world | amplification | the order's floor | bound MiB | readers MiB | peak RSS MiB | CPU us/row | open CPU ms | after open us/row |
+|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|
 {chr(10).join(lines)}
 
 Batch diversity over the first {args.diversity_batches} batches of the page-index corpus (the order does not depend on
@@ -291,19 +364,37 @@ the world size):
 
 {chr(10).join(table)}
 
-Reading the table: a rank reads each byte of its rows once while the page cache holds what
-several of its jobs read (Parquet chunks and pages, compressed MDS shards, 1 MiB blocks of a
-gzip stream): one rank's pass reads 1.00-1.02x the corpus on Parquet and on MDS in shard order,
-1.10x for MDS as one partition and 1.18x for jsonl.gz in blocks of 1,024 rows, where a window's
-working set is larger than the cache. With partitions planned for the world, each block is
-read by one rank where the windows of a round hold whole blocks. What is left at 8 and more
-ranks (issue 47): partitions deal windows of the mixed sequence, so a source's block that
-straddles a window boundary is read by two ranks; a pass of this corpus is shorter than one
-round of 64 or 1,024 windows of 4,096 rows, so its last round is cut into windows smaller than
-a block, which several ranks share; and since a job now reads a row group's chunks whole where
-there is no page index (so that the next job finds them in the cache), a rank of 1,024 that
-needs a few rows of a row group fetches all of it (41x, where reading up to its last row gave
-25x before).
+Reading the table: the order's floor is what the order itself makes ranks share: each read
+unit (a 32 KiB page with a page index, a row group without, a 1 MiB block of a gzip stream, a
+whole MDS shard) charged to every rank that delivers one of its rows (`plan_reads`, what
+`o41 plan` prints; footers, indexes and the first record open checks are not in it). Where the
+measured amplification meets it, every rank reads each unit it needs once and nothing else.
+
+With partitions planned for the world (partition layout 2: each source's epoch cut into one
+contiguous share per partition), a rank reads only its shares but for the read units a share's
+two ends cut, which two ranks both read: at most `partitions - 1` units per source per epoch.
+That is what is left at 8 ranks (1.01x with a page index, 1.28x with row groups of 1,024
+rows, on a corpus whose shares hold about 4.6 and 1.5 row groups per source). On this corpus
+of 50,000 rows a share at 64 ranks holds less than one row group of either source (586 and
+195 rows), so every row group is read by about two ranks and three without a page index
+(3.5x, the order's floor); at 1,024 ranks a rank delivers 49 rows from row groups of 1,024,
+and nothing short of reading less than a read unit can go below about 20x. The floor falls as
+a share holds more units: about `1 + (partitions - 1) x sources x unit rows / rows` (10 TB on
+1,024 ranks in row groups of 8 MB: 1.002x). With a page index the cost above the floor at 64
+and 1,024 ranks is each rank's footers and page indexes of the shards it opens (about 200 KiB
+a rank here), which a larger share makes small too.
+
+A world that does not divide the partitions (24 or 96 ranks on 64) is exact; each partition
+is then read by `world / gcd(world, partitions)` ranks (3 here), on top of the floor at 64.
+Plan `partitions` as a multiple of every world size the run may move to (192 covers 24, 64
+and 96, at three windows per rank on 64).
+
+Batch diversity: in layout 2 rows move one by one (a window belongs to one rank whatever the
+unit), so a batch of partitions=8 draws from 7.9 blocks with almost no consecutive neighbours,
+against 3.6 and 38.8% for the default order; at 64 partitions a partition's window spans the
+few blocks of its share on this corpus. MosaicML streaming's py1e over the same rows (its
+shards as its `MDSWriter` cut them, one stream) is shown for its per-node order at the same
+shuffle block of 4,096 rows and at its default block.
 """
     write_section("cluster", body)
 
