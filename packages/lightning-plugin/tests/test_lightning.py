@@ -868,3 +868,19 @@ def test_sidecars_of_another_step_under_the_same_name_are_refused(data: Path, tm
         fit(
             Renamed(make_config(data)), tmp_path, 10, callbacks=[checkpoints(tmp_path / "ck")], ckpt_path=at_4
         )
+
+
+def test_outside_a_trainer_the_module_takes_its_rank_from_rank_and_world_size(
+    data: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The core's rule (process_ranks): with no trainer and no torch.distributed, the RANK and
+    # WORLD_SIZE a launcher set decide, as they do for the torch adapter and the core.
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "3")
+    module = O41DataModule(make_config(data))
+    batches = iter(module.train_dataloader())
+    assert [int(next(batches)["batch_index"]) for _ in range(3)] == [1, 4, 7]
+    # Its state is one rank's of three, which needs the others' to be whole: without
+    # torch.distributed to gather them, it is refused rather than written as a world of one.
+    with pytest.raises(ConfigError, match="the run has 3 ranks"):
+        module.state_dict()

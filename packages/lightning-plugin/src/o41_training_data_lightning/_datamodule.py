@@ -19,6 +19,7 @@ from o41_training_data import (
     StreamStats,
     SwitchPoint,
     TrainingData,
+    process_ranks,
     resolve_batch_stream_config,
     switch_point,
 )
@@ -335,9 +336,8 @@ class O41DataModule(LightningDataModule):
         trainer = self.trainer
         if trainer is not None:
             return trainer.global_rank, trainer.world_size
-        if torch.distributed.is_available() and torch.distributed.is_initialized():
-            return torch.distributed.get_rank(), torch.distributed.get_world_size()
-        return 0, 1
+        # Outside a trainer, the core's rule: torch.distributed, then RANK and WORLD_SIZE.
+        return process_ranks()
 
     def _ranked(self, config: BatchStreamConfig) -> BatchStreamConfig:
         rank, world_size = self._rank_world()
@@ -359,7 +359,7 @@ class O41DataModule(LightningDataModule):
             return [mine]
         if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
             raise ConfigError(
-                f"O41DataModule.state_dict: the trainer has {world_size} ranks but torch.distributed "
+                f"O41DataModule.state_dict: the run has {world_size} ranks but torch.distributed "
                 "is not initialised, so their positions cannot be gathered"
             )
         entries: list[Any] = [None] * world_size
