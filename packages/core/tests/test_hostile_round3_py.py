@@ -8,6 +8,7 @@ fault, at once: no hang on a FIFO, no endless read of a device, no ``RecursionEr
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -32,6 +33,7 @@ from o41_training_data import (
     ProjectedField,
     RetryPolicy,
     Stage,
+    StorageConfig,
     StorageError,
     TrainingData,
     iter_shard,
@@ -41,6 +43,7 @@ from o41_training_data import (
     resume_batch_stream,
     save_manifest,
 )
+from o41_training_data import _core
 from o41_training_data._cli import main
 
 O41 = str(Path(sys.executable).parent / "o41")
@@ -190,11 +193,23 @@ def _storage(**kwargs: object) -> object:
     return TrainingData(**{"s3_base_url": "http://127.0.0.1:9", **KEYS, **kwargs})  # type: ignore[arg-type]
 
 
+def test_a_retry_policy_takes_the_engine_defaults_and_reaches_it_at_its_bounds() -> None:
+    # The defaults and bounds are the engine's (`_core.retry_defaults()`, `LIMITS`), and the
+    # largest policy the face accepts is one the engine builds storage with.
+    assert dataclasses.asdict(RetryPolicy()) == _core.retry_defaults()
+    largest = RetryPolicy(max_consecutive_failures=2**32 - 1, no_progress_timeout_s=1e9)
+    config = StorageConfig(s3_base_url="http://127.0.0.1:9", **KEYS, retry=largest)
+    assert isinstance(config.core(), _core.Storage)
+
+
 @pytest.mark.parametrize(
     ("call", "option"),
     [
         (lambda: RetryPolicy(max_consecutive_failures="8"), "retry.max_consecutive_failures"),
         (lambda: RetryPolicy(max_consecutive_failures=2**70), "retry.max_consecutive_failures"),
+        # The engine counts failures in 32 bits: 2**32 reached the binding and overflowed there.
+        (lambda: RetryPolicy(max_consecutive_failures=2**32), "retry.max_consecutive_failures"),
+        (lambda: RetryPolicy(no_progress_timeout_s=2e9), "retry.no_progress_timeout_s"),
         (lambda: RetryPolicy(read_timeout_s=float("inf")), "retry.read_timeout_s"),
         (lambda: RetryPolicy(connect_timeout_s=1e300), "retry.connect_timeout_s"),  # a Duration panic
         (lambda: RetryPolicy(max_backoff_s="1"), "retry.max_backoff_s"),

@@ -27,8 +27,15 @@ pub const MAX_RAMP_STEPS: u64 = 65_536;
 /// or reads from a schema: arrow-rs builds readers, writers and types by recursion over it.
 pub const MAX_NESTING: u64 = 64;
 
+/// Most failed attempts in a row a retry policy may allow: the engine counts them in 32 bits.
+pub const MAX_RETRY_FAILURES: u64 = u32::MAX as u64;
+
+/// Longest duration, in seconds, a retry policy may set (a timeout or a backoff): far below
+/// what a `Duration` holds, and past any wait a run would choose.
+pub const MAX_RETRY_SECONDS: u64 = 1_000_000_000;
+
 /// Every limit by the name the Python face and the docs use.
-pub const ALL: [(&str, u64); 7] = [
+pub const ALL: [(&str, u64); 9] = [
     ("max_position", MAX_POSITION),
     ("max_world_size", MAX_WORLD_SIZE),
     ("max_threads", MAX_THREADS),
@@ -36,4 +43,6 @@ pub const ALL: [(&str, u64); 7] = [
     ("max_seq_len", MAX_SEQ_LEN),
     ("max_ramp_steps", MAX_RAMP_STEPS),
     ("max_nesting", MAX_NESTING),
+    ("max_retry_failures", MAX_RETRY_FAILURES),
+    ("max_retry_seconds", MAX_RETRY_SECONDS),
 ];

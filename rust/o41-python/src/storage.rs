@@ -28,14 +28,40 @@ pub struct Storage {
 }
 
 fn seconds(option: &str, value: f64) -> PyResult<Duration> {
-    Duration::try_from_secs_f64(value).map_err(|_| {
-        Python::attach(|py| {
-            to_py(
-                py,
-                &o41_engine::Error::config(option, format!("{value} is not a duration in seconds")),
-            )
+    let limit = o41_engine::limits::MAX_RETRY_SECONDS as f64;
+    (value <= limit)
+        .then(|| Duration::try_from_secs_f64(value).ok())
+        .flatten()
+        .ok_or_else(|| {
+            Python::attach(|py| {
+                to_py(
+                    py,
+                    &o41_engine::Error::config(
+                        option,
+                        format!("{value} is not a duration from 0 to {limit} seconds"),
+                    ),
+                )
+            })
         })
-    })
+}
+
+/// The engine's default retry policy, as `RetryPolicy`'s fields name it: the one place its
+/// values are written down.
+#[pyfunction]
+pub fn retry_defaults(py: Python<'_>) -> PyResult<Bound<'_, pyo3::types::PyDict>> {
+    let policy = RetryPolicy::default();
+    let out = pyo3::types::PyDict::new(py);
+    out.set_item("max_consecutive_failures", policy.max_consecutive_failures)?;
+    for (name, value) in [
+        ("no_progress_timeout_s", policy.no_progress_timeout),
+        ("read_timeout_s", policy.read_timeout),
+        ("connect_timeout_s", policy.connect_timeout),
+        ("initial_backoff_s", policy.initial_backoff),
+        ("max_backoff_s", policy.max_backoff),
+    ] {
+        out.set_item(name, value.as_secs_f64())?;
+    }
+    Ok(out)
 }
 
 /// A Python function returning `(access_key_id, secret_access_key, session_token or None,

@@ -56,6 +56,9 @@ def check_manifest(text: str, uri: str) -> str:
 def limits() -> dict[str, int]:
     """The engine's limits by name (``max_world_size``, ``max_seq_len``, ...)."""
 
+def retry_defaults() -> dict[str, float]:
+    """The engine's default retry policy by ``RetryPolicy`` field name (failures as an int)."""
+
 def stream_rules(
     source: Checkpoint | _ConfigLike,
 ) -> tuple[list[tuple[str, str, list[int]]], list[tuple[int, tuple[int, int, int] | None]], int, int]:

@@ -10,5 +10,6 @@ __all__ = ["LIMITS"]
 
 LIMITS: Mapping[str, int] = dict(_core.limits())
 """The engine's limits by name: ``max_world_size`` (ranks), ``max_threads``, ``max_seq_len``,
-``max_bins``, ``max_ramp_steps``, ``max_position`` (batches or rows a stream may reach) and
-``max_nesting`` (levels of lists and objects a saved record's values may nest)."""
+``max_bins``, ``max_ramp_steps``, ``max_position`` (batches or rows a stream may reach),
+``max_nesting`` (levels of lists and objects a saved record's values may nest),
+``max_retry_failures`` and ``max_retry_seconds`` (a retry policy's bounds)."""

@@ -25,6 +25,7 @@ from typing import Any
 from . import _core
 from ._errors import ConfigError, O41Error, invalid
 from ._files import read_bytes
+from ._limits import LIMITS
 
 __all__ = ["CredentialProvider", "RetryPolicy", "StorageConfig", "TemporaryCredentials", "is_remote"]
 
@@ -33,8 +34,10 @@ _REGISTRY: dict[str, StorageConfig] = {}
 _REGISTRY_LOCK = threading.Lock()
 
 
-_MAX_SECONDS = 1e9
+_MAX_SECONDS = LIMITS["max_retry_seconds"]
 """The longest timeout or backoff a retry policy takes, in seconds (about 31 years)."""
+_MAX_FAILURES = LIMITS["max_retry_failures"]
+_DEFAULTS = _core.retry_defaults()
 
 MAX_CA_BUNDLE_BYTES = 16 << 20
 """Largest CA bundle read: the whole Mozilla bundle is about 220 KB, a corporate one a few MB."""
@@ -68,18 +71,20 @@ class RetryPolicy:
 
     """
 
-    max_consecutive_failures: int = 64
-    no_progress_timeout_s: float = 900.0
-    read_timeout_s: float = 60.0
-    connect_timeout_s: float = 10.0
-    initial_backoff_s: float = 0.1
-    max_backoff_s: float = 15.0
+    # The engine's defaults (`_core.retry_defaults()`), written down once, there.
+    max_consecutive_failures: int = int(_DEFAULTS["max_consecutive_failures"])
+    no_progress_timeout_s: float = _DEFAULTS["no_progress_timeout_s"]
+    read_timeout_s: float = _DEFAULTS["read_timeout_s"]
+    connect_timeout_s: float = _DEFAULTS["connect_timeout_s"]
+    initial_backoff_s: float = _DEFAULTS["initial_backoff_s"]
+    max_backoff_s: float = _DEFAULTS["max_backoff_s"]
 
     def __post_init__(self) -> None:
         failures = self.max_consecutive_failures
-        if isinstance(failures, bool) or not isinstance(failures, int) or not 1 <= failures <= 2**32:
+        if isinstance(failures, bool) or not isinstance(failures, int) or not 1 <= failures <= _MAX_FAILURES:
             raise invalid(
-                "retry.max_consecutive_failures", f"must be an integer from 1 to 2**32, got {failures!r}"
+                "retry.max_consecutive_failures",
+                f"must be an integer from 1 to {_MAX_FAILURES}, got {failures!r}",
             )
         for name in (
             "no_progress_timeout_s",
@@ -95,7 +100,7 @@ class RetryPolicy:
                 or not isinstance(value, (int, float))
                 or not 0 <= value <= _MAX_SECONDS
             ):
-                raise invalid(f"retry.{name}", f"must be a number of seconds from 0 to 1e9, got {value!r}")
+                raise invalid(f"retry.{name}", f"must be a number of seconds from 0 to {_MAX_SECONDS}, got {value!r}")
 
 
 class Secret(str):
