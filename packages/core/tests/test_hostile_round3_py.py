@@ -36,6 +36,7 @@ from o41_training_data import (
     StorageConfig,
     StorageError,
     TrainingData,
+    _core,
     iter_shard,
     load_manifest,
     open_batch_stream,
@@ -43,7 +44,6 @@ from o41_training_data import (
     resume_batch_stream,
     save_manifest,
 )
-from o41_training_data import _core
 from o41_training_data._cli import main
 
 O41 = str(Path(sys.executable).parent / "o41")

@@ -100,7 +100,9 @@ class RetryPolicy:
                 or not isinstance(value, (int, float))
                 or not 0 <= value <= _MAX_SECONDS
             ):
-                raise invalid(f"retry.{name}", f"must be a number of seconds from 0 to {_MAX_SECONDS}, got {value!r}")
+                raise invalid(
+                    f"retry.{name}", f"must be a number of seconds from 0 to {_MAX_SECONDS}, got {value!r}"
+                )
 
 
 class Secret(str):
