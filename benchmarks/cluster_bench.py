@@ -381,7 +381,7 @@ of 50,000 rows a share at 64 ranks holds less than one row group of either sourc
 and nothing short of reading less than a read unit can go below about 20x. The floor falls as
 a share holds more units: about `1 + (partitions - 1) x sources x unit rows / rows` (10 TB on
 1,024 ranks in row groups of 8 MB: 1.002x). With a page index the cost above the floor at 64
-and 1,024 ranks is each rank's footers and page indexes of the shards it opens (about 200 KiB
+and 1,024 ranks is each rank's footers and page indexes of the shards it opens (about 280 KiB
 a rank here), which a larger share makes small too.
 
 A world that does not divide the partitions (24 or 96 ranks on 64) is exact; each partition

@@ -99,6 +99,30 @@ impl Encoding {
         Encoding::ArrayRecord(ARRAY_RECORD[9].0),
     ];
 
+    /// File name suffixes and the encoding each names, longest first so that `.jsonl.gz` is
+    /// not taken for something shorter: the one table every layer infers encodings from (the
+    /// Python face reads it through `_core.encoding_suffixes()`). An ArrayRecord file's suffix
+    /// is not here: its name does not say what its records hold.
+    pub const SUFFIXES: [(&'static str, Encoding); 15] = [
+        (".mds.snappy", Encoding::Mds),
+        (".jsonl.gz", Encoding::JsonlGz),
+        (".mds.zstd", Encoding::Mds),
+        // Dolma and other text corpora name their gzipped JSON Lines `.json.gz`.
+        (".json.gz", Encoding::JsonlGz),
+        (".parquet", Encoding::Parquet),
+        (".msgpack", Encoding::Msgpack),
+        (".mds.bz2", Encoding::Mds),
+        (".mds.gz", Encoding::Mds),
+        (".mds.br", Encoding::Mds),
+        (".jsonl", Encoding::Jsonl),
+        (".arrow", Encoding::Arrow),
+        (".bin", Encoding::Bin),
+        // A `.idx` is only ever Megatron's index; its `.bin` is named by `encoding`.
+        (".idx", Encoding::Megatron),
+        (".npy", Encoding::Npy),
+        (".mds", Encoding::Mds),
+    ];
+
     /// The name used in configs and manifests.
     pub fn name(self) -> &'static str {
         match self {
@@ -148,27 +172,7 @@ impl Encoding {
                 ),
             ));
         }
-        // Longest suffix first so `.jsonl.gz` is not taken for something else.
-        let by_suffix = [
-            (".jsonl.gz", Encoding::JsonlGz),
-            // Dolma and other text corpora name their gzipped JSON Lines `.json.gz`.
-            (".json.gz", Encoding::JsonlGz),
-            (".jsonl", Encoding::Jsonl),
-            (".parquet", Encoding::Parquet),
-            (".msgpack", Encoding::Msgpack),
-            (".bin", Encoding::Bin),
-            // A `.idx` is only ever Megatron's index; its `.bin` is named by `encoding`.
-            (".idx", Encoding::Megatron),
-            (".npy", Encoding::Npy),
-            (".arrow", Encoding::Arrow),
-            (".mds", Encoding::Mds),
-            (".mds.zstd", Encoding::Mds),
-            (".mds.gz", Encoding::Mds),
-            (".mds.br", Encoding::Mds),
-            (".mds.snappy", Encoding::Mds),
-            (".mds.bz2", Encoding::Mds),
-        ];
-        by_suffix
+        Self::SUFFIXES
             .iter()
             .find(|(suffix, _)| path.ends_with(suffix))
             .map(|(_, e)| *e)
@@ -239,6 +243,18 @@ impl<'de> Deserialize<'de> for Encoding {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn suffixes_run_longest_first_so_none_hides_a_longer_one() {
+        for (i, (suffix, _)) in Encoding::SUFFIXES.iter().enumerate() {
+            for (later, _) in &Encoding::SUFFIXES[i + 1..] {
+                assert!(
+                    !later.ends_with(suffix),
+                    "{suffix} comes before {later}, which ends with it"
+                );
+            }
+        }
+    }
 
     #[test]
     fn every_name_parses_to_its_encoding_and_serialises_as_itself() {

@@ -41,6 +41,8 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(checkpoint::split_reference, m)?)?;
     m.add_function(wrap_pyfunction!(trace::trace_checkpoint, m)?)?;
     m.add_function(wrap_pyfunction!(rules::limits, m)?)?;
+    m.add_function(wrap_pyfunction!(rules::encodings, m)?)?;
+    m.add_function(wrap_pyfunction!(rules::encoding_suffixes, m)?)?;
     m.add_function(wrap_pyfunction!(storage::retry_defaults, m)?)?;
     m.add_function(wrap_pyfunction!(rules::stream_rules, m)?)?;
     m.add_function(wrap_pyfunction!(rules::planned_rows, m)?)?;

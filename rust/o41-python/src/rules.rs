@@ -21,6 +21,25 @@ pub fn limits(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
     Ok(out)
 }
 
+/// Every encoding's name, in the engine's order (`Encoding::ALL`).
+#[pyfunction]
+pub fn encodings() -> Vec<&'static str> {
+    o41_engine::encoding::Encoding::ALL
+        .iter()
+        .map(|e| e.name())
+        .collect()
+}
+
+/// The file name suffixes the engine infers encodings from, longest first, each with the
+/// encoding's name (`Encoding::SUFFIXES`).
+#[pyfunction]
+pub fn encoding_suffixes() -> Vec<(&'static str, &'static str)> {
+    o41_engine::encoding::Encoding::SUFFIXES
+        .iter()
+        .map(|(suffix, e)| (*suffix, e.name()))
+        .collect()
+}
+
 /// One delivered column: name, dtype name and per-row shape.
 type FieldTuple = (String, &'static str, Vec<usize>);
 /// One stage: its global batch size and its ramp `(start, increment, rows)`, if any.

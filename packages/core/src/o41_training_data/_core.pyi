@@ -56,6 +56,12 @@ def check_manifest(text: str, uri: str) -> str:
 def limits() -> dict[str, int]:
     """The engine's limits by name (``max_world_size``, ``max_seq_len``, ...)."""
 
+def encodings() -> list[str]:
+    """Every shard encoding's name, in the engine's order."""
+
+def encoding_suffixes() -> list[tuple[str, str]]:
+    """File name suffixes the engine infers encodings from, longest first, with each one's."""
+
 def retry_defaults() -> dict[str, float]:
     """The engine's default retry policy by ``RetryPolicy`` field name (failures as an int)."""
 
