@@ -101,7 +101,7 @@ impl Encoding {
 
     /// File name suffixes and the encoding each names, longest first so that `.jsonl.gz` is
     /// not taken for something shorter: the one table every layer infers encodings from (the
-    /// Python face reads it through `_core.encoding_suffixes()`). An ArrayRecord file's suffix
+    /// Python face reads it through `_core.encoding_suffixes()`). An `ArrayRecord` file's suffix
     /// is not here: its name does not say what its records hold.
     pub const SUFFIXES: [(&'static str, Encoding); 15] = [
         (".mds.snappy", Encoding::Mds),

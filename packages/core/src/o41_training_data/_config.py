@@ -16,6 +16,7 @@ from dataclasses import MISSING, dataclass, fields
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
+from . import _core
 from ._errors import ConfigError
 from ._errors import invalid as _invalid
 from ._files import as_path, check_depth, read_text
@@ -84,7 +85,8 @@ ARRAY_RECORD_ENCODINGS: tuple[str, ...] = (
 """ArrayRecord files, one encoding per payload their records hold."""
 IN_PLACE_ENCODINGS: tuple[str, ...] = ("megatron", "npy", "arrow", "mds", *ARRAY_RECORD_ENCODINGS)
 """Corpora other tools wrote, read in place (``docs/corpora.md``) and listed in manifests."""
-_SOURCE_ENCODINGS: tuple[str, ...] = (*ENCODINGS, "bin", *IN_PLACE_ENCODINGS)
+_SOURCE_ENCODINGS: tuple[str, ...] = tuple(_core.encodings())
+"""Every encoding a source may name: the engine's list (``Encoding`` above types it)."""
 
 _U64 = 2**64
 

@@ -12,6 +12,7 @@ import os
 import re
 from collections.abc import Callable, Sequence
 
+from . import _core
 from ._config import ARRAY_RECORD_ENCODINGS, ENCODINGS, IN_PLACE_ENCODINGS
 from ._errors import invalid as _invalid
 from ._manifest import DataManifest, ManifestShard, ManifestSplit, load_manifest, save_manifest
@@ -24,13 +25,9 @@ __all__ = ["manifest_from_files"]
 _MANIFEST_ENCODINGS = (*ENCODINGS, *IN_PLACE_ENCODINGS)
 _SUFFIXES = sorted(
     [
-        *((f".{e}", e) for e in ENCODINGS),
-        # Dolma and other text corpora name their gzipped JSON Lines `.json.gz`.
-        (".json.gz", "jsonl.gz"),
-        (".idx", "megatron"),
-        (".npy", "npy"),
-        (".arrow", "arrow"),
-        *((f".mds{z}", "mds") for z in ("", ".zstd", ".gz", ".br", ".snappy", ".bz2")),
+        # The engine's table (one place), less what a manifest does not list: `.bin` token
+        # streams, and a Megatron dataset's `.bin` beside its `.idx`, which names it.
+        *((suffix, e) for suffix, e in _core.encoding_suffixes() if e in _MANIFEST_ENCODINGS),
         # What an ArrayRecord file's records hold is not in its name: data_format says.
         (".array_record", "array_record"),
     ],

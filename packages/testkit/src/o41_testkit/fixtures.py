@@ -22,6 +22,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from hypothesis import HealthCheck, settings
+from o41_training_data import _core
 
 from ._local_s3 import LocalS3Server
 from .fault_proxy import FaultProxy
@@ -39,7 +40,8 @@ settings.register_profile("thorough", max_examples=500, deadline=None)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 ENCODINGS = ["parquet", "jsonl", "jsonl.gz", "msgpack"]
-SUFFIX = {"parquet": ".parquet", "jsonl": ".jsonl", "jsonl.gz": ".jsonl.gz", "msgpack": ".msgpack"}
+# Each encoding's first (longest) suffix in the engine's table, which infers it back.
+SUFFIX = {e: next(s for s, named in _core.encoding_suffixes() if named == e) for e in ENCODINGS}
 
 Records = Sequence[dict[str, Any]]
 
