@@ -751,8 +751,11 @@ def test_the_curriculum_callback_needs_an_o41_datamodule(tmp_path: Path) -> None
         (lambda c, v: O41DataModule(c.to_json()), "config: expected a BatchStreamConfig, got str"),
         (lambda c, v: O41DataModule(c, val_config=c), r"val_config.stages\[0\].infinite is True"),
         (lambda c, v: O41DataModule(c, val_config=v, num_workers=-1), "num_workers: expected an int >= 0"),
-        (lambda c, v: O41DataModule(c, bool_as="int8"), "bool_as: expected 'bool' or 'uint8'"),
-        (lambda c, v: O41DataModule(c, training_data="s3"), "training_data: expected a TrainingData"),
+        (
+            lambda c, v: O41DataModule(c, bool_as="int8"),
+            "invalid bool_as: 'int8'; expected 'bool' or 'uint8'",
+        ),
+        (lambda c, v: O41DataModule(c, training_data="s3"), "invalid training_data: expected a TrainingData"),
         (lambda c, v: O41Curriculum({-1: 1}), "schedule: -1: 1 is not a global step"),
         (lambda c, v: O41Curriculum([(1, 1)]), "schedule: expected a mapping"),
     ],

@@ -134,6 +134,21 @@ def test_a_batch_size_is_refused_with_what_to_write(config: BatchStreamConfig) -
         next(iter(DataLoader(O41IterableDataset(config), batch_size=2)))
 
 
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"bool_as": "int8"}, "invalid bool_as: 'int8'; expected 'bool' or 'uint8'"),
+        ({"training_data": "s3"}, "invalid training_data: expected a TrainingData, got str"),
+    ],
+)
+def test_adapter_options_are_checked_as_every_adapter_checks_them(
+    config: BatchStreamConfig, options: dict[str, object], message: str
+) -> None:
+    # The core's check_adapter_options: the same words from the torch, Lightning and JAX doors.
+    with pytest.raises(ConfigError, match=message):
+        O41IterableDataset(config, **options)  # type: ignore[arg-type]
+
+
 def test_ranks_from_torch_distributed(config: BatchStreamConfig, tmp_path: Path) -> None:
     dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
     try:

@@ -36,6 +36,7 @@ __all__ = [
     "StageBatches",
     "StreamRules",
     "SwitchPoint",
+    "check_adapter_options",
     "check_same_place",
     "check_same_stream",
     "find_rank_files",
@@ -223,6 +224,26 @@ def _whole(name: str, value: object, *, minimum: int, maximum: int) -> int:
     if not minimum <= value <= maximum:
         raise ConfigError(f"invalid {name}: must be between {minimum} and {maximum}, got {value}")
     return value
+
+
+def check_adapter_options(training_data: object, bool_as: object) -> None:
+    """Checks the options every framework adapter takes, one way for all of them.
+
+    ``training_data`` is a :class:`TrainingData` or ``None``; ``bool_as`` is ``"bool"`` or
+    ``"uint8"``. Anything else raises :class:`ConfigError` naming the option.
+
+    Examples:
+        >>> check_adapter_options(None, "uint8")
+
+    """
+    from ._training_data import TrainingData
+
+    if training_data is not None and not isinstance(training_data, TrainingData):
+        raise ConfigError(
+            f"invalid training_data: expected a TrainingData, got {type(training_data).__name__}"
+        )
+    if bool_as not in ("bool", "uint8"):
+        raise ConfigError(f"invalid bool_as: {bool_as!r}; expected 'bool' or 'uint8'")
 
 
 def check_world(rank: object, world_size: object) -> tuple[int, int]:

@@ -23,6 +23,7 @@ from o41_training_data import (
     StreamClosedError,
     StreamRules,
     TrainingData,
+    check_adapter_options,
     checkpoint_from_text,
     open_batch_stream,
     resume_batch_stream,
@@ -163,14 +164,9 @@ class O41JaxIterator(Iterator[dict[str, jax.Array]]):
             raise ConfigError(
                 f"invalid sharding: expected a jax.sharding.Sharding, got {type(sharding).__name__}"
             )
-        if training_data is not None and not isinstance(training_data, TrainingData):
-            raise ConfigError(
-                f"invalid training_data: expected a TrainingData, got {type(training_data).__name__}"
-            )
+        check_adapter_options(training_data, bool_as)
         if isinstance(prefetch, bool) or not isinstance(prefetch, int) or prefetch < 0:
             raise ConfigError(f"invalid prefetch: expected a whole number of batches >= 0, got {prefetch!r}")
-        if bool_as not in ("bool", "uint8"):
-            raise ConfigError(f"invalid bool_as: {bool_as!r}; expected 'bool' or 'uint8'")
         self._sharding = sharding
         self._storage = training_data.storage_config if training_data is not None else None
         self._prefetch = prefetch

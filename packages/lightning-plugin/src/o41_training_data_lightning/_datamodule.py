@@ -19,6 +19,7 @@ from o41_training_data import (
     StreamStats,
     SwitchPoint,
     TrainingData,
+    check_adapter_options,
     process_ranks,
     resolve_batch_stream_config,
     switch_point,
@@ -130,8 +131,7 @@ class O41DataModule(LightningDataModule):
         super().__init__()
         if not isinstance(config, BatchStreamConfig):
             raise ConfigError(f"config: expected a BatchStreamConfig, got {type(config).__name__}")
-        if training_data is not None and not isinstance(training_data, TrainingData):
-            raise ConfigError(f"training_data: expected a TrainingData, got {type(training_data).__name__}")
+        check_adapter_options(training_data, bool_as)
         if val_config is not None:
             if not isinstance(val_config, BatchStreamConfig):
                 raise ConfigError(
@@ -144,8 +144,6 @@ class O41DataModule(LightningDataModule):
                     )
         if type(num_workers) is not int or num_workers < 0:
             raise ConfigError(f"num_workers: expected an int >= 0, got {num_workers!r}")
-        if bool_as not in ("bool", "uint8"):
-            raise ConfigError(f"bool_as: expected 'bool' or 'uint8', got {bool_as!r}")
         self._config = config
         self._training_data = training_data
         self._val_config = val_config

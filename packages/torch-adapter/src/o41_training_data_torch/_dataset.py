@@ -24,6 +24,7 @@ from o41_training_data import (
     StreamStats,
     SwitchPoint,
     TrainingData,
+    check_adapter_options,
     observed_ranks,
     open_batch_stream,
     process_ranks,
@@ -167,14 +168,9 @@ class O41IterableDataset(IterableDataset[O41Batch]):
         split_workers: bool = False,
         switch: SwitchPoint | None = None,
     ) -> None:
-        if training_data is not None and not isinstance(training_data, TrainingData):
-            raise ConfigError(
-                f"invalid training_data: expected a TrainingData, got {type(training_data).__name__}"
-            )
+        check_adapter_options(training_data, bool_as)
         # Pickled into DataLoader workers without credentials (see StorageConfig).
         self._storage = training_data.storage_config if training_data is not None else None
-        if bool_as not in ("bool", "uint8"):
-            raise ConfigError(f"invalid bool_as: {bool_as!r}; expected 'bool' or 'uint8'")
         self._bool_as = bool_as
         if not isinstance(split_workers, bool):
             raise ConfigError(f"invalid split_workers: expected a bool, got {split_workers!r}")
