@@ -2,7 +2,7 @@
 is not taken for the shard's: lengths that disagree with the footer's counts are a cache miss,
 and the shard is read honestly, instead of the packing plan aborting the process in the
 allocator (the plan bound itself is checked before each document is placed: Rust's
-`hostile_round3` tests)."""
+`forged_inputs` tests)."""
 
 from __future__ import annotations
 
