@@ -42,8 +42,15 @@ pub fn encoding_suffixes() -> Vec<(&'static str, &'static str)> {
 
 /// One delivered column: name, dtype name and per-row shape.
 type FieldTuple = (String, &'static str, Vec<usize>);
-/// One stage: its global batch size and its ramp `(start, increment, rows)`, if any.
-type StageTuple = (u64, Option<(u64, u64, u64)>);
+/// One stage: its global batch size, its ramp `(start, increment, rows)` if any, and every size
+/// its global batches have (the engine's ramp rule, `Batching::sizes`).
+type StageTuple = (u64, Option<(u64, u64, u64)>, Vec<u64>);
+
+fn stage_tuple(batch_size: usize, ramp: Option<RampSpec>) -> StageTuple {
+    let sizes = o41_engine::order::Batching::new(batch_size as u64, ramp).sizes();
+    let ramp = ramp.map(|r| (r.start, r.increment, r.rows));
+    (batch_size as u64, ramp, sizes)
+}
 
 /// The rows a rank of `config` plans together and the bytes of one row as declared: what a
 /// rank holds decoded ahead of its consumer (two such groups at most).
@@ -64,14 +71,13 @@ pub fn stream_rules(
     py: Python<'_>,
     source: &Bound<'_, PyAny>,
 ) -> PyResult<(Vec<FieldTuple>, Vec<StageTuple>, usize, usize)> {
-    let ramp = |r: &Option<RampSpec>| r.map(|r| (r.start, r.increment, r.rows));
     let (fields, validation_pass, stages, rank, world_size): (Vec<FieldSpec>, bool, Vec<_>, _, _) =
         if let Ok(checkpoint) = source.cast::<Checkpoint>() {
             let resolved = &checkpoint.get().inner.resolved;
             let stages = resolved
                 .stages
                 .iter()
-                .map(|s| (s.batch_size as u64, ramp(&s.ramp)))
+                .map(|s| stage_tuple(s.batch_size, s.ramp))
                 .collect();
             (
                 resolved.fields.clone(),
@@ -85,7 +91,7 @@ pub fn stream_rules(
             let stages = config
                 .stages
                 .iter()
-                .map(|s| (s.batch_size as u64, ramp(&s.ramp)))
+                .map(|s| stage_tuple(s.batch_size, s.ramp))
                 .collect();
             (
                 config.fields,

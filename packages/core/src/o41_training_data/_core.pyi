@@ -67,10 +67,12 @@ def retry_defaults() -> dict[str, float]:
 
 def stream_rules(
     source: Checkpoint | _ConfigLike,
-) -> tuple[list[tuple[str, str, list[int]]], list[tuple[int, tuple[int, int, int] | None]], int, int]:
+) -> tuple[
+    list[tuple[str, str, list[int]]], list[tuple[int, tuple[int, int, int] | None, list[int]]], int, int
+]:
     """``(fields, stages, rank, world_size)`` of a config or checkpoint: each delivered column's
-    name, dtype and shape (a validation pass's ``valid`` included), and each stage's batch size
-    and ramp ``(start, increment, rows)``."""
+    name, dtype and shape (a validation pass's ``valid`` included), and each stage's batch size,
+    ramp ``(start, increment, rows)`` and every size its global batches have."""
 
 def planned_rows(source: _ConfigLike) -> tuple[int, int]:
     """``(group_rows, row_bytes)``: the rows a rank of the config plans together (with

@@ -71,13 +71,13 @@ class StageBatches:
 
     batch_size: int
     ramp: tuple[int, int, int] | None
+    sizes: tuple[int, ...]
+    """Every row count a global batch of the stage has, smallest first, as the engine's ramp
+    rule gives them (``batch_size`` alone without a ramp)."""
 
     def global_sizes(self) -> tuple[int, ...]:
         """Every row count a global batch of the stage can have, smallest first."""
-        if self.ramp is None:
-            return (self.batch_size,)
-        start, increment, _ = self.ramp
-        return tuple(range(start, self.batch_size + 1, max(increment, 1)))
+        return self.sizes
 
     def local_batch_rows(self, world_size: int) -> tuple[int, ...]:
         """Every row count one rank's batch of the stage can have.
@@ -131,7 +131,7 @@ class StreamRules:
         fields, stages, rank, world_size = _core.stream_rules(source)
         return cls(
             fields=tuple(DeliveredField(name, dtype, tuple(shape)) for name, dtype, shape in fields),
-            stages=tuple(StageBatches(batch_size, ramp) for batch_size, ramp in stages),
+            stages=tuple(StageBatches(batch_size, ramp, tuple(sizes)) for batch_size, ramp, sizes in stages),
             rank=rank,
             world_size=world_size,
         )

@@ -63,6 +63,12 @@ impl Batching {
         self.steps.len() > 1
     }
 
+    /// Every size a global batch of the stage has, smallest first: the ramp's steps, then
+    /// `batch_size`.
+    pub fn sizes(&self) -> Vec<u64> {
+        self.steps.iter().map(|s| s.size).collect()
+    }
+
     /// The largest batch: the stage's `batch_size`.
     pub fn max_size(&self) -> u64 {
         self.steps.last().expect("at least one step").size
