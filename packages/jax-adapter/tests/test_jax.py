@@ -248,7 +248,10 @@ def test_invalid_arguments_are_named(config: BatchStreamConfig, sharding: NamedS
         O41JaxIterator(config, sharding, "s3://bucket")  # type: ignore[arg-type]
     with pytest.raises(ConfigError, match="source: expected a BatchStreamConfig or a Checkpoint"):
         O41JaxIterator("config.json", sharding)  # type: ignore[arg-type]
-    with pytest.raises(ConfigError, match="the config says rank 1 of 2, the sharding puts"):
+    with pytest.raises(
+        ConfigError,
+        match=r"the config says rank 1 of 2, the sharding \(its block of the batch axis\) says rank 0 of 1",
+    ):
         O41JaxIterator(dataclasses.replace(config, rank=1, world_size=2), sharding)
     odd = dataclasses.replace(config, stages=[dataclasses.replace(config.stages[1], batch_size=3)])
     with pytest.raises(ConfigError, match="invalid batch_size 3: field 'v'"):

@@ -724,7 +724,7 @@ def test_a_training_step_that_fetches_its_own_batches_is_refused(data: Path, tmp
 
 def test_a_config_rank_other_than_the_trainers_is_refused(data: Path, tmp_path: Path) -> None:
     config = dataclasses.replace(make_config(data), rank=1, world_size=2)
-    with pytest.raises(ConfigError, match="the config says rank 1 of 2, the trainer runs rank 0 of 1"):
+    with pytest.raises(ConfigError, match="the config says rank 1 of 2, the trainer says rank 0 of 1"):
         fit(O41DataModule(config), tmp_path, 3)
 
 

@@ -88,6 +88,7 @@ if TYPE_CHECKING:
         rank_files_among,
         resume_point,
         switch_point,
+        with_ranks,
         write_rank_file,
     )
     from ._saver import DatasetSaver, SavedShard
@@ -173,6 +174,7 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
         "rank_files_among",
         "resume_point",
         "switch_point",
+        "with_ranks",
         "write_rank_file",
     ),
     "_saver": ("DatasetSaver", "SavedShard"),
@@ -293,6 +295,7 @@ __all__ = [
     "switch_point",
     "tokenize_dataset",
     "trace_batches",
+    "with_ranks",
     "write_checkpoint",
     "write_rank_file",
 ]

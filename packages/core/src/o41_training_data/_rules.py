@@ -48,6 +48,7 @@ __all__ = [
     "rank_files_among",
     "resume_point",
     "switch_point",
+    "with_ranks",
     "write_rank_file",
 ]
 
@@ -246,6 +247,31 @@ def check_adapter_options(training_data: object, bool_as: object) -> None:
         raise ConfigError(f"invalid bool_as: {bool_as!r}; expected 'bool' or 'uint8'")
 
 
+def with_ranks(config: BatchStreamConfig, ranks: tuple[int, int], decided_by: str) -> BatchStreamConfig:
+    """Places ``config`` at ``ranks`` (``(rank, world_size)``), as ``decided_by`` chose them.
+
+    ``decided_by`` names the framework that decides: ``"the trainer"``, ``"the sharding"``,
+    ``"torch.distributed"``.
+
+    A config may leave its rank and world size unset (``(0, 1)``) or name the same pair; one
+    that names another is refused, both pairs named, rather than silently overridden.
+
+    Examples:
+        >>> with_ranks(config, (1, 4), "the trainer").rank  # doctest: +SKIP
+        1
+
+    """
+    import dataclasses
+
+    explicit = (config.rank, config.world_size)
+    if explicit not in ((0, 1), ranks):
+        raise ConfigError(
+            f"rank/world_size: the config says rank {config.rank} of {config.world_size}, "
+            f"{decided_by} says rank {ranks[0]} of {ranks[1]}; leave them unset"
+        )
+    return dataclasses.replace(config, rank=ranks[0], world_size=ranks[1])
+
+
 def check_world(rank: object, world_size: object) -> tuple[int, int]:
     """``(rank, world_size)`` checked: a world of 1 to ``max_world_size`` ranks, a rank below it."""
     world = _whole("world_size", world_size, minimum=1, maximum=LIMITS["max_world_size"])
@@ -311,7 +337,7 @@ def process_ranks(configured: tuple[int, int] | None = None) -> tuple[int, int]:
         if configured is not None and configured != distributed:
             raise ConfigError(
                 f"rank/world_size: the config says rank {configured[0]} of {configured[1]}, "
-                f"torch.distributed says rank {distributed[0]} of {distributed[1]}"
+                f"torch.distributed says rank {distributed[0]} of {distributed[1]}; leave them unset"
             )
         return distributed
     if configured is not None:

@@ -29,6 +29,7 @@ from o41_training_data import (
     resume_batch_stream,
     resume_point,
     switch_point,
+    with_ranks,
 )
 
 from ._layout import Layout, check_divisible, process_layout
@@ -210,13 +211,10 @@ class O41JaxIterator(Iterator[dict[str, jax.Array]]):
 
     @staticmethod
     def _with_layout(config: BatchStreamConfig, layout: Layout) -> BatchStreamConfig:
-        ours = (layout.rank, layout.world_size)
-        if (config.rank, config.world_size) not in ((0, 1), ours):
-            raise ConfigError(
-                f"rank/world_size: the config says rank {config.rank} of {config.world_size}, the "
-                f"sharding puts this process's rows at block {ours[0]} of {ours[1]} of the batch axis"
-            )
-        return dataclasses.replace(config, rank=layout.rank, world_size=layout.world_size)
+        # The process's block of the batch axis is its rank (see _layout).
+        return with_ranks(
+            config, (layout.rank, layout.world_size), "the sharding (its block of the batch axis)"
+        )
 
     def _install(self, stream: BatchStream) -> None:
         """Makes ``stream`` current and its position the one reported.

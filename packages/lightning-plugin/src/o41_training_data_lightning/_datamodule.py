@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any, Literal
 
@@ -23,6 +22,7 @@ from o41_training_data import (
     process_ranks,
     resolve_batch_stream_config,
     switch_point,
+    with_ranks,
 )
 from o41_training_data_torch import POSITION_KEY, O41Batch, O41IterableDataset
 from torch.utils.data import DataLoader
@@ -339,13 +339,7 @@ class O41DataModule(LightningDataModule):
 
     def _ranked(self, config: BatchStreamConfig) -> BatchStreamConfig:
         rank, world_size = self._rank_world()
-        explicit = (config.rank, config.world_size)
-        if explicit != (0, 1) and explicit != (rank, world_size):
-            raise ConfigError(
-                f"rank/world_size: the config says rank {config.rank} of {config.world_size}, the "
-                f"trainer runs rank {rank} of {world_size}; leave them unset"
-            )
-        return dataclasses.replace(config, rank=rank, world_size=world_size)
+        return with_ranks(config, (rank, world_size), "the trainer")
 
     def _resolved(self, config: BatchStreamConfig) -> dict[str, Any]:
         if self._training_data is not None:
