@@ -39,6 +39,7 @@ __all__ = [
     "check_adapter_options",
     "check_same_place",
     "check_same_stream",
+    "check_stream_of",
     "find_rank_files",
     "move_to_world",
     "observed_ranks",
@@ -386,6 +387,23 @@ def check_same_stream(stops: Mapping[str, Position | Checkpoint | None]) -> None
                 f"checkpoint refused: {started[0][0]} and {name} belong to different streams "
                 f"({started[0][1].fingerprint}, {stop.fingerprint})"
             )
+
+
+def check_stream_of(
+    checkpoint: Checkpoint, config: BatchStreamConfig | None, fingerprint: str | None, reader: str
+) -> None:
+    """Refuses ``checkpoint`` unless it is of the stream ``reader`` reads (a ``"dataset"``, ...).
+
+    Against ``config`` when the reader has one (:meth:`Checkpoint.check` names the first
+    difference), else by the stream's ``fingerprint`` (``None``: not started, anything goes).
+    """
+    if config is not None:
+        checkpoint.check(config=config)
+    elif fingerprint is not None and checkpoint.fingerprint != fingerprint:
+        raise CheckpointError(
+            f"checkpoint refused: it belongs to stream {checkpoint.fingerprint}, another stream "
+            f"than this {reader} reads ({fingerprint})"
+        )
 
 
 def check_same_place(stops: Mapping[str, Position | Checkpoint | None], *, world_size: int) -> None:

@@ -24,6 +24,7 @@ from o41_training_data import (
     StreamRules,
     TrainingData,
     check_adapter_options,
+    check_stream_of,
     checkpoint_from_text,
     open_batch_stream,
     resume_batch_stream,
@@ -319,13 +320,7 @@ class O41JaxIterator(Iterator[dict[str, jax.Array]]):
         self._install(resume_batch_stream(checkpoint, storage=self._storage))
 
     def _check_stream(self, checkpoint: Checkpoint) -> None:
-        if self._config is not None:
-            checkpoint.check(config=self._config)
-        elif checkpoint.fingerprint != self._fingerprint:
-            raise CheckpointError(
-                f"checkpoint refused: it was taken from another stream (fingerprint "
-                f"{checkpoint.fingerprint}) than this iterator reads ({self._fingerprint})"
-            )
+        check_stream_of(checkpoint, self._config, self._fingerprint, "iterator")
 
     def advance(self, stage: int) -> None:
         """Switches to curriculum ``stage`` from the next batch handed out.

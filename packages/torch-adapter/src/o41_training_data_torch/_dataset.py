@@ -25,6 +25,7 @@ from o41_training_data import (
     SwitchPoint,
     TrainingData,
     check_adapter_options,
+    check_stream_of,
     observed_ranks,
     open_batch_stream,
     process_ranks,
@@ -488,13 +489,8 @@ class O41IterableDataset(IterableDataset[O41Batch]):
 
     def _check_same_stream(self, checkpoint: Checkpoint) -> None:
         """Refuses a checkpoint of another stream than this dataset's (naming the difference)."""
-        if self._config is not None:
-            checkpoint.check(config=self._config)
-        elif self._start is not None and checkpoint.fingerprint != self._start.fingerprint:
-            raise CheckpointError(
-                f"state refused: it belongs to stream {checkpoint.fingerprint}, this dataset's is "
-                f"{self._start.fingerprint}"
-            )
+        start = self._start.fingerprint if self._start is not None else None
+        check_stream_of(checkpoint, self._config, start, "dataset")
 
     def state_dict(self) -> dict[str, Any]:
         """The position after the last batch this process yielded.
