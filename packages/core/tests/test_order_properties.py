@@ -157,7 +157,8 @@ def test_drained_rows_are_neither_lost_nor_repeated(case: Case, data: st.DataObj
             if parts > 1:
                 whole = unit * bs // math.gcd(unit, bs)
                 window = -(-window // whole) * whole
-            per_partition = total // (window * parts) * window + total % (window * parts) // parts
+            # Partition layout 2: each partition mixes N_j div parts rows of each source.
+            per_partition = sum(sum(source.shards) // parts for source in first_stage.sources)
             expected = min(-(-consumed // window) * window, per_partition) * parts
         else:
             expected = consumed * parts
