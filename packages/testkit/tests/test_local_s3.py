@@ -27,7 +27,7 @@ from botocore.awsrequest import AWSRequest
 from botocore.credentials import Credentials
 from botocore.exceptions import ClientError, ResponseStreamingError
 from o41_testkit import S3_BUCKET, Fault, FaultProxy, LocalS3Server, _local_s3, boto3_client_for
-from o41_testkit._local_s3 import weed_binary
+from o41_training_data._local_s3 import weed_binary
 
 DATA = bytes(range(256)) * 200  # 51200 bytes, each offset's value known
 

