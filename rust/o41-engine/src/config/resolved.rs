@@ -145,8 +145,8 @@ pub struct ResolvedConfig {
     /// (1: shuffle windows dealt in turn) in documents of one partition and in those written
     /// before layout 2 existed, which keep the order they were taken with.
     #[serde(
-        default = "super::schema::one_u32",
-        skip_serializing_if = "super::schema::is_one_u32"
+        default = "super::schema::one",
+        skip_serializing_if = "super::schema::is_one"
     )]
     pub partition_layout: u32,
 }

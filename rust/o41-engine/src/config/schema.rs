@@ -548,32 +548,21 @@ pub struct StreamConfig {
     pub partitions: u64,
 }
 
-/// The default partition count: one, the order of streams before partitions existed.
-pub(crate) fn one() -> u64 {
-    1
+/// One: the partition count and the partition layout documents read when they leave them out
+/// (every document written before each existed).
+pub(crate) fn one<T: From<u8>>() -> T {
+    T::from(1)
 }
 
-/// Whether `n` is the default partition count, which documents leave out.
-#[allow(clippy::trivially_copy_pass_by_ref)] // serde passes the field by reference
-pub(crate) fn is_one(n: &u64) -> bool {
-    *n == 1
+/// Whether `n` is one, which documents leave out.
+pub(crate) fn is_one<T: From<u8> + PartialEq>(n: &T) -> bool {
+    *n == T::from(1)
 }
 
 /// The partition layout new partitioned documents pin: each source's rows of every epoch cut
 /// into one contiguous share per partition, each partition mixing and shuffling its own shares
 /// (`docs/order.md`, "Partitions"). Layout 1 dealt windows of the stage's one mixed sequence.
 pub const PARTITION_LAYOUT: u32 = 2;
-
-/// The partition layout a document without one reads as: layout 1, windows dealt in turn.
-pub(crate) fn one_u32() -> u32 {
-    1
-}
-
-/// Whether `n` is layout 1, which documents leave out.
-#[allow(clippy::trivially_copy_pass_by_ref)] // serde passes the field by reference
-pub(crate) fn is_one_u32(n: &u32) -> bool {
-    *n == 1
-}
 
 /// A stage of the config users write.
 pub type StageSpec = Stage<SourceSpec>;

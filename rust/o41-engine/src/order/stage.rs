@@ -312,6 +312,12 @@ impl StageOrder {
             return o;
         }
         let (w, start, len) = self.window_of(o);
+        self.permuted(w, start, len, o)
+    }
+
+    /// The position window `w` (its first position `start`, `len` rows) shows at `o`: its whole
+    /// units permuted by the window's key, a trailing partial unit in place.
+    fn permuted(&self, w: u64, start: u64, len: u64, o: u64) -> u64 {
         let units = len / self.unit;
         let within = o - start;
         let u = within / self.unit;
@@ -355,15 +361,8 @@ impl StageOrder {
         let len = self.total().map_or(self.window, |total| {
             self.window.min(total.saturating_sub(start))
         });
-        let units = len / self.unit;
-        let within = x - start;
-        let u = within / self.unit;
-        if u >= units {
-            return x;
-        }
         // `w * C + p`: with one partition, the key of the unpartitioned stage's window `w`.
-        let perm = Permutation::new(units, key(&[self.key, w * self.partitions + p]));
-        start + perm.apply(u) * self.unit + within % self.unit
+        self.permuted(w * self.partitions + p, start, len, x)
     }
 
     /// Where row `r` of `epoch` of `source` lives.
