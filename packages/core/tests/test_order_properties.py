@@ -3,15 +3,16 @@
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 from collections import Counter
 
 import numpy as np
 from hypothesis import assume, given
 from hypothesis import strategies as st
-from o41_training_data import open_batch_stream
+from o41_training_data import Checkpoint, open_batch_stream, resume_batch_stream
 
-from order_cases import Case, cases, materialise, run, run_with_stop
+from order_cases import Case, cases, materialise, record, run, run_with_stop
 
 LIMIT = 24
 
@@ -184,3 +185,31 @@ def test_skipped_batches_reach_no_rank_and_every_other_batch_stays(case: Case, d
             assert all(not skip[0] <= index < skip[1] for index, _, _ in skipping)
             assert len(skipping) >= len(expected)
             assert skipping[: len(expected)] == expected
+
+
+@given(case=cases(), data=st.data())
+def test_switches_placed_ahead_survive_any_stop_without_being_asked_again(
+    case: Case, data: st.DataObject
+) -> None:
+    # Pending switches are the position's (docs/checkpoint.md): a stream resumed from a checkpoint
+    # taken anywhere before, between or after them switches at the same global batches.
+    with materialise(case):
+        rank = data.draw(st.integers(0, case.world_size - 1))
+        config = case.config(rank=rank)
+        points = sorted(data.draw(st.lists(st.integers(0, LIMIT * case.world_size), max_size=3, unique=True)))
+        stages = [data.draw(st.integers(0, len(case.stages) - 1)) for _ in points]
+        with open_batch_stream(config) as stream:
+            for stage, at in zip(stages, points, strict=True):
+                stream.advance(stage, at=at)
+            reference = [record(b.batch_index, b.stage, b.arrays()) for b in itertools.islice(stream, LIMIT)]
+        stop = data.draw(st.integers(0, len(reference)))
+        with open_batch_stream(config) as stream:
+            for stage, at in zip(stages, points, strict=True):
+                stream.advance(stage, at=at)
+            head = [record(b.batch_index, b.stage, b.arrays()) for b in itertools.islice(stream, stop)]
+            text = stream.checkpoint().to_json()
+        with resume_batch_stream(Checkpoint.from_json(text)) as resumed:
+            tail = [
+                record(b.batch_index, b.stage, b.arrays()) for b in itertools.islice(resumed, LIMIT - stop)
+            ]
+        assert head + tail == reference

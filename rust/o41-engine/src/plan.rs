@@ -846,6 +846,7 @@ mod tests {
             batches_yielded: 1,
             rows_yielded: 8,
             epochs: vec![0],
+            switches: Vec::new(),
         };
         let checkpoint = Checkpoint::from_position(opened.resolved.clone(), position).unwrap();
         let reopened = crate::resolve::reopen(&checkpoint, &Storage::local()).unwrap();

@@ -14,7 +14,7 @@ use arrow_array::RecordBatch;
 use arrow_schema::SchemaRef;
 
 use crate::checkpoint::check_config;
-use crate::checkpoint::{Checkpoint, Cursor, Position};
+use crate::checkpoint::{Checkpoint, Cursor, Position, Switch};
 use crate::config::{ResolvedConfig, StreamConfig};
 use crate::error::{Error, Result};
 use crate::memory::MemoryBound;
@@ -190,6 +190,12 @@ struct Start {
     share: Share,
 }
 
+/// Where a stream starts: its [`Start`] and the curriculum switches pending there.
+struct Origin {
+    start: Start,
+    switches: Vec<Switch>,
+}
+
 /// From local batch `local` on, the stream reads `segment`, whose first round there begins at
 /// global batch `round`. Local batches map to global ones through the span holding them: in
 /// turn (`world_size` global batches per local one), or one for one in a ramped segment, where
@@ -215,8 +221,9 @@ struct State {
     /// The segments read since the origin, in order; the last is the active one.
     spans: Vec<Span>,
     end_batch: Option<u64>,
-    /// An advance at a later local batch than this stream's next one: `(stage, at)`.
-    pending_advance: Option<(usize, u64)>,
+    /// Advances at later local batches than this stream's next one, `(stage, at)` by
+    /// increasing `at`: each applies once the stream reaches it.
+    pending: Vec<(usize, u64)>,
     closed: bool,
     /// When the last batch was delivered, until the next call of `next` starts.
     last_delivered: Option<Instant>,
@@ -257,7 +264,11 @@ impl BatchStream {
         };
         let meter = Arc::new(Meter::default());
         let resolved = resolve(config, &storage.with_meter(meter.clone()))?;
-        Self::start(resolved, start, meter)
+        let origin = Origin {
+            start,
+            switches: Vec::new(),
+        };
+        Self::start(resolved, origin, meter)
     }
 
     /// Re-opens the stream a checkpoint describes, at the checkpoint's position, after checking
@@ -293,10 +304,15 @@ impl BatchStream {
             rows_base: checkpoint.position.rows_yielded,
             share,
         };
-        Self::start(resolved, start, meter)
+        let origin = Origin {
+            start,
+            switches: checkpoint.position.switches.clone(),
+        };
+        Self::start(resolved, origin, meter)
     }
 
-    fn start(resolved: Resolved, start: Start, open_meter: Arc<Meter>) -> Result<Self> {
+    fn start(resolved: Resolved, origin: Origin, open_meter: Arc<Meter>) -> Result<Self> {
+        let Origin { start, switches } = origin;
         let plan = Arc::new(Plan::new(resolved)?);
         plan.order
             .check_cursor(&start.segment, start.origin, plan.world())?;
@@ -334,7 +350,7 @@ impl BatchStream {
                     segment: start.segment,
                 }],
                 end_batch,
-                pending_advance: None,
+                pending: Vec::new(),
                 closed: false,
                 last_delivered: None,
                 waiting: false,
@@ -343,7 +359,16 @@ impl BatchStream {
             open_meter,
             delivery: Delivery::default(),
         };
-        stream.launch(&mut lock(&stream.state))?;
+        {
+            let mut state = lock(&stream.state);
+            // The checkpoint's pending switches, placed before the first launch so that a switch
+            // at its first batch starts no pipeline for the old stage.
+            for Switch { stage, at } in switches {
+                let local = stream.local_at(&state, at);
+                stream.advance_locked(&mut state, stage, local)?;
+            }
+            stream.launch(&mut state)?;
+        }
         Ok(stream)
     }
 
@@ -378,12 +403,17 @@ impl BatchStream {
             if state.closed {
                 return Err(Error::Closed);
             }
-            if let Some((stage, at)) = state.pending_advance {
-                if state.next_local >= at {
-                    let g = self.round_of(&state, at);
-                    let segment = self.plan.order.advance(&state.segment, g, stage)?;
-                    self.switch(&mut state, segment, at, g)?;
+            while let Some(&(stage, at)) = state.pending.first() {
+                if state.next_local < at {
+                    break;
                 }
+                let g = self.round_of(&state, at);
+                let segment = self.plan.order.advance(&state.segment, g, stage)?;
+                if segment == state.segment {
+                    state.pending.remove(0);
+                    continue;
+                }
+                self.switch(&mut state, segment, at, g)?;
             }
             let generation = state.generation;
             match state.pipeline.as_mut().and_then(|p| p.output.take()) {
@@ -509,6 +539,15 @@ impl BatchStream {
             ));
         }
         let (at, g) = self.aligned_switch(state, at, g)?;
+        // The latest request wins over those at or after it.
+        state.pending.retain(|&(_, pending)| pending < at);
+        if let Some(&(current, _)) = state.pending.last() {
+            // Another switch comes first: this one is checked against its stage when reached.
+            if stage != current {
+                state.pending.push((stage, at));
+            }
+            return Ok(());
+        }
         let segment = self.plan.order.advance(&state.segment, g, stage)?;
         if segment == state.segment {
             return Ok(());
@@ -516,7 +555,7 @@ impl BatchStream {
         if at > state.next_local {
             // This stream still owes batches of the old stage before `at` (other workers of the
             // rank delivered the ones in between): switch once they are delivered.
-            state.pending_advance = Some((stage, at));
+            state.pending.push((stage, at));
             return Ok(());
         }
         self.switch(state, segment, at, g)
@@ -549,7 +588,7 @@ impl BatchStream {
 
     /// Switches to `segment` from local batch `at`, whose round begins at global batch `g`.
     fn switch(&self, state: &mut State, segment: Segment, at: u64, g: u64) -> Result<()> {
-        state.pending_advance = None;
+        state.pending.retain(|&(_, pending)| pending > at);
         if let Some(mut pipeline) = state.pipeline.take() {
             pipeline.stop();
         }
@@ -569,6 +608,10 @@ impl BatchStream {
             offset + (at - offset).div_ceil(stride) * stride
         };
         state.consumed = state.consumed.max(at);
+        if state.generation == 0 {
+            // Not launched yet: `start` places a checkpoint's switches, then launches once.
+            return Ok(());
+        }
         self.launch(state)
     }
 
@@ -641,6 +684,26 @@ impl BatchStream {
         ((local - skipped.0, rows - skipped.1), skipped)
     }
 
+    /// The switches a stream at global batch `next_batch` in `segment` has not reached: those
+    /// it applied since (a consumer may hold batches from before a switch) and those pending.
+    fn switches_after(&self, state: &State, next_batch: u64, segment: &Segment) -> Vec<Switch> {
+        let applied = state
+            .spans
+            .iter()
+            .filter(|span| {
+                span.round > next_batch || (span.round == next_batch && span.segment != *segment)
+            })
+            .map(|span| Switch {
+                stage: span.segment.stage,
+                at: span.round,
+            });
+        let pending = state.pending.iter().map(|&(stage, at)| Switch {
+            stage,
+            at: self.round_of(state, at),
+        });
+        applied.chain(pending).collect()
+    }
+
     /// The position after the rank's first `consumed` local batches since the origin, with
     /// `segment` active.
     fn position_in(&self, state: &State, consumed: u64, segment: Segment) -> Position {
@@ -658,6 +721,7 @@ impl BatchStream {
             batches_yielded: self.start.batches_base + batches,
             rows_yielded: self.start.rows_base + rows,
             epochs: self.plan.order.epochs(&segment, next_batch),
+            switches: self.switches_after(state, next_batch, &segment),
         }
     }
 
@@ -679,12 +743,21 @@ impl BatchStream {
     }
 
     /// The checkpoint at `position`, one of this stream's positions (a batch's, possibly
-    /// delivered by another worker of the rank).
+    /// delivered by another worker of the rank), with the curriculum switches this stream
+    /// received since that batch was delivered.
     pub fn checkpoint_at(&self, position: &Position) -> Result<Checkpoint> {
+        let known = {
+            let state = lock(&self.state);
+            let cursor = &position.cursor;
+            self.switches_after(&state, cursor.next_batch, &cursor.segment)
+        };
+        let position = known
+            .iter()
+            .fold(position.clone(), |p, s| p.with_switch(s.stage, s.at));
         Checkpoint::from_fingerprinted(
             self.plan.resolved.clone(),
             self.plan.fingerprint(),
-            position.clone(),
+            position,
         )
     }
 

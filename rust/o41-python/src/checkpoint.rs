@@ -37,6 +37,30 @@ impl Checkpoint {
     }
 }
 
+/// The resolved document `resolved` names: a checkpoint's, or a resolved config as a dict or
+/// its JSON text.
+fn resolved_of(py: Python<'_>, resolved: &Bound<'_, PyAny>) -> PyResult<Arc<ResolvedConfig>> {
+    if let Ok(checkpoint) = resolved.cast::<Checkpoint>() {
+        return Ok(checkpoint.get().inner.resolved.clone());
+    }
+    let text: String = if resolved.is_instance_of::<PyString>() {
+        resolved.extract()?
+    } else {
+        py.import("json")?
+            .call_method1("dumps", (resolved,))?
+            .extract()?
+    };
+    let config = serde_json::from_str(&text).map_err(|e| {
+        to_py(
+            py,
+            &Error::Checkpoint {
+                message: format!("malformed resolved config: {e}"),
+            },
+        )
+    })?;
+    Ok(Arc::new(config))
+}
+
 /// A config object's JSON document (`BatchStreamConfig.to_json()`), parsed by the engine.
 pub fn config_of(py: Python<'_>, config: &Bound<'_, PyAny>) -> PyResult<StreamConfig> {
     let Ok(to_json) = config.getattr("to_json") else {
@@ -105,27 +129,19 @@ impl Checkpoint {
             return Err(to_py(py, &Error::config("position", message)));
         };
         let position = position.get();
-        let config: Arc<ResolvedConfig> = if let Ok(checkpoint) = resolved.cast::<Checkpoint>() {
-            checkpoint.get().inner.resolved.clone()
-        } else {
-            let text: String = if resolved.is_instance_of::<PyString>() {
-                resolved.extract()?
-            } else {
-                py.import("json")?
-                    .call_method1("dumps", (resolved,))?
-                    .extract()?
-            };
-            Arc::new(serde_json::from_str(&text).map_err(|e| {
-                to_py(
-                    py,
-                    &Error::Checkpoint {
-                        message: format!("malformed resolved config: {e}"),
-                    },
-                )
-            })?)
-        };
+        let config = resolved_of(py, resolved)?;
         let inner = EngineCheckpoint::from_position(config, position.inner.clone())
             .map_err(|e| to_py(py, &e))?;
+        Self::wrap(py, inner)
+    }
+
+    /// The checkpoint at the beginning of the stream that `resolved` describes (as for
+    /// `from_position`): where a stream opened from its config starts. Raises
+    /// `CheckpointError` when the document is malformed.
+    #[staticmethod]
+    fn at_start(py: Python<'_>, resolved: &Bound<'_, PyAny>) -> PyResult<Py<Self>> {
+        let config = resolved_of(py, resolved)?;
+        let inner = EngineCheckpoint::at_start(config).map_err(|e| to_py(py, &e))?;
         Self::wrap(py, inner)
     }
 

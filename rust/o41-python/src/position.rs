@@ -92,6 +92,26 @@ impl Position {
         self.inner.epochs.clone()
     }
 
+    /// Curriculum switches requested and not reached yet, as `(stage, at)` pairs by increasing
+    /// `at` (a global batch): a stream resumed at this position applies them.
+    #[getter]
+    fn switches(&self) -> Vec<(usize, u64)> {
+        self.inner
+            .switches
+            .iter()
+            .map(|s| (s.stage, s.at))
+            .collect()
+    }
+
+    /// This position with a switch to `stage` at global batch `at` requested (the engine's rule,
+    /// docs/checkpoint.md): kept when the position has not reached `at` and another stage is in
+    /// effect there, replacing requests at or after `at`; otherwise the position unchanged.
+    fn with_switch(&self, stage: usize, at: u64) -> Position {
+        Position {
+            inner: self.inner.with_switch(stage, at),
+        }
+    }
+
     fn __reduce__<'py>(slf: &Bound<'py, Self>) -> PyResult<Bound<'py, PyTuple>> {
         let py = slf.py();
         let from_json = py.get_type::<Position>().getattr("from_json")?;

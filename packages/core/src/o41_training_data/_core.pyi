@@ -123,6 +123,17 @@ class Position:
     @property
     def epochs(self) -> list[int]:
         """Completed passes over each source of the active stage."""
+    @property
+    def switches(self) -> list[tuple[int, int]]:
+        """Curriculum switches requested and not reached yet, as ``(stage, at)`` pairs by
+        increasing ``at`` (a global batch): a stream resumed at this position applies them."""
+    def with_switch(self, stage: int, at: int) -> Position:
+        """This position with a switch to ``stage`` at global batch ``at`` requested.
+
+        Kept when the position has not reached ``at`` and another stage is in effect there,
+        replacing the requests at or after ``at``; otherwise the position comes back unchanged
+        (docs/checkpoint.md, "Pending switches").
+        """
     def __eq__(self, other: object, /) -> bool: ...
 
 class Checkpoint(Position):
@@ -143,6 +154,11 @@ class Checkpoint(Position):
     def from_position(position: Position, resolved: Checkpoint | str | Mapping[str, Any]) -> Checkpoint:
         """The checkpoint at ``position`` of the stream ``resolved`` (a checkpoint of it, or its
         resolved config document as a dict or JSON text) describes."""
+    @staticmethod
+    def at_start(resolved: Checkpoint | str | Mapping[str, Any]) -> Checkpoint:
+        """The checkpoint at the beginning of the stream ``resolved`` describes (a checkpoint of
+        it, or its resolved config as a dict or JSON text): where a stream opened from its config
+        starts. With ``Position.with_switch`` it places a switch before the first batch."""
     def check(
         self, *, rank: int | None = None, world_size: int | None = None, config: _ConfigLike | None = None
     ) -> None:
@@ -156,7 +172,8 @@ class Checkpoint(Position):
         """The same position for another rank and world size (elastic resume)."""
     @staticmethod
     def from_split(rank_text: str, shared_text: str) -> Checkpoint:
-        """The checkpoint a split rank file (version 2) and the resolved document it names describe."""
+        """The checkpoint a split rank file (version 2, or 4 with pending switches) and the
+        resolved document it names describe."""
     def to_split(self) -> tuple[str, str]:
         """The split form's rank file and the shared document's name: ``(rank_json, shared_name)``."""
     def shared_json(self) -> str:

@@ -350,8 +350,13 @@ def _segment(stop: Position | Checkpoint) -> Segment:
     return stop.position.segment if isinstance(stop, Checkpoint) else stop.segment
 
 
+def _switches(stop: Position | Checkpoint) -> list[tuple[int, int]]:
+    return stop.position.switches if isinstance(stop, Checkpoint) else stop.switches
+
+
 def _where(stop: Position | Checkpoint) -> str:
-    return f"global batch {stop.next_batch} (stage {_segment(stop).stage})"
+    pending = "".join(f", switching to stage {stage} at {at}" for stage, at in _switches(stop))
+    return f"global batch {stop.next_batch} (stage {_segment(stop).stage}{pending})"
 
 
 def resume_point(checkpoint: Checkpoint, config: BatchStreamConfig | None) -> Checkpoint:
@@ -412,9 +417,10 @@ def check_same_place(stops: Mapping[str, Position | Checkpoint | None], *, world
     ``stops`` are the old ranks' positions or checkpoints, each named as errors should name it
     (a file, ``rank 3``); ``None`` is a rank that has not started. Positions are global, so
     moving them is exact only when every old rank belongs to the same stream (fingerprint),
-    stopped in the same curriculum segment and before the same global batch; otherwise some
-    batches would be delivered twice or never, and :class:`CheckpointError` names two that
-    differ. Used by ``o41 checkpoint reshard``, the JAX Orbax handler and the Lightning plugin.
+    stopped in the same curriculum segment and before the same global batch, with the same
+    pending curriculum switches; otherwise some batches would be delivered twice or never, and
+    :class:`CheckpointError` names two that differ. Used by ``o41 checkpoint reshard``, the JAX
+    Orbax handler and the Lightning plugin.
     """
     check_same_stream(stops)
     named = list(stops.items())
@@ -429,7 +435,11 @@ def check_same_place(stops: Mapping[str, Position | Checkpoint | None], *, world
             raise CheckpointError(f"{refused}, but {late} has not started")
         if stop is None or first is None:
             continue
-        if (stop.next_batch, _segment(stop)) != (first.next_batch, _segment(first)):
+        if (stop.next_batch, _segment(stop), _switches(stop)) != (
+            first.next_batch,
+            _segment(first),
+            _switches(first),
+        ):
             raise CheckpointError(
                 f"{refused}, and they did not: {first_name} at {_where(first)}, {name} at {_where(stop)}"
             )

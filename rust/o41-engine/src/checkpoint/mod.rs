@@ -18,10 +18,37 @@ mod diff;
 mod split;
 
 pub use diff::check_config;
-pub use split::{shared_name, shared_reference, SPLIT_VERSION};
+pub use split::{shared_name, shared_reference, SPLIT_SWITCHES_VERSION, SPLIT_VERSION};
 
-/// Version of the checkpoint document.
+/// Version of the checkpoint document without pending switches.
 pub const CHECKPOINT_VERSION: u32 = 1;
+
+/// Version of a checkpoint document holding pending curriculum switches (`switches`). A
+/// document is written in the lowest version that holds it, so a checkpoint without pending
+/// switches still reads in releases that know version 1 only.
+pub const SWITCHES_VERSION: u32 = 3;
+
+/// The version a document with `switches` is written in: the lowest that holds it.
+fn version_for(switches: &[Switch], base: u32, with_switches: u32) -> u32 {
+    if switches.is_empty() {
+        base
+    } else {
+        with_switches
+    }
+}
+
+/// A curriculum switch the stream has not reached yet: `stage` starts at the first round that
+/// begins at or after global batch `at` (and, in a partitioned stream, at a batch where every
+/// partition has read the same rows). Counted in global batches, so it means the same batch on
+/// every rank, in every `DataLoader` worker and after a move to another world size.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Switch {
+    /// The stage that starts.
+    pub stage: usize,
+    /// The global batch it starts at (the first eligible round at or after it).
+    pub at: u64,
+}
 
 /// Where a stream stands, rank-independently.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -55,6 +82,10 @@ pub struct Position {
     pub rows_yielded: u64,
     /// Completed passes over each source of the active stage.
     pub epochs: Vec<u64>,
+    /// Curriculum switches requested and not reached yet, by increasing `at`: a stream resumed
+    /// here applies them. Absent from documents written before switches were kept here.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub switches: Vec<Switch>,
 }
 
 /// A rank's stream position: its [`Position`] and the resolved document the position is in.
@@ -62,7 +93,8 @@ pub struct Position {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(from = "Document", into = "Document")]
 pub struct Checkpoint {
-    /// Document version.
+    /// Document version: the one it is written in, [`SWITCHES_VERSION`] when it holds pending
+    /// switches, else [`CHECKPOINT_VERSION`].
     pub version: u32,
     /// Where the rank stands. Its fingerprint is always `resolved.fingerprint()`, which every
     /// constructor computes or checks, so a resumed stream takes it as known.
@@ -84,6 +116,8 @@ struct Document {
     batches_yielded: u64,
     rows_yielded: u64,
     epochs: Vec<u64>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    switches: Vec<Switch>,
     resolved: Arc<ResolvedConfig>,
 }
 
@@ -100,6 +134,7 @@ impl From<Document> for Checkpoint {
                 batches_yielded: doc.batches_yielded,
                 rows_yielded: doc.rows_yielded,
                 epochs: doc.epochs,
+                switches: doc.switches,
             },
             resolved: doc.resolved,
         }
@@ -115,16 +150,18 @@ impl From<Checkpoint> for Document {
             batches_yielded,
             rows_yielded,
             epochs,
+            switches,
             ..
         } = checkpoint.position;
         Document {
-            version: checkpoint.version,
+            version: version_for(&switches, CHECKPOINT_VERSION, SWITCHES_VERSION),
             fingerprint,
             cursor,
             stage,
             batches_yielded,
             rows_yielded,
             epochs,
+            switches,
             resolved: checkpoint.resolved,
         }
     }
@@ -139,7 +176,8 @@ fn refuse(message: impl Into<String>) -> Error {
 fn unsupported(version: impl std::fmt::Display) -> Error {
     refuse(format!(
         "version {version} is not supported (this release reads versions {CHECKPOINT_VERSION} \
-         and {SPLIT_VERSION})"
+         and {SWITCHES_VERSION}, and the split form's {SPLIT_VERSION} and \
+         {SPLIT_SWITCHES_VERSION})"
     ))
 }
 
@@ -153,17 +191,57 @@ fn check_version(text: &str) -> Result<()> {
     let header: Header =
         serde_json::from_str(text).map_err(|e| refuse(format!("not valid JSON: {e}")))?;
     match header.version {
-        Some(v) if v.as_u64() == Some(u64::from(CHECKPOINT_VERSION)) => Ok(()),
-        Some(v) if v.as_u64() == Some(u64::from(SPLIT_VERSION)) => Err(refuse(
-            "it is a rank file of the split form (version 2), which names its resolved document \
-             beside it: read it with read_checkpoint(path) or Checkpoint.from_split",
-        )),
+        Some(v) if is_whole_version(v.as_u64()) => Ok(()),
+        Some(v) if is_split_version(v.as_u64()) => Err(refuse(format!(
+            "it is a rank file of the split form (version {v}), which names its resolved \
+             document beside it: read it with read_checkpoint(path) or Checkpoint.from_split"
+        ))),
         Some(v) => Err(unsupported(v)),
         None => Err(refuse("it has no version field; is it a checkpoint?")),
     }
 }
 
+/// Whether `version` is one of the self-contained document's.
+fn is_whole_version(version: Option<u64>) -> bool {
+    version.is_some_and(|v| v == u64::from(CHECKPOINT_VERSION) || v == u64::from(SWITCHES_VERSION))
+}
+
+/// Whether `version` is one of the split form's rank files'.
+fn is_split_version(version: Option<u64>) -> bool {
+    version.is_some_and(|v| v == u64::from(SPLIT_VERSION) || v == u64::from(SPLIT_SWITCHES_VERSION))
+}
+
+/// Refuses a document of `version` whose `switches` that version cannot hold.
+fn check_switches_version(version: u32, switches: &[Switch], base: u32) -> Result<()> {
+    if version == base && !switches.is_empty() {
+        return Err(refuse(format!(
+            "it is version {base} but holds pending switches, which a document of that version \
+             cannot hold; the document was altered"
+        )));
+    }
+    Ok(())
+}
+
 impl Position {
+    /// This position with a switch to `stage` at global batch `at` requested: kept when the
+    /// stream has not reached `at` (`at >= next_batch`) and the stage in effect there is another
+    /// one; a request replaces the ones at or after its `at` (the latest request wins), so the
+    /// switches stay ordered. A request the position is already past is dropped: the position
+    /// reflects it, or the stream passed that batch before the request arrived.
+    #[must_use]
+    pub fn with_switch(&self, stage: usize, at: u64) -> Position {
+        let mut out = self.clone();
+        if at < out.cursor.next_batch {
+            return out;
+        }
+        out.switches.retain(|s| s.at < at);
+        let current = out.switches.last().map_or(out.stage, |s| s.stage);
+        if stage != current {
+            out.switches.push(Switch { stage, at });
+        }
+        out
+    }
+
     /// The position as a small JSON document.
     pub fn to_json(&self) -> String {
         serde_json::to_string(self).expect("a position always serialises")
@@ -185,6 +263,7 @@ impl Position {
             [position.batches_yielded, position.rows_yielded],
             &position.epochs,
         )?;
+        check_switches(&position.cursor, &position.switches)?;
         Ok(position)
     }
 }
@@ -229,6 +308,23 @@ fn check_counters(
              the fields contradict each other",
             cursor.next_batch
         )));
+    }
+    Ok(())
+}
+
+/// Refuses pending switches a stream at `cursor` cannot hold: each at or after the cursor's next
+/// global batch, within [`MAX_POSITION`], in increasing order.
+fn check_switches(cursor: &Cursor, switches: &[Switch]) -> Result<()> {
+    let mut after = cursor.next_batch;
+    for (i, switch) in switches.iter().enumerate() {
+        if switch.at < after || (i > 0 && switch.at == after) || switch.at > MAX_POSITION {
+            return Err(refuse(format!(
+                "its switches[{i}] at global batch {} is not after the position (next_batch {}) \
+                 and the switches before it, or is beyond any a stream reaches",
+                switch.at, cursor.next_batch
+            )));
+        }
+        after = switch.at;
     }
     Ok(())
 }
@@ -279,7 +375,7 @@ impl Checkpoint {
         // One pass on the common path: a resolved document can list a million shards, parsed
         // straight into its types. Only a document that does not parse is scanned again, for
         // its version, so that one of another release is refused as that, not as malformed.
-        let checkpoint: Checkpoint = serde_json::from_str(text).map_err(|e| {
+        let mut checkpoint: Checkpoint = serde_json::from_str(text).map_err(|e| {
             // A document nested past serde_json's limit is refused for that, whatever else.
             if e.to_string().starts_with("recursion limit exceeded") {
                 return refuse(format!("malformed: it nests too deep ({e})"));
@@ -288,9 +384,20 @@ impl Checkpoint {
                 .err()
                 .unwrap_or_else(|| refuse(format!("malformed: {e}")))
         })?;
-        if checkpoint.version != CHECKPOINT_VERSION {
+        if !is_whole_version(Some(u64::from(checkpoint.version))) {
             return Err(unsupported(checkpoint.version));
         }
+        check_switches_version(
+            checkpoint.version,
+            &checkpoint.position.switches,
+            CHECKPOINT_VERSION,
+        )?;
+        // Held as the version it is written in, so a document read back equals the one written.
+        checkpoint.version = version_for(
+            &checkpoint.position.switches,
+            CHECKPOINT_VERSION,
+            SWITCHES_VERSION,
+        );
         let expected = checkpoint.resolved.fingerprint();
         if checkpoint.position.fingerprint != expected {
             return Err(refuse(format!(
@@ -323,7 +430,14 @@ impl Checkpoint {
             [position.batches_yielded, position.rows_yielded],
             &position.epochs,
         )?;
+        check_switches(&position.cursor, &position.switches)?;
         let stages = self.resolved.stages.len();
+        if let Some(switch) = position.switches.iter().find(|s| s.stage >= stages) {
+            return Err(refuse(format!(
+                "its pending switch to stage {} names no stage of the stream's {stages}",
+                switch.stage
+            )));
+        }
         let Some(stage) = self.resolved.stages.get(position.stage) else {
             return Err(refuse(format!(
                 "its stage {} is not one of the stream's {stages} stages",
@@ -403,12 +517,38 @@ impl Checkpoint {
             retargeted.world_size = position.world_size;
         }
         let checkpoint = Checkpoint {
-            version: CHECKPOINT_VERSION,
+            version: version_for(&position.switches, CHECKPOINT_VERSION, SWITCHES_VERSION),
             position,
             resolved,
         };
         checkpoint.check_consistent()?;
         Ok(checkpoint)
+    }
+
+    /// The checkpoint at the beginning of the stream `resolved` describes (for its rank and
+    /// world size): where a stream opened from the config starts. With [`Position::with_switch`]
+    /// it places a curriculum switch in a stream that has not delivered a batch yet.
+    pub fn at_start(resolved: Arc<ResolvedConfig>) -> Result<Self> {
+        let sources = resolved
+            .stages
+            .first()
+            .map_or(0, |stage| stage.sources.len());
+        let fingerprint = resolved.fingerprint();
+        let position = Position {
+            fingerprint: fingerprint.clone(),
+            rank: resolved.rank,
+            world_size: resolved.world_size,
+            cursor: Cursor {
+                segment: Segment::first(),
+                next_batch: 0,
+            },
+            stage: 0,
+            batches_yielded: 0,
+            rows_yielded: 0,
+            epochs: vec![0; sources],
+            switches: Vec::new(),
+        };
+        Self::from_fingerprinted(resolved, &fingerprint, position)
     }
 
     /// The same position for rank `rank` of `world_size`.
@@ -461,6 +601,7 @@ mod tests {
             batches_yielded: 1,
             rows_yielded: 2,
             epochs: vec![0],
+            switches: Vec::new(),
         }
     }
 

@@ -8,12 +8,16 @@ use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
-use super::{refuse, Checkpoint, Cursor, Position};
+use super::{check_switches_version, refuse, version_for, Checkpoint, Cursor, Position, Switch};
 use crate::config::ResolvedConfig;
 use crate::error::Result;
 
-/// Version of a split checkpoint's rank file.
+/// Version of a split checkpoint's rank file without pending switches.
 pub const SPLIT_VERSION: u32 = 2;
+
+/// Version of a split checkpoint's rank file holding pending switches (written only then, as
+/// the self-contained form writes version 3 only then).
+pub const SPLIT_SWITCHES_VERSION: u32 = 4;
 
 /// A rank's file in the split form.
 #[derive(Serialize, Deserialize)]
@@ -30,6 +34,8 @@ struct RankDocument {
     batches_yielded: u64,
     rows_yielded: u64,
     epochs: Vec<u64>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    switches: Vec<Switch>,
 }
 
 /// The file name of the resolved document of the stream `fingerprint` names.
@@ -47,7 +53,7 @@ pub fn shared_name(fingerprint: &str) -> String {
 /// checkpoint of a million shards would be parsed twice).
 const MAX_RANK_FILE: usize = 1 << 20;
 
-/// The shared document a split rank file `text` names, if `text` is one (version 2).
+/// The shared document a split rank file `text` names, if `text` is one (version 2 or 4).
 pub fn shared_reference(text: &str) -> Result<Option<String>> {
     #[derive(Deserialize)]
     struct Header {
@@ -60,7 +66,7 @@ pub fn shared_reference(text: &str) -> Result<Option<String>> {
     let Ok(header) = serde_json::from_str::<Header>(text) else {
         return Ok(None);
     };
-    if header.version.and_then(|v| v.as_u64()) != Some(u64::from(SPLIT_VERSION)) {
+    if !super::is_split_version(header.version.and_then(|v| v.as_u64())) {
         return Ok(None);
     }
     match header.resolved {
@@ -91,7 +97,7 @@ impl Checkpoint {
     pub fn to_split_json(&self) -> String {
         let position = &self.position;
         let document = RankDocument {
-            version: SPLIT_VERSION,
+            version: version_for(&position.switches, SPLIT_VERSION, SPLIT_SWITCHES_VERSION),
             fingerprint: position.fingerprint.clone(),
             resolved: shared_name(&position.fingerprint),
             rank: position.rank,
@@ -101,6 +107,7 @@ impl Checkpoint {
             batches_yielded: position.batches_yielded,
             rows_yielded: position.rows_yielded,
             epochs: position.epochs.clone(),
+            switches: position.switches.clone(),
         };
         serde_json::to_string(&document).expect("a rank document always serialises")
     }
@@ -122,12 +129,14 @@ impl Checkpoint {
     pub fn from_split(rank_text: &str, shared_text: &str) -> Result<Self> {
         let rank: RankDocument = serde_json::from_str(rank_text)
             .map_err(|e| refuse(format!("malformed rank file of a split checkpoint: {e}")))?;
-        if rank.version != SPLIT_VERSION {
+        if !super::is_split_version(Some(u64::from(rank.version))) {
             return Err(refuse(format!(
-                "the rank file is version {}, not the split form ({SPLIT_VERSION})",
+                "the rank file is version {}, not the split form ({SPLIT_VERSION} or \
+                 {SPLIT_SWITCHES_VERSION})",
                 rank.version
             )));
         }
+        check_switches_version(rank.version, &rank.switches, SPLIT_VERSION)?;
         let resolved: ResolvedConfig = serde_json::from_str(shared_text).map_err(|e| {
             refuse(format!(
                 "malformed resolved document {}: {e}",
@@ -154,6 +163,7 @@ impl Checkpoint {
             batches_yielded: rank.batches_yielded,
             rows_yielded: rank.rows_yielded,
             epochs: rank.epochs,
+            switches: rank.switches,
         };
         // Checks the counters against each other and against the document.
         let position = Position::from_json(&position.to_json())?;
