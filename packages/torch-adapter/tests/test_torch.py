@@ -324,20 +324,46 @@ def test_a_resumed_stream_takes_the_switch_it_has_not_reached(
 
 def test_the_state_carries_a_switch_it_has_not_reached(config: BatchStreamConfig) -> None:
     dataset = O41IterableDataset(config, switch=SwitchPoint(stage=1, at=6))
+    untouched = dataset.state_dict()  # before the first batch: the start, with the switch placed
+    assert Checkpoint.from_json(untouched["checkpoint"]).position.switches == [(1, 6)]
     it = iter(dataset)
     first = [next(it) for _ in range(2)]
     state = dataset.state_dict()
-    assert state["switch"] == [1, 6]
+    # The switch is the checkpoint's own (docs/checkpoint.md): no entry of the adapter's beside it.
+    assert "switch" not in state
+    assert Checkpoint.from_json(state["checkpoint"]).position.switches == [(1, 6)]
     rest = [next(it) for _ in range(10)]
     # Loaded into a dataset that was never told of the switch, it switches at the same batch.
     fresh = O41IterableDataset(config)
     fresh.load_state_dict(state)
-    assert fresh.switch == SwitchPoint(stage=1, at=6)
     again = iter(fresh)
     assert [b["v"].tolist() for b in (next(again) for _ in range(10))] == [b["v"].tolist() for b in rest]
     assert first[0]["batch_index"] == 0
-    # Once reached, the state no longer carries it.
-    assert "switch" not in dataset.state_dict()
+    from_start = O41IterableDataset(config)
+    from_start.load_state_dict(untouched)
+    assert loader_sequence(DataLoader(from_start, batch_size=None), limit=12) == core_sequence(
+        config, advance_at=6, limit=12
+    )
+    # Once reached, the position no longer carries it.
+    assert Checkpoint.from_json(dataset.state_dict()["checkpoint"]).position.switches == []
+
+
+def test_a_state_of_an_earlier_release_keeps_its_switch(config: BatchStreamConfig) -> None:
+    dataset = O41IterableDataset(config)
+    it = iter(dataset)
+    head = [next(it) for _ in range(2)]
+    del head
+    state = {**dataset.state_dict(), "switch": [1, 6]}  # how the previous release kept it
+    fresh = O41IterableDataset(config)
+    fresh.load_state_dict(state)
+    got = loader_sequence(DataLoader(fresh, batch_size=None), limit=10)
+    assert got == core_sequence(config, advance_at=6, limit=12)[2:]
+    at_start = O41IterableDataset(config)
+    legacy = {"version": 1, "config": config.to_json(), "offset": 0, "stride": 1, "workers": 1}
+    at_start.load_state_dict({**legacy, "switch": [1, 4]})
+    assert loader_sequence(DataLoader(at_start, batch_size=None), limit=8) == core_sequence(
+        config, advance_at=4, limit=8
+    )
     for bad, what in (([1], "pair"), (["1", 6], "stage"), ([9, 6], "stage 9"), ([1, -2], "at")):
         with pytest.raises(CheckpointError, match=what):
             O41IterableDataset(config).load_state_dict({**state, "switch": bad})

@@ -377,15 +377,30 @@ class O41IterableDataset(IterableDataset[O41Batch]):
         return None
 
     def _checkpoint_at(self, position: Position) -> Checkpoint:
-        """The checkpoint at ``position``, from this process's stream when it has one."""
+        """The checkpoint at ``position`` with the curriculum switches it has not reached.
+
+        This process's stream knows every switch it was asked for; without one (the main
+        process of a loader with workers), the latest request goes into the position.
+        """
         if self._stream is not None and self._stream_pid == os.getpid() and not self._stream.closed:
             return self._stream.checkpoint(position)
+        return self._with_latest(Checkpoint.from_position(position, self._document()))
+
+    def _document(self) -> Checkpoint | dict[str, Any]:
+        """The stream's resolved document: the start checkpoint's, or the config's, resolved once."""
         if self._start is not None:
-            return Checkpoint.from_position(position, self._start)
+            return self._start
         if self._resolved is None:
             assert self._config is not None
             self._resolved = resolve_batch_stream_config(self._config, storage=self._storage)
-        return Checkpoint.from_position(position, self._resolved)
+        return self._resolved
+
+    def _with_latest(self, checkpoint: Checkpoint) -> Checkpoint:
+        """``checkpoint`` with the latest switch this dataset placed (the engine keeps it if due)."""
+        latest = self._latest_switch()[0]
+        if latest is None:
+            return checkpoint
+        return Checkpoint.from_position(checkpoint.position.with_switch(latest.stage, latest.at), checkpoint)
 
     def checkpoint(self, batch: Mapping[str, Any]) -> Checkpoint:
         """The rank's position right after ``batch`` (an item this dataset yielded).
@@ -509,40 +524,26 @@ class O41IterableDataset(IterableDataset[O41Batch]):
                 "offset": stride - 1,
                 "stride": stride,
                 "workers": workers,
-                **self._switch_state(self._last_position),
             }
         start, offset, stride = self._start_checkpoint()
-        share = {"offset": offset, "stride": stride, "workers": workers, **self._switch_state(start)}
-        if start is None:
+        share = {"offset": offset, "stride": stride, "workers": workers}
+        if start is None and self._latest_switch()[0] is None:
             assert self._config is not None
             return {"version": STATE_VERSION, "config": self._config.to_json(), **share}
-        return {"version": STATE_VERSION, "checkpoint": start.to_json(), **share}
+        if start is None:
+            start = Checkpoint.at_start(self._document())
+        return {"version": STATE_VERSION, "checkpoint": self._with_latest(start).to_json(), **share}
 
-    def _switch_state(self, position: Position | None) -> dict[str, Any]:
-        """The state's ``switch`` entry, so that a dataset loading the state switches there too.
-
-        It is the latest switch while a stream at ``position`` (None: the stream's start) has not
-        reached it; empty otherwise.
-        """
-        latest = self._latest_switch()[0]
-        if latest is None or (position is not None and not latest.due(position)):
-            return {}
-        return {"switch": [latest.stage, latest.at]}
-
-    def _loaded_switch(self, switch: object) -> SwitchPoint:
-        """The ``switch`` entry of a loaded state, refused with :class:`CheckpointError`."""
+    @staticmethod
+    def _legacy_switch(checkpoint: Checkpoint, switch: object) -> Checkpoint:
+        """``checkpoint`` with the ``switch`` entry of a state an earlier release wrote."""
         if not isinstance(switch, (list, tuple)) or len(switch) != 2:
             raise CheckpointError(f"state refused: its switch {switch!r} is not a [stage, at] pair")
         try:
             point = SwitchPoint(stage=switch[0], at=switch[1])
         except ConfigError as error:
             raise CheckpointError(f"state refused: its switch: {error}") from None
-        if point.stage >= len(self._rules.stages):
-            raise CheckpointError(
-                f"state refused: its switch names stage {point.stage}; the stream has "
-                f"{len(self._rules.stages)} stages"
-            )
-        return point
+        return Checkpoint.from_position(checkpoint.position.with_switch(point.stage, point.at), checkpoint)
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Continues from ``state`` (from :meth:`state_dict`) at the next iteration.
@@ -564,10 +565,6 @@ class O41IterableDataset(IterableDataset[O41Batch]):
             checkpoint = Checkpoint.from_json(state["checkpoint"])
             checkpoint.check(rank=self.rank, world_size=self.world_size)
             self._check_same_stream(checkpoint)
-            # A config's skip_batches apply from here on (the core's rule for every adapter).
-            resumed = resume_point(checkpoint, self._config)
-            text = state["checkpoint"] if resumed.fingerprint == checkpoint.fingerprint else resumed.to_json()
-            self._loaded = {"checkpoint": text, **share}
         else:
             if "config" not in state:
                 raise CheckpointError("state refused: it has neither a 'checkpoint' nor a 'config'")
@@ -576,11 +573,19 @@ class O41IterableDataset(IterableDataset[O41Batch]):
                     "state refused: it is the start of another stream than this dataset's "
                     "(its config differs)"
                 )
-            self._loaded = None
+            checkpoint = None
+        text = state.get("checkpoint")
         if state.get("switch") is not None:
-            # The switch the saving dataset had placed and the state had not reached yet.
-            point = self._loaded_switch(state["switch"])
-            self._switch = point
-            if self._requests is not None:
-                self._publish(point)
+            # Earlier releases kept a pending switch beside the checkpoint; it is the position's now.
+            checkpoint = self._legacy_switch(
+                checkpoint or Checkpoint.at_start(self._document()), state["switch"]
+            )
+            text = None
+        self._loaded = None
+        if checkpoint is not None:
+            # A config's skip_batches apply from here on (the core's rule for every adapter).
+            resumed = resume_point(checkpoint, self._config)
+            if text is None or resumed.fingerprint != checkpoint.fingerprint:
+                text = resumed.to_json()
+            self._loaded = {"checkpoint": text, **share}
         self._last_position = None
