@@ -295,22 +295,36 @@ def test_a_curriculum_switch_resumes_exactly_from_every_checkpoint_around_it(
     # Requested when step 5 starts; the batch fetched ahead is still stage 0, the next one is not.
     assert [stage for _, _, stage, _ in straight.trained] == [0] * 7 + [1] * 3
     switches = {
-        step: torch.load(tmp_path / "ck" / f"epoch=0-step={step}.ckpt", weights_only=True)["O41DataModule"][
-            "ranks"
-        ][0]["switches"]
+        step: Position.from_json(
+            torch.load(tmp_path / "ck" / f"epoch=0-step={step}.ckpt", weights_only=True)["O41DataModule"][
+                "ranks"
+            ][0]["position"]
+        ).switches
         for step in (5, 6, 7, 8)
     }
-    # Not requested yet; pending one batch ahead; due right at the resume; in the position.
-    assert switches == {5: [], 6: [[1, 7]], 7: [[1, 7]], 8: []}
+    # Not requested yet; pending one batch ahead; due right at the resume; reached. The switch is
+    # the position's own, at the global batch the new stage starts (docs/checkpoint.md).
+    assert switches == {5: [], 6: [(1, 7)], 7: [(1, 7)], 8: []}
     for step in (5, 6, 7, 8):
         resumed = run(10, tmp_path / "ck" / f"epoch=0-step={step}.ckpt")
         assert resumed.trained == straight.trained[step:], step
+    # A state of version 1 kept the switch beside the position, counted in the rank's batches.
+    saved = torch.load(tmp_path / "ck" / "epoch=0-step=6.ckpt", weights_only=True)
+    entry = saved["O41DataModule"]
+    position = json.loads(entry["ranks"][0]["position"])
+    del position["switches"]
+    entry["version"] = 1
+    entry["ranks"] = [{"position": json.dumps(position), "switches": [[1, 7]]}]
+    torch.save(saved, tmp_path / "version1.ckpt")
+    assert run(10, tmp_path / "version1.ckpt").trained == straight.trained[6:]
 
 
 @RESUMING
-def test_a_partitioned_stream_resumes_exactly_and_refuses_a_switch(data: Path, tmp_path: Path) -> None:
+def test_a_partitioned_stream_resumes_exactly_and_switches_where_the_core_does(
+    data: Path, tmp_path: Path
+) -> None:
     # docs/order.md, "Partitions": the module reads a partitioned stream and resumes it from any
-    # checkpoint; a curriculum switch, which it would count in the wrong batches, is refused.
+    # checkpoint; a curriculum switch lands where the core's stream puts it.
     base = make_config(data)
     shuffled = [
         dataclasses.replace(stage, shuffle=Shuffle(buffer_rows=8, unit_rows=2)) for stage in base.stages
@@ -318,21 +332,23 @@ def test_a_partitioned_stream_resumes_exactly_and_refuses_a_switch(data: Path, t
     config = dataclasses.replace(base, stages=shuffled, partitions=4)
 
     def run(max_steps: int, ckpt_path: Path | None = None) -> Recorder:
-        callbacks = [checkpoints(tmp_path / "ck", every=1)]
+        callbacks = [checkpoints(tmp_path / "ck", every=1), O41Curriculum({4: 1})]
         return fit(O41DataModule(config), tmp_path, max_steps, callbacks=callbacks, ckpt_path=ckpt_path)
 
-    straight = run(10)
+    straight = run(12)
     with open_batch_stream(config) as stream:
+        # Requested at step 4 after batch 5 went out: at global batch 6, which the engine moves
+        # to 8, the first batch a multiple of partitions=4 after the stage began.
+        stream.advance(1, at=6)
         core = [
-            digest(torch.from_numpy(b.arrays()["x"]), torch.from_numpy(b.arrays()["id"]))
-            for b, _ in zip(stream, range(10), strict=False)
+            (b.stage, digest(torch.from_numpy(b.arrays()["x"]), torch.from_numpy(b.arrays()["id"])))
+            for b, _ in zip(stream, range(12), strict=False)
         ]
-        assert [digest_ for _, _, _, digest_ in straight.trained] == core[:10]
-    for step in (3, 6):
-        resumed = run(10, tmp_path / "ck" / f"epoch=0-step={step}.ckpt")
+    assert [stage for stage, _ in core] == [0] * 8 + [1] * 4
+    assert [(stage, digest_) for _, _, stage, digest_ in straight.trained] == core
+    for step in (3, 5, 7, 9):
+        resumed = run(12, tmp_path / "ck" / f"epoch=0-step={step}.ckpt")
         assert resumed.trained == straight.trained[step:], step
-    with pytest.raises(ConfigError, match="partitions=4"):
-        O41DataModule(config).advance(1)
 
 
 @RESUMING
@@ -362,9 +378,8 @@ def test_a_switch_opens_no_extra_stream_and_a_resume_switches_at_the_same_global
     first = next(index for _, index, stage, _ in straight.trained if stage == 1)
     assert [stage for *_, stage, _ in straight.trained] == [0] * 7 + [1] * 3
     # Steps 6 and 7's checkpoints hold the request, not yet in effect: a resume switches at the
-    # same global batch, again with one stream per pass (from step 6, a pass for the batch
-    # before the switch, then the switch's; from step 7 the switch is due at once).
-    for step, passes in ((6, 2), (7, 1)):
+    # same global batch in one stream, which applies the position's pending switch itself.
+    for step, passes in ((6, 1), (7, 1)):
         opened.clear()
         resumed = run(10, tmp_path / "ck" / f"epoch=0-step={step}.ckpt")
         assert resumed.trained == straight.trained[step:]
@@ -473,15 +488,13 @@ def test_every_checkpoint_gets_its_stream_checkpoints_and_loses_them_with_it(
             "version": STATE_VERSION,
             "world_size": 1,
             "global_step": state["global_step"],
-            "ranks": [{"file": rank_file(0, 1), "switches": entry["ranks"][0]["switches"]}],
+            "ranks": [{"file": rank_file(0, 1)}],
         }
-    # Requested at step 6 for the 9th batch, which no step had trained on when these were written.
+    # Requested at step 6 for the 9th batch, which no step had trained on when these were written:
+    # the rank's checkpoint holds it (docs/checkpoint.md, "Pending switches").
     for path in [directory / "epoch=0-step=8.ckpt.o41", tmp_path / "manual.ckpt.o41"]:
-        assert json.loads((path / INDEX_FILE).read_text())["ranks"][0]["switches"] == [[1, 8]]
-    assert (
-        json.loads((directory / "epoch=0-step=6.ckpt.o41" / INDEX_FILE).read_text())["ranks"][0]["switches"]
-        == []
-    )
+        assert read_checkpoint(path / rank_file(0, 1)).position.switches == [(1, 8)]
+    assert read_checkpoint(directory / "epoch=0-step=6.ckpt.o41" / rank_file(0, 1)).position.switches == []
     assert read_checkpoint(tmp_path / "manual.ckpt.o41" / rank_file(0, 1)) == datamodule.checkpoint()
 
 
@@ -607,7 +620,7 @@ def two_rank_state(
         "version": STATE_VERSION,
         "world_size": 2,
         "resolved": taken[0].resolved_json(),
-        "ranks": [{"position": c.position.to_json(), "switches": []} for c in taken],
+        "ranks": [{"position": c.position.to_json()} for c in taken],
     }
     return state, taken[0]
 
@@ -647,8 +660,8 @@ def test_a_resume_with_another_stream_or_state_version_is_refused(data: Path, tm
     with pytest.raises(CheckpointError, match="seed is 1 in the checkpoint, 2 in the config"):
         fit(O41DataModule(make_config(data, seed=2)), tmp_path, 8, ckpt_path=saved)
     state = torch.load(saved, weights_only=True)["O41DataModule"]
-    with pytest.raises(CheckpointError, match=f"{FORMAT} state version 2; this plugin reads version 1"):
-        O41DataModule(make_config(data)).load_state_dict({**state, "version": 2})
+    with pytest.raises(CheckpointError, match=f"{FORMAT} state version 3; this plugin reads versions 1, 2"):
+        O41DataModule(make_config(data)).load_state_dict({**state, "version": 3})
     with pytest.raises(CheckpointError, match="expected 1 rank entries, found 2"):
         O41DataModule(make_config(data)).load_state_dict({**state, "ranks": state["ranks"] * 2})
 

@@ -28,7 +28,7 @@ from o41_training_data_torch import POSITION_KEY, O41Batch, O41IterableDataset
 from torch.utils.data import DataLoader
 
 from . import _sidecar
-from ._state import FORMAT, STATE_VERSION, RankState, StreamState, Switch
+from ._state import FORMAT, STATE_VERSION, StreamState
 
 # What Lightning's own loader state holds for the train loader (see _TrainLoader.state_dict).
 _LOADER_STATE = {"format": FORMAT, "version": STATE_VERSION, "positions": "in the O41DataModule state"}
@@ -149,10 +149,14 @@ class O41DataModule(LightningDataModule):
         self._val_config = val_config
         self._num_workers = num_workers
         self._bool_as: Literal["bool", "uint8"] = bool_as
-        self._consumed: Position | None = None  # after the last batch a training step consumed
+        # After the last batch a training step consumed, with the switches it has not reached.
+        self._consumed: Position | None = None
         self._anchor: Checkpoint | None = None  # any checkpoint of the stream: its pinned resolved config
-        self._switches: list[Switch] = []  # requested switches the consumed position does not reflect
-        self._frontier: tuple[object, int, int] | None = None  # (pass, batches_yielded, stage) handed out
+        # Switches requested since the running pass started: batches it handed out before a
+        # request do not carry it, so the consumed position takes it from here.
+        self._requested: list[SwitchPoint] = []
+        # (pass, the position after the last batch it handed to Lightning): where a switch lands.
+        self._handed: tuple[object, Position | None] | None = None
         self._loader: _TrainLoader | None = None
         self._restored_from: Any = None  # the ckpt_path whose state this rank resumed from
         self._train_dataset: O41IterableDataset | None = None  # the running pass's, for stats
@@ -245,7 +249,7 @@ class O41DataModule(LightningDataModule):
         rank at once, as ``trainer.save_checkpoint`` requires anyway.
         """
         _, world_size = self._rank_world()
-        mine = RankState(position=self._consumed, switches=tuple(self._switches)).to_json()
+        mine = {"position": self._consumed.to_json() if self._consumed is not None else None}
         entries = self._gather(mine, world_size)
         first = next((entry["position"] for entry in entries if entry["position"] is not None), None)
         resolved = None
@@ -286,37 +290,26 @@ class O41DataModule(LightningDataModule):
         trains on the first batch of ``stage``. Call it on every rank at the same step (as
         :class:`O41Curriculum` does); the switch is part of the state, so a resume from a
         checkpoint taken in between switches at the same batch. Switching to the stage already
-        in effect (or requested) does nothing. A config with ``partitions`` above 1 is refused
-        with :class:`ConfigError` (docs/lightning.md).
+        in effect (or requested) does nothing. The switch is the core's (``switch_point``, kept in
+        the position as ``Position.switches``); in a partitioned stream the engine moves it to the
+        first round where every partition has read the same rows (docs/order.md).
         """
         stages = len(self._config.stages)
         if type(stage) is not int or not 0 <= stage < stages:
             raise ConfigError(
                 f"advance: stage {stage!r} does not exist; the config has stages 0 to {stages - 1}"
             )
-        if self._config.partitions != 1:
-            # This module counts switches in the rank's own batches; a partitioned stream moves
-            # a switch to where every partition has read the same rows, which those counts do not
-            # follow yet. Refused rather than resumed in the wrong stage.
-            raise ConfigError(
-                f"advance: the config has partitions={self._config.partitions}; curriculum switches "
-                "of a partitioned stream are not supported by O41DataModule yet (the torch and JAX "
-                "adapters support them); use partitions=1 for a run that switches stages"
-            )
-        if self._frontier is not None:
-            _, at, current = self._frontier
-        elif self._consumed is not None:
-            at, current = self._consumed.batches_yielded, self._consumed.stage
-        else:
-            at, current = 0, 0
-        if self._switches:
-            current = self._switches[-1].stage
-        if stage == current:
-            return
-        if self._switches and self._switches[-1].at == at:
-            self._switches[-1] = Switch(stage=stage, at=at)  # two requests before the next batch
-        else:
-            self._switches.append(Switch(stage=stage, at=at))
+        handed = self._handed[1] if self._handed is not None else None
+        base = handed or self._consumed or self._start_checkpoint().position
+        # The core's switch point: the round after the last batch handed out, on every rank.
+        point = switch_point(self._anchor or self._ranked(self._config), base, stage)
+        consumed = self._consumed or self._start_checkpoint().position
+        self._consumed = consumed.with_switch(point.stage, point.at)
+        if self._handed is not None and handed is not None:
+            placed = handed.with_switch(point.stage, point.at)
+            if placed.switches != handed.switches:  # not the stage already in effect there
+                self._requested.append(point)
+                self._handed = (self._handed[0], placed)
 
     def checkpoint(self) -> Checkpoint | None:
         """The rank's stream checkpoint after the last batch a training step consumed.
@@ -327,6 +320,12 @@ class O41DataModule(LightningDataModule):
             return None
         assert self._anchor is not None
         return Checkpoint.from_position(self._consumed, self._anchor)
+
+    def _start_checkpoint(self) -> Checkpoint:
+        """The checkpoint at the config's beginning, which becomes the anchor when there is none."""
+        if self._anchor is None:
+            self._anchor = Checkpoint.at_start(self._resolved(self._ranked(self._config)))
+        return Checkpoint.at_start(self._anchor)
 
     # -- Internals.
 
@@ -374,11 +373,10 @@ class O41DataModule(LightningDataModule):
                 "max_epochs unset, or read it after the restore"
             )
         rank, world_size = self._rank_world()
-        start, switches = state.start_for(rank, world_size, self._ranked(self._config), source)
+        start = state.start_for(rank, world_size, self._ranked(self._config), source)
         self._consumed = start.position if start is not None else None
         self._anchor = start
-        done = start.batches_yielded if start is not None else 0
-        self._switches = [switch for switch in switches if switch.at >= done]
+        self._requested = []
 
     def _consumed_batch(self, position: Position) -> None:
         loader, trainer = self._loader, self.trainer
@@ -389,69 +387,62 @@ class O41DataModule(LightningDataModule):
                     f"checkpoint refused: the trainer resumed from {trainer.ckpt_path}, but this rank's "
                     "stream position was not restored before training started"
                 )
+        # A batch handed out before a request does not carry it: the engine places it.
+        self._requested = [point for point in self._requested if point.due(position)]
+        for point in self._requested:
+            position = position.with_switch(point.stage, point.at)
         self._consumed = position
-        # A switch is reflected in the position once the first batch of its stage is consumed.
-        self._switches = [switch for switch in self._switches if switch.at >= position.batches_yielded]
-
-    @staticmethod
-    def _switch_point(start: Checkpoint | None, stage: int) -> SwitchPoint:
-        """The core's switch point for ``stage`` at a pass's first batch, right after ``start``.
-
-        ``None`` is the config's beginning, global batch 0. The pass's dataset applies it to its
-        stream (and each worker's) before the first batch, so no stream of our own is opened.
-        """
-        if start is None:
-            return SwitchPoint(stage=stage, at=0)
-        return switch_point(start, start.position, stage)
 
     def _passes(self, loader: _TrainLoader) -> Iterator[O41Batch]:
         token = object()
         start = self.checkpoint()
         restarted = False
+        self._requested = []  # the start holds them
         try:
             while True:
-                done = start.batches_yielded if start is not None else 0
-                self._frontier = (token, done, start.stage if start is not None else 0)
-                # A switch due at the pass's first batch goes into the pass's dataset as the
-                # core's SwitchPoint: its stream (or each worker's) switches before that batch.
-                due = [switch for switch in self._switches if switch.at == done]
-                placed = self._switch_point(start, due[-1].stage) if due else None
+                # A pass starts at a checkpoint holding every switch requested so far: its stream
+                # (or each worker's) applies them (the engine's rule), so no stream of our own.
+                self._handed = (token, start.position if start is not None else None)
                 source: BatchStreamConfig | Checkpoint = (
                     start if start is not None else self._ranked(self._config)
                 )
-                dataset = O41IterableDataset(
-                    source, self._training_data, bool_as=self._bool_as, switch=placed
-                )
+                dataset = O41IterableDataset(source, self._training_data, bool_as=self._bool_as)
                 self._train_dataset = dataset
                 batches = iter(DataLoader(dataset, batch_size=None, num_workers=self._num_workers))
                 delivered = 0
-                switch_after: Position | None = None
+                switched: Position | None = None
                 try:
                     for batch in batches:
-                        position = batch[POSITION_KEY]
                         if self._anchor is None:
                             self._anchor = dataset.checkpoint(batch)
                         delivered += 1
                         loader.delivered = True
-                        self._frontier = (token, position.batches_yielded, position.stage)
+                        handed = (token, batch[POSITION_KEY])
+                        self._handed = handed
                         yield batch
-                        if any(switch.at == position.batches_yielded for switch in self._switches):
-                            switch_after = position
+                        if self._handed is not handed:  # advance() placed a switch after this batch
+                            switched = self._handed[1]
                             break
                 finally:
                     # Stop the workers and the engine now, not whenever the iterator is collected.
                     del batches
-                if switch_after is not None:
+                if switched is not None:
                     assert self._anchor is not None
-                    start = Checkpoint.from_position(switch_after, self._anchor)
+                    start = Checkpoint.from_position(switched, self._anchor)
                     continue
                 if delivered == 0 and start is not None and not restarted:
                     # The pass began where a finite stream ends: start over, and a switch
                     # requested for the next batch applies to the first one.
-                    restarted, start = True, None
-                    self._switches = [Switch(stage=s.stage, at=0) for s in self._switches[-1:]]
+                    restarted, self._requested = True, []
+                    pending = start.position.switches[-1:]
+                    start = None
+                    if pending:
+                        beginning = self._start_checkpoint()
+                        start = Checkpoint.from_position(
+                            beginning.position.with_switch(pending[0][0], 0), beginning
+                        )
                     continue
                 return
         finally:
-            if self._frontier is not None and self._frontier[0] is token:
-                self._frontier = None
+            if self._handed is not None and self._handed[0] is token:
+                self._handed = None

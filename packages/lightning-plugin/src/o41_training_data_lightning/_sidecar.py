@@ -10,7 +10,8 @@ model checkpoint ``<name>.ckpt`` is written it writes, from the datamodule state
                                              named as every per-rank file (the core's rank_file_name)
 <name>.ckpt.o41/resolved-<fingerprint>.json  the stream's resolved document, once for every rank
 <name>.ckpt.o41/datamodule.json              format, version, world size, global step, and
-                                             each rank's file and pending curriculum switches
+                                             each rank's file (pending curriculum switches are
+                                             in the rank's checkpoint)
 ```
 
 each file atomically (a temporary file renamed over it; one ``PUT`` on object stores), and
@@ -39,6 +40,7 @@ from lightning.pytorch.strategies import Strategy
 from o41_training_data import (
     RANK_FILE,
     CheckpointError,
+    Position,
     checkpoint_from_text,
     parse_rank_file_name,
     rank_file_name,
@@ -46,12 +48,12 @@ from o41_training_data import (
     write_rank_file,
 )
 
-from ._state import FORMAT, STATE_VERSION, RankState, StreamState, read_header, read_switches
+from ._state import FORMAT, STATE_VERSION, StreamState, read_header, read_legacy_switches
 
 SIDECAR_SUFFIX = ".o41"
 """Appended to a model checkpoint's path to name the directory of its stream checkpoints."""
 INDEX_FILE = "datamodule.json"
-"""The sidecar directory's index: format, version, world size, global step, files and switches."""
+"""The sidecar directory's index: format, version, world size, global step and each rank's file."""
 
 
 def sidecar_directory(checkpoint_path: _PATH) -> str:
@@ -127,10 +129,7 @@ def write_sidecars(checkpoint_path: _PATH, state: StreamState, global_step: Any 
         "version": STATE_VERSION,
         "world_size": state.world_size,
         "global_step": global_step if isinstance(global_step, int) else None,
-        "ranks": [
-            {"file": file, "switches": [[switch.stage, switch.at] for switch in entry.switches]}
-            for file, entry in zip(files, state.ranks, strict=True)
-        ],
+        "ranks": [{"file": file} for file in files],
     }
     _write(directory, INDEX_FILE, json.dumps(index) + "\n")
     # A checkpoint name saved again by another world (last.ckpt) must not keep the old ranks' files,
@@ -179,7 +178,7 @@ def read_sidecars(
         index = json.loads(fs.cat_file(index_path))
     except ValueError as e:
         raise CheckpointError(f"checkpoint refused: {index_path} is not JSON: {e}") from None
-    old_world, listed = read_header(index, index_path)
+    old_world, listed, version = read_header(index, index_path)
     written_at = index.get("global_step")
     if global_step is not None and isinstance(written_at, int) and written_at != global_step:
         raise CheckpointError(
@@ -191,13 +190,17 @@ def read_sidecars(
     rank_files_among(_entries(fs, directory), directory)
     needed = {rank} if old_world == world_size else set(range(old_world))
     resolved: str | None = None
-    entries: list[RankState] = []
+    positions: list[Position | None] = []
+    legacy: list[tuple[tuple[int, int], ...]] = []
     for old_rank, entry in enumerate(listed):
         where = f"{index_path}: ranks[{old_rank}]"
         name = entry.get("file")
         if name is not None and name != rank_file(old_rank, old_world):
             raise CheckpointError(f"checkpoint refused: {where}.file is {name!r}")
         position = None
+        # Version 1 kept pending switches in the index; only the ranks read here need them.
+        needs_switches = version == 1 and old_rank in needed
+        legacy.append(read_legacy_switches(entry, where) if needs_switches else ())
         if name is not None and old_rank in needed:
             path = _join(directory, name)
             if not fs.exists(path):
@@ -216,8 +219,9 @@ def read_sidecars(
                 )
             resolved = resolved or checkpoint.resolved_json()
             position = checkpoint.position
-        entries.append(RankState(position=position, switches=read_switches(entry, where)))
-    return StreamState(world_size=old_world, resolved=resolved, ranks=tuple(entries))
+        positions.append(position)
+    state = StreamState(world_size=old_world, resolved=resolved, positions=tuple(positions))
+    return state.with_legacy_switches(legacy, index_path) if version == 1 else state
 
 
 class SidecarCheckpointIO(CheckpointIO):

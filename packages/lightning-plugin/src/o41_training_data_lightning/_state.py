@@ -6,16 +6,16 @@ when it is loaded. It is plain JSON-compatible data (strings, ints, lists), so i
 ``torch.load(weights_only=True)``:
 
 ```text
-{"format": "o41-training-data-lightning", "version": 1, "world_size": 2,
+{"format": "o41-training-data-lightning", "version": 2, "world_size": 2,
  "resolved": "<the stream's resolved config, JSON>",
- "ranks": [{"position": "<Position JSON>" | null, "switches": [[stage, at], ...]}, ...]}
+ "ranks": [{"position": "<Position JSON>" | null}, ...]}
 ```
 
 A ``position`` is the rank's place after the last batch a training step consumed (``null``: the
-beginning of the config). A switch is a curriculum stage requested with ``O41DataModule.advance``
-that starts once the rank has received ``at`` batches in all (its ``batches_yielded``). Those the
-position does not reflect yet are kept: Lightning fetches a batch ahead, so a switch can be
-requested, or even applied to the stream, before the step that consumes its first batch.
+beginning of the config), with the curriculum switches requested and not reached yet: they are
+the core's (``Position.switches``, counted in global batches), so a state moves to another world
+and to another adapter as the core moves positions. Version 1 states, which kept each rank's
+switches beside its position counted in its own batches, are still read.
 """
 
 from __future__ import annotations
@@ -31,53 +31,24 @@ from o41_training_data import (
     Position,
     check_same_place,
     resume_point,
+    switch_point,
 )
 
 FORMAT = "o41-training-data-lightning"
 """The ``format`` marker of the state (and of the sidecar index), so it is found among other keys."""
-STATE_VERSION = 1
+STATE_VERSION = 2
 """Version of the state ``O41DataModule.state_dict()`` returns and of the sidecar index."""
-
-
-@dataclasses.dataclass(frozen=True)
-class Switch:
-    """A curriculum switch: ``stage`` starts once the rank has received ``at`` batches in all."""
-
-    stage: int
-    at: int
-
-
-@dataclasses.dataclass(frozen=True)
-class RankState:
-    """One rank's entry: its position (``None``: the config's beginning) and its pending switches."""
-
-    position: Position | None
-    switches: tuple[Switch, ...]
-
-    def to_json(self) -> dict[str, Any]:
-        """The entry as stored in the state."""
-        return {
-            "position": self.position.to_json() if self.position is not None else None,
-            "switches": [[switch.stage, switch.at] for switch in self.switches],
-        }
-
-    @property
-    def done(self) -> int:
-        """The batches the rank had received at its position."""
-        return self.position.batches_yielded if self.position is not None else 0
-
-    def ahead(self) -> tuple[tuple[int, int], ...]:
-        """The switches as ``(stage, batches after the position)``, which do not depend on the world."""
-        return tuple((switch.stage, switch.at - self.done) for switch in self.switches)
+READ_VERSIONS = (1, 2)
+"""The versions this plugin reads: version 1 kept pending switches beside each position."""
 
 
 @dataclasses.dataclass(frozen=True)
 class StreamState:
-    """Every rank's entry, the world size that wrote them and the stream's resolved config."""
+    """Every rank's position, the world size that wrote them and the stream's resolved config."""
 
     world_size: int
     resolved: str | None
-    ranks: tuple[RankState, ...]
+    positions: tuple[Position | None, ...]
 
     def to_dict(self) -> dict[str, Any]:
         """The state as ``O41DataModule.state_dict()`` returns it."""
@@ -86,17 +57,17 @@ class StreamState:
             "version": STATE_VERSION,
             "world_size": self.world_size,
             "resolved": self.resolved,
-            "ranks": [rank.to_json() for rank in self.ranks],
+            "ranks": [{"position": p.to_json() if p is not None else None} for p in self.positions],
         }
 
     @staticmethod
     def from_dict(state: Any, source: str) -> StreamState:
         """Reads and checks a state; ``source`` names where it came from in errors."""
-        world_size, ranks = read_header(state, source)
+        world_size, ranks, version = read_header(state, source)
         resolved = state.get("resolved")
         if resolved is not None and not isinstance(resolved, str):
             raise CheckpointError(f"checkpoint refused: {source}: resolved is not JSON text")
-        entries = []
+        positions = []
         for rank, entry in enumerate(ranks):
             where = f"{source}: ranks[{rank}]"
             text = entry.get("position")
@@ -108,74 +79,93 @@ class StreamState:
                     f"checkpoint refused: {where} holds the position of rank {position.rank} of "
                     f"{position.world_size}"
                 )
-            entries.append(RankState(position=position, switches=read_switches(entry, where)))
-        if resolved is None and any(entry.position is not None for entry in entries):
+            positions.append(position)
+        if resolved is None and any(position is not None for position in positions):
             raise CheckpointError(f"checkpoint refused: {source}: positions without the resolved config")
-        return StreamState(world_size=world_size, resolved=resolved, ranks=tuple(entries))
+        read = StreamState(world_size=world_size, resolved=resolved, positions=tuple(positions))
+        if version == 1:
+            legacy = [read_legacy_switches(entry, f"{source}: ranks[{r}]") for r, entry in enumerate(ranks)]
+            return read.with_legacy_switches(legacy, source)
+        return read
 
-    def checkpoint(self, rank: int) -> Checkpoint | None:
-        """Rank ``rank``'s stream checkpoint, or ``None`` when it is at the config's beginning."""
-        position = self.ranks[rank].position
-        if position is None:
-            return None
+    def with_legacy_switches(self, switches: Sequence[Sequence[tuple[int, int]]], source: str) -> StreamState:
+        """The state with version 1's per-rank ``switches`` moved into the positions.
+
+        Version 1 counted a switch in the rank's own batches (``[stage, batches_yielded]``): the
+        core's ``switch_point`` turns the batches ahead of the position into a global batch.
+        """
+        positions = []
+        for rank, (position, pending) in enumerate(zip(self.positions, switches, strict=True)):
+            for stage, at in pending:
+                if position is None:
+                    if self.resolved is None:
+                        raise CheckpointError(
+                            f"checkpoint refused: {source}: a version-1 state whose ranks had not "
+                            "started holds a curriculum switch but no resolved config to place it "
+                            "in; call advance() again before trainer.fit"
+                        )
+                    start = Checkpoint.at_start(self.resolved).for_world(rank, self.world_size)
+                    position = start.position
+                ahead = at - position.batches_yielded
+                if ahead >= 0:
+                    point = switch_point(self._checkpoint_at(position), position, stage, batches_ahead=ahead)
+                    position = position.with_switch(point.stage, point.at)
+            positions.append(position)
+        return dataclasses.replace(self, positions=tuple(positions))
+
+    def _checkpoint_at(self, position: Position) -> Checkpoint:
         assert self.resolved is not None  # from_dict and the datamodule guarantee it
         return Checkpoint.from_position(position, self.resolved)
 
+    def checkpoint(self, rank: int) -> Checkpoint | None:
+        """Rank ``rank``'s stream checkpoint, or ``None`` when it is at the config's beginning."""
+        position = self.positions[rank]
+        return self._checkpoint_at(position) if position is not None else None
+
     def start_for(
         self, rank: int, world_size: int, config: BatchStreamConfig, source: str
-    ) -> tuple[Checkpoint | None, tuple[Switch, ...]]:
-        """Where rank ``rank`` of ``world_size`` resumes: its checkpoint and its pending switches.
+    ) -> Checkpoint | None:
+        """Where rank ``rank`` of ``world_size`` resumes (``None``: the config's beginning).
 
         With the world size that wrote the state, each rank takes its own entry. With another,
-        the positions are moved with ``Checkpoint.for_world`` (``docs/order.md``, "Elastic
-        resume"), which is exact only when every old rank stopped at the same place; otherwise
-        the resume is refused. The checkpoint is checked against ``config``: resuming a
-        different stream raises a :class:`CheckpointError` that names the first difference.
+        the positions are moved with the core's rule (``check_same_place``, then
+        ``Checkpoint.for_world``; docs/order.md, "Elastic resume"), which is exact only when every
+        old rank stopped at the same place with the same pending switches. The checkpoint is
+        checked against ``config``: resuming a different stream raises a
+        :class:`CheckpointError` that names the first difference.
         """
         if world_size == self.world_size:
-            checkpoint, entry = self.checkpoint(rank), self.ranks[rank]
-            switches = entry.switches
+            checkpoint = self.checkpoint(rank)
         else:
-            checkpoint, ahead = self._moved(rank, world_size, source)
-            done = checkpoint.batches_yielded if checkpoint is not None else 0
-            switches = tuple(Switch(stage=stage, at=done + after) for stage, after in ahead)
+            stops = {f"rank {old_rank}": position for old_rank, position in enumerate(self.positions)}
+            try:
+                check_same_place(stops, world_size=world_size)
+            except CheckpointError as error:
+                raise CheckpointError(
+                    f"{error} ({source}, written by {self.world_size} ranks; resume with "
+                    f"{self.world_size} ranks)"
+                ) from None
+            base = self.checkpoint(0)
+            checkpoint = base.for_world(rank, world_size) if base is not None else None
         if checkpoint is not None:
             checkpoint.check(rank=rank, world_size=world_size)
             # The config's skip_batches apply from here on (the core's rule for every adapter).
             checkpoint = resume_point(checkpoint, config)
-        return checkpoint, switches
-
-    def _moved(
-        self, rank: int, world_size: int, source: str
-    ) -> tuple[Checkpoint | None, tuple[tuple[int, int], ...]]:
-        # The core's one rule (the same as `o41 checkpoint reshard` and the JAX handler): every
-        # old rank at the same place; then the pending switches must agree too.
-        stops = {f"rank {old_rank}": entry.position for old_rank, entry in enumerate(self.ranks)}
-        try:
-            check_same_place(stops, world_size=world_size)
-        except CheckpointError as error:
-            raise CheckpointError(
-                f"{error} ({source}, written by {self.world_size} ranks; resume with {self.world_size} ranks)"
-            ) from None
-        first = self.ranks[0]
-        if any(entry.ahead() != first.ahead() for entry in self.ranks):
-            raise CheckpointError(
-                f"checkpoint refused: {source} was written by {self.world_size} ranks and this run has "
-                f"{world_size}; an elastic resume needs every old rank at the same place, but their "
-                "curriculum switches differ"
-            )
-        base = self.checkpoint(0)
-        return (base.for_world(rank, world_size) if base is not None else None), first.ahead()
+        return checkpoint
 
 
-def read_header(state: Any, source: str) -> tuple[int, list[Mapping[str, Any]]]:
-    """Checks the format, version and world size of a state or sidecar index; its rank entries."""
+def read_header(state: Any, source: str) -> tuple[int, list[Mapping[str, Any]], int]:
+    """Checks the format, version and world size of a state or sidecar index.
+
+    Returns the world size, the rank entries and the version (1 or 2).
+    """
     if not isinstance(state, Mapping) or state.get("format") != FORMAT:
         raise CheckpointError(f"checkpoint refused: {source} holds no {FORMAT} state")
-    if state.get("version") != STATE_VERSION:
+    version = state.get("version")
+    if version not in READ_VERSIONS or type(version) is not int:
         raise CheckpointError(
-            f"checkpoint refused: {source} holds {FORMAT} state version {state.get('version')!r}; "
-            f"this plugin reads version {STATE_VERSION}"
+            f"checkpoint refused: {source} holds {FORMAT} state version {version!r}; "
+            f"this plugin reads versions {', '.join(map(str, READ_VERSIONS))}"
         )
     world_size, ranks = state.get("world_size"), state.get("ranks")
     if type(world_size) is not int or world_size < 1:
@@ -188,17 +178,17 @@ def read_header(state: Any, source: str) -> tuple[int, list[Mapping[str, Any]]]:
     for rank, entry in enumerate(ranks):
         if not isinstance(entry, Mapping):
             raise CheckpointError(f"checkpoint refused: {source}: ranks[{rank}] is {entry!r}")
-    return world_size, ranks
+    return world_size, ranks, version
 
 
-def read_switches(entry: Mapping[str, Any], where: str) -> tuple[Switch, ...]:
-    """The ``switches`` of a rank entry; ``where`` names the entry in errors."""
+def read_legacy_switches(entry: Mapping[str, Any], where: str) -> tuple[tuple[int, int], ...]:
+    """The ``switches`` of a version-1 rank entry; ``where`` names the entry in errors."""
     switches = entry.get("switches")
     if not isinstance(switches, list) or not all(_is_switch(switch) for switch in switches):
         raise CheckpointError(
             f"checkpoint refused: {where}.switches is {switches!r}, expected [[stage, at], ...]"
         )
-    return tuple(Switch(stage=stage, at=at) for stage, at in switches)
+    return tuple((stage, at) for stage, at in switches)
 
 
 def _is_switch(value: Any) -> bool:
