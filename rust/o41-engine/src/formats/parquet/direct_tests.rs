@@ -257,7 +257,7 @@ fn lists_read_past_the_page_reader_once_each() {
     let projection = Projection::new(&[field("t", DType::I32, vec![4])]).unwrap();
     let index = index_of(&path, &projection);
     let mut visited = 0;
-    let stopped = super::super::parquet_direct::runs(
+    let stopped = super::direct::runs(
         &Arc::new(std::fs::File::open(&path).unwrap()),
         index.metadata.metadata(),
         index.metadata.schema().fields(),

@@ -42,7 +42,7 @@ pub(in crate::formats) fn lengths_agree(index: &ParquetIndex, lengths: &[u64]) -
     match index.roots[..] {
         [root] => {
             lengths.len() as u64 == rows
-                && crate::formats::list_lengths::agree_with_levels(metadata, root, lengths)
+                && crate::formats::parquet::list_lengths::agree_with_levels(metadata, root, lengths)
         }
         _ => false,
     }
@@ -149,7 +149,7 @@ pub(super) fn local_lists<R: ChunkReader + 'static>(
     lists(open()?, index, (&rest, values), path, each)
 }
 
-/// Hands `each` the records of `ranges` read page by page (`parquet_direct`), as far as the
+/// Hands `each` the records of `ranges` read page by page (`direct`), as far as the
 /// column reads so; returns the ranges left for arrow-rs to read (`None` when none are).
 pub(super) fn lists_direct<R: ChunkReader + 'static>(
     reader: &Arc<R>,
@@ -164,7 +164,7 @@ pub(super) fn lists_direct<R: ChunkReader + 'static>(
     // The first record not yet handed over.
     let mut next = ranges.first().map_or(0, |r| r.start);
     let mut scratch: Vec<i64> = Vec::new();
-    let done = crate::formats::parquet_direct::runs(
+    let done = crate::formats::parquet::direct::runs(
         reader,
         index.metadata.metadata(),
         index.metadata.schema().fields(),
@@ -207,7 +207,9 @@ pub(in crate::formats) fn list_lengths(
     };
     let metadata = index.metadata.metadata();
     // A shard the saver wrote lists them in its footer, which open has read already.
-    if let Some(lengths) = crate::formats::list_lengths::footer_lengths(metadata, root, rows) {
+    if let Some(lengths) =
+        crate::formats::parquet::list_lengths::footer_lengths(metadata, root, rows)
+    {
         return Ok(Some(lengths));
     }
     guarded(&path, None, || {
@@ -217,8 +219,13 @@ pub(in crate::formats) fn list_lengths(
                 file: R,
                 (metadata, root, rows): (&ParquetMetaData, usize, u64),
             ) -> Option<Vec<u64>> {
-                crate::formats::list_lengths::list_lengths(&Arc::new(file), metadata, root, rows)
-                    .unwrap_or(None)
+                crate::formats::parquet::list_lengths::list_lengths(
+                    &Arc::new(file),
+                    metadata,
+                    root,
+                    rows,
+                )
+                .unwrap_or(None)
             }
             let column = (metadata.as_ref(), root, rows);
             return Ok(match object.meter() {
@@ -231,7 +238,7 @@ pub(in crate::formats) fn list_lengths(
             object.clone(),
             &index.fetch_ranges(std::slice::from_ref(&all), projection),
         )?);
-        match crate::formats::list_lengths::list_lengths(&fetched, metadata, root, rows) {
+        match crate::formats::parquet::list_lengths::list_lengths(&fetched, metadata, root, rows) {
             Ok(found) => Ok(found),
             // A failed read is the storage's error; anything else, the decoder's to report.
             Err(_) => fetched.take_failure().map_or(Ok(None), Err),

@@ -6,14 +6,17 @@
 //! in `super::page_cache` the pages later jobs read again), `read` decodes row ranges (and whole
 //! shards), `metered` counts a local file's reads, `lists` reads token lists, `write` writes.
 
+mod direct;
 mod fetch;
 mod footer;
 mod format;
 mod guard;
 mod inspect;
+mod list_lengths;
 mod lists;
 mod metered;
 mod read;
+mod rle;
 mod write;
 
 #[cfg(test)]

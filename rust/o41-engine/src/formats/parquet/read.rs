@@ -196,7 +196,7 @@ impl Reader {
 }
 
 /// Reads `ranges` page by page where every projected column is laid out so
-/// (`parquet_direct`); `None` where one is not, or the pages do not read so: arrow-rs then
+/// (`direct`); `None` where one is not, or the pages do not read so: arrow-rs then
 /// reads them, and reports what is wrong.
 pub(super) fn read_direct<R: ChunkReader + 'static>(
     reader: &Arc<R>,
@@ -205,7 +205,7 @@ pub(super) fn read_direct<R: ChunkReader + 'static>(
     projection: &Projection,
     (chunk, path): (&mut Chunk, &str),
 ) -> Option<std::result::Result<(), ReadFailure>> {
-    crate::formats::parquet_direct::read(
+    crate::formats::parquet::direct::read(
         reader,
         index.metadata.metadata(),
         index.metadata.schema().fields(),

@@ -43,7 +43,7 @@ fn nesting(data_type: &DataType, limit: usize) -> usize {
 /// Writes `batches` (all of `schema`) as one Parquet file: zstd-compressed pages with a page
 /// index, so that streams select just the pages holding the rows a rank reads, and for each
 /// list column of integers without nulls its record lengths in the footer
-/// ([`crate::formats::list_lengths::footer_value`]), so that a packing stage plans from the footer.
+/// ([`crate::formats::parquet::list_lengths::footer_value`]), so that a packing stage plans from the footer.
 pub fn write(
     out: impl Write + Send,
     schema: SchemaRef,
@@ -80,11 +80,12 @@ pub fn write(
         .iter()
         .enumerate()
         .filter_map(|(k, field)| {
-            let value =
-                crate::formats::list_lengths::footer_value(&integer_list_lengths(batches, k)?)?;
+            let value = crate::formats::parquet::list_lengths::footer_value(
+                &integer_list_lengths(batches, k)?,
+            )?;
             let key = format!(
                 "{}{}",
-                crate::formats::list_lengths::FOOTER_KEY_PREFIX,
+                crate::formats::parquet::list_lengths::FOOTER_KEY_PREFIX,
                 field.name()
             );
             Some(KeyValue::new(key, value))

@@ -33,10 +33,10 @@ use parquet::schema::types::SchemaDescriptor;
 
 use super::list_lengths::{element_level, levels, prefixed, sections, single_leaf, Sections};
 use super::rle::{lockstep, Hybrid};
-use super::ReadFailure;
 use crate::columns::Chunk;
 use crate::error::Error;
 use crate::fields::Projection;
+use crate::formats::ReadFailure;
 use crate::from_arrow::project_arrow_column;
 
 /// The element types read here.
