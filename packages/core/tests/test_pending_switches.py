@@ -18,6 +18,7 @@ from o41_training_data import (
     Stage,
     check_same_place,
     open_batch_stream,
+    resolve_batch_stream_config,
     resume_batch_stream,
 )
 
@@ -69,14 +70,12 @@ def test_a_batch_delivered_after_a_request_carries_it_and_resumes_with_it(shard:
     with open_batch_stream(config) as stream:
         stream.advance(1, at=6)
         stream.advance(2, at=9)
-        batches = [next(stream) for _ in range(7)]
+        batches = [next(stream) for _ in range(10)]
     assert batches[2].position.switches == [(1, 6), (2, 9)]
     assert batches[6].position.switches == [(2, 9)]  # stage 1 is in effect there
-    for stop in (2, 5, 6, 8):
-        checkpoint = batches[stop].checkpoint() if stop < 7 else None
-        if checkpoint is None:
-            continue
-        with resume_batch_stream(checkpoint) as resumed:
+    assert batches[9].position.switches == []  # both reached
+    for stop in (2, 5, 6, 9):
+        with resume_batch_stream(batches[stop].checkpoint()) as resumed:
             assert seen(next(resumed) for _ in range(13 - stop)) == expected[stop + 1 :]
 
 
@@ -178,3 +177,25 @@ def test_ranks_with_different_pending_switches_are_not_moved(shard: ShardWriter)
             stops[f"rank {rank}"] = [next(stream) for _ in range(2)][-1].checkpoint()
     with pytest.raises(CheckpointError, match="switching to stage 1 at 10"):
         check_same_place(stops, world_size=4)
+
+
+def test_the_checkpoint_at_the_start_is_where_a_stream_opens(shard: ShardWriter) -> None:
+    config = curriculum(shard, rank=1, world_size=2)
+    with open_batch_stream(config) as stream:
+        opened = stream.checkpoint()
+        expected = seen(next(stream) for _ in range(6))
+    start = Checkpoint.at_start(resolve_batch_stream_config(config))
+    assert start == opened
+    assert (start.next_batch, start.batches_yielded, start.position.switches) == (0, 0, [])
+    with resume_batch_stream(start) as resumed:
+        assert seen(next(resumed) for _ in range(6)) == expected
+    # A switch placed before the first batch: what a stream opened and advanced at once does.
+    placed = Checkpoint.from_position(start.position.with_switch(1, 0), start)
+    with open_batch_stream(config) as stream:
+        stream.advance(1, at=0)
+        switched = seen(next(stream) for _ in range(6))
+    assert [stage for _, stage, _ in switched] == [1] * 6
+    with resume_batch_stream(placed) as resumed:
+        assert seen(next(resumed) for _ in range(6)) == switched
+    with pytest.raises(CheckpointError, match="malformed resolved config"):
+        Checkpoint.at_start("{}")

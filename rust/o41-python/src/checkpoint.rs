@@ -242,10 +242,10 @@ impl Checkpoint {
         }
     }
 
-    /// Document version.
+    /// The version the document is written in: 3 when it holds pending switches, else 1.
     #[getter]
     fn version(&self) -> u32 {
-        self.inner.version
+        self.inner.version()
     }
 
     /// The resolved config document (JSON) the checkpoint pins.

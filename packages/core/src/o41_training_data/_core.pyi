@@ -185,7 +185,7 @@ class Checkpoint(Position):
         """
     @property
     def version(self) -> int:
-        """Document version."""
+        """The version the document is written in: 3 when it holds pending switches, else 1."""
     def resolved_json(self) -> str:
         """The resolved config document (JSON) the checkpoint pins."""
     def resolved_config(self) -> dict[str, Any]:

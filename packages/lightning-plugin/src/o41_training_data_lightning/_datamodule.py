@@ -300,10 +300,9 @@ class O41DataModule(LightningDataModule):
                 f"advance: stage {stage!r} does not exist; the config has stages 0 to {stages - 1}"
             )
         handed = self._handed[1] if self._handed is not None else None
-        base = handed or self._consumed or self._start_checkpoint().position
-        # The core's switch point: the round after the last batch handed out, on every rank.
-        point = switch_point(self._anchor or self._ranked(self._config), base, stage)
         consumed = self._consumed or self._start_checkpoint().position
+        # The core's switch point: the round after the last batch handed out, on every rank.
+        point = switch_point(self._anchor or self._ranked(self._config), handed or consumed, stage)
         self._consumed = consumed.with_switch(point.stage, point.at)
         if self._handed is not None and handed is not None:
             placed = handed.with_switch(point.stage, point.at)

@@ -29,6 +29,7 @@ from o41_training_data import (
     Checkpoint,
     CheckpointError,
     Position,
+    StreamRules,
     check_same_place,
     resume_point,
     switch_point,
@@ -94,33 +95,35 @@ class StreamState:
         Version 1 counted a switch in the rank's own batches (``[stage, batches_yielded]``): the
         core's ``switch_point`` turns the batches ahead of the position into a global batch.
         """
+        if not any(switches):
+            return self
+        if self.resolved is None:
+            raise CheckpointError(
+                f"checkpoint refused: {source}: a version-1 state whose ranks had not started "
+                "holds a curriculum switch but no resolved config to place it in; call advance() "
+                "again before trainer.fit"
+            )
+        start = Checkpoint.at_start(self.resolved)  # the document, parsed once
+        rules = StreamRules.of(start)
         positions = []
         for rank, (position, pending) in enumerate(zip(self.positions, switches, strict=True)):
             for stage, at in pending:
                 if position is None:
-                    if self.resolved is None:
-                        raise CheckpointError(
-                            f"checkpoint refused: {source}: a version-1 state whose ranks had not "
-                            "started holds a curriculum switch but no resolved config to place it "
-                            "in; call advance() again before trainer.fit"
-                        )
-                    start = Checkpoint.at_start(self.resolved).for_world(rank, self.world_size)
-                    position = start.position
+                    position = start.for_world(rank, self.world_size).position
                 ahead = at - position.batches_yielded
                 if ahead >= 0:
-                    point = switch_point(self._checkpoint_at(position), position, stage, batches_ahead=ahead)
+                    point = switch_point(rules, position, stage, batches_ahead=ahead)
                     position = position.with_switch(point.stage, point.at)
             positions.append(position)
         return dataclasses.replace(self, positions=tuple(positions))
 
-    def _checkpoint_at(self, position: Position) -> Checkpoint:
-        assert self.resolved is not None  # from_dict and the datamodule guarantee it
-        return Checkpoint.from_position(position, self.resolved)
-
     def checkpoint(self, rank: int) -> Checkpoint | None:
         """Rank ``rank``'s stream checkpoint, or ``None`` when it is at the config's beginning."""
         position = self.positions[rank]
-        return self._checkpoint_at(position) if position is not None else None
+        if position is None:
+            return None
+        assert self.resolved is not None  # from_dict and the datamodule guarantee it
+        return Checkpoint.from_position(position, self.resolved)
 
     def start_for(
         self, rank: int, world_size: int, config: BatchStreamConfig, source: str

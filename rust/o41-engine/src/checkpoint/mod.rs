@@ -90,12 +90,9 @@ pub struct Position {
 
 /// A rank's stream position: its [`Position`] and the resolved document the position is in.
 /// The position's rank and world size are always the document's.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(from = "Document", into = "Document")]
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(into = "Document")]
 pub struct Checkpoint {
-    /// Document version: the one it is written in, [`SWITCHES_VERSION`] when it holds pending
-    /// switches, else [`CHECKPOINT_VERSION`].
-    pub version: u32,
     /// Where the rank stands. Its fingerprint is always `resolved.fingerprint()`, which every
     /// constructor computes or checks, so a resumed stream takes it as known.
     pub position: Position,
@@ -124,7 +121,6 @@ struct Document {
 impl From<Document> for Checkpoint {
     fn from(doc: Document) -> Self {
         Checkpoint {
-            version: doc.version,
             position: Position {
                 fingerprint: doc.fingerprint,
                 rank: doc.resolved.rank,
@@ -143,6 +139,7 @@ impl From<Document> for Checkpoint {
 
 impl From<Checkpoint> for Document {
     fn from(checkpoint: Checkpoint) -> Self {
+        let version = checkpoint.version();
         let Position {
             fingerprint,
             cursor,
@@ -154,7 +151,7 @@ impl From<Checkpoint> for Document {
             ..
         } = checkpoint.position;
         Document {
-            version: version_for(&switches, CHECKPOINT_VERSION, SWITCHES_VERSION),
+            version,
             fingerprint,
             cursor,
             stage,
@@ -350,6 +347,16 @@ pub fn check_process(
 }
 
 impl Checkpoint {
+    /// The version its document is written in: [`SWITCHES_VERSION`] when it holds pending
+    /// switches, else [`CHECKPOINT_VERSION`] (the lowest that holds it).
+    pub fn version(&self) -> u32 {
+        version_for(
+            &self.position.switches,
+            CHECKPOINT_VERSION,
+            SWITCHES_VERSION,
+        )
+    }
+
     /// The rank this checkpoint belongs to.
     pub fn rank(&self) -> usize {
         self.position.rank
@@ -375,7 +382,7 @@ impl Checkpoint {
         // One pass on the common path: a resolved document can list a million shards, parsed
         // straight into its types. Only a document that does not parse is scanned again, for
         // its version, so that one of another release is refused as that, not as malformed.
-        let mut checkpoint: Checkpoint = serde_json::from_str(text).map_err(|e| {
+        let document: Document = serde_json::from_str(text).map_err(|e| {
             // A document nested past serde_json's limit is refused for that, whatever else.
             if e.to_string().starts_with("recursion limit exceeded") {
                 return refuse(format!("malformed: it nests too deep ({e})"));
@@ -384,20 +391,11 @@ impl Checkpoint {
                 .err()
                 .unwrap_or_else(|| refuse(format!("malformed: {e}")))
         })?;
-        if !is_whole_version(Some(u64::from(checkpoint.version))) {
-            return Err(unsupported(checkpoint.version));
+        if !is_whole_version(Some(u64::from(document.version))) {
+            return Err(unsupported(document.version));
         }
-        check_switches_version(
-            checkpoint.version,
-            &checkpoint.position.switches,
-            CHECKPOINT_VERSION,
-        )?;
-        // Held as the version it is written in, so a document read back equals the one written.
-        checkpoint.version = version_for(
-            &checkpoint.position.switches,
-            CHECKPOINT_VERSION,
-            SWITCHES_VERSION,
-        );
+        check_switches_version(document.version, &document.switches, CHECKPOINT_VERSION)?;
+        let checkpoint = Checkpoint::from(document);
         let expected = checkpoint.resolved.fingerprint();
         if checkpoint.position.fingerprint != expected {
             return Err(refuse(format!(
@@ -472,11 +470,7 @@ impl Checkpoint {
             fingerprint: resolved.fingerprint(),
             ..self.position.clone()
         };
-        Ok(Checkpoint {
-            version: self.version,
-            position,
-            resolved,
-        })
+        Ok(Checkpoint { position, resolved })
     }
 
     /// The position part of the checkpoint.
@@ -516,11 +510,7 @@ impl Checkpoint {
             retargeted.rank = position.rank;
             retargeted.world_size = position.world_size;
         }
-        let checkpoint = Checkpoint {
-            version: version_for(&position.switches, CHECKPOINT_VERSION, SWITCHES_VERSION),
-            position,
-            resolved,
-        };
+        let checkpoint = Checkpoint { position, resolved };
         checkpoint.check_consistent()?;
         Ok(checkpoint)
     }
