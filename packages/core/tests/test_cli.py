@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import pty
@@ -388,6 +389,47 @@ def test_checkpoint_reshard_continues_the_global_sequence_on_another_world_size(
     assert main([*argv[:-2], "--output-dir", str(tmp_path / "old"), "--name", "stream-rank{rank}.json"]) == 0
     written = sorted(p.name for p in (tmp_path / "old").iterdir() if p.name != shared)
     assert written == [f"stream-rank{r}.json" for r in range(3)]
+
+
+def test_checkpoint_show_and_reshard_carry_pending_switches(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # docs/checkpoint.md, "Pending switches": the CLI shows them and moves them with the ranks.
+    config = two_stage_config(tmp_path, world_size=2)
+    old = []
+    for rank in range(2):
+        with open_batch_stream(replace(config, rank=rank)) as stream:
+            stream.advance(1, at=10)
+            old.append([next(stream) for _ in range(3)][-1].checkpoint())
+    assert all(c.position.switches == [(1, 10)] for c in old)
+    write_checkpoint(old[0], tmp_path / "split" / "stream-rank0.json")
+    assert main(["checkpoint", "show", str(tmp_path / "split" / "stream-rank0.json")]) == 0
+    shown = capsys.readouterr().out
+    assert "stage 1 at global batch 10" in shown
+    assert "4 (split form: resolved document" in shown
+    files = []
+    for checkpoint in old:
+        files.append(tmp_path / f"stream-rank{checkpoint.rank}.json")
+        files[-1].write_text(checkpoint.to_json())
+    assert main(["checkpoint", "show", str(files[0])]) == 0
+    assert "3 (self-contained)" in capsys.readouterr().out
+    out = tmp_path / "resharded"
+    argv = ["checkpoint", "reshard", *map(str, files), "--world-size", "3", "--output-dir", str(out)]
+    assert main(argv) == 0
+    new = [read_checkpoint(out / f"stream-rank{r}-of-3.json") for r in range(3)]
+    assert [c.position.switches for c in new] == [[(1, 10)]] * 3
+    # The moved ranks switch at the first round of 3 at or after global batch 10 (from 6: 12).
+    with open_batch_stream(replace(config, world_size=1)) as whole:
+        whole.advance(1, at=12)
+        reference = {b.batch_index: (b.stage, b.arrays()["v"].tolist()) for b in itertools.islice(whole, 24)}
+    for checkpoint in new:
+        with resume_batch_stream(checkpoint) as resumed:
+            for batch in itertools.islice(resumed, 5):
+                assert (batch.stage, batch.arrays()["v"].tolist()) == reference[batch.batch_index]
+    # Ranks whose pending switches differ are not moved.
+    files[1].write_text(Checkpoint.from_position(old[1].position.with_switch(0, 11), old[1]).to_json())
+    assert main([*argv, "--overwrite"]) != 0
+    assert "switching to stage 1 at 10" in capsys.readouterr().err
 
 
 def test_checkpoint_reshard_refuses_two_names_for_one_rank(

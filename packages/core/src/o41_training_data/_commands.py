@@ -493,6 +493,7 @@ def show(file: Path) -> int:
         ("next_batch", f"{loaded.next_batch:,} (this rank's next: {loaded.next_batch + loaded.rank:,})"),
         ("segment", f"stage {segment.stage} from global batch {segment.start_batch:,}"),
         ("drain", "-" if drain is None else f"stage {drain.stage}, positions {drain.start:,}..{drain.end:,}"),
+        ("switches", ", ".join(f"stage {s} at global batch {at:,}" for s, at in position.switches) or "-"),
         ("seed", resolved["seed"]),
     ]
     for key, value in rows:
@@ -504,7 +505,8 @@ def show(file: Path) -> int:
 
 
 def _file_form(file: Path, loaded: Checkpoint) -> str:
-    """The format version of the file itself, and its form: a split rank file holds version 2.
+    """The format version of the file itself, and its form: a split rank file holds version 2 (4
+    with pending switches), where the self-contained document it stands for holds 1 (3).
 
     The document opens with its version (docs/checkpoint.md), so the first bytes tell. A split
     rank file names its resolved document as the engine spells it (the fingerprint's ':' is a
@@ -514,9 +516,9 @@ def _file_form(file: Path, loaded: Checkpoint) -> str:
         head = f.read(256).decode(errors="replace")
     match = re.match(r'\s*\{\s*"version"\s*:\s*(\d+)', head)
     version = int(match.group(1)) if match else loaded.version
-    if version == 2:
+    if version != loaded.version:
         name = _core.split_reference(file.read_text())
-        return f"2 (split form: resolved document {name} beside it)"
+        return f"{version} (split form: resolved document {name} beside it)"
     return f"{version} (self-contained)"
 
 
