@@ -505,12 +505,13 @@ def show(file: Path) -> int:
 
 
 def _file_form(file: Path, loaded: Checkpoint) -> str:
-    """The format version of the file itself, and its form: a split rank file holds version 2 (4
-    with pending switches), where the self-contained document it stands for holds 1 (3).
+    """The format version of the file itself, and its form (self-contained or split).
 
-    The document opens with its version (docs/checkpoint.md), so the first bytes tell. A split
-    rank file names its resolved document as the engine spells it (the fingerprint's ':' is a
-    '-' in the file name); read_checkpoint has read the small file whole already.
+    A split rank file holds version 2 (4 with pending switches) where the self-contained
+    document it stands for holds 1 (3). The document opens with its version
+    (docs/checkpoint.md), so the first bytes tell. A split rank file names its resolved document
+    as the engine spells it (the fingerprint's ':' is a '-' in the file name); read_checkpoint
+    has read the small file whole already.
     """
     with file.open("rb") as f:
         head = f.read(256).decode(errors="replace")
