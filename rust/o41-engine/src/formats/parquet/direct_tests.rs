@@ -9,25 +9,16 @@ use arrow_array::builder::{
 };
 use arrow_array::{ArrayRef, Float32Array, Int16Array, Int64Array, RecordBatch};
 use parquet::arrow::ArrowWriter;
-use parquet::basic::{Compression, ZstdLevel};
 use parquet::file::properties::{WriterProperties, WriterVersion};
 use proptest::prelude::*;
 
 use super::read::{read_direct, read_ranges};
+use super::test_layout::{page_layouts, PageLayout as Layout};
 use super::ParquetIndex;
 use crate::config::FieldSpec;
 use crate::dtype::DType;
 use crate::fields::Projection;
 use crate::storage::Storage;
-
-#[derive(Debug, Clone)]
-struct Layout {
-    version: WriterVersion,
-    dictionary: bool,
-    codec: Compression,
-    page_rows: usize,
-    group_rows: usize,
-}
 
 fn field(name: &str, dtype: DType, shape: Vec<usize>) -> FieldSpec {
     FieldSpec {
@@ -107,18 +98,7 @@ fn write(lengths: &[usize], layout: &Layout, path: &std::path::Path) {
         ("i16", i16s),
     ])
     .unwrap();
-    let properties = WriterProperties::builder()
-        .set_writer_version(layout.version)
-        .set_dictionary_enabled(layout.dictionary)
-        .set_compression(layout.codec)
-        .set_write_batch_size(layout.page_rows)
-        .set_data_page_row_count_limit(layout.page_rows)
-        .set_max_row_group_row_count(Some(layout.group_rows))
-        .build();
-    let file = std::fs::File::create(path).unwrap();
-    let mut writer = ArrowWriter::try_new(file, batch.schema(), Some(properties)).unwrap();
-    writer.write(&batch).unwrap();
-    writer.close().unwrap();
+    layout.write(&batch, path);
 }
 
 fn index_of(path: &std::path::Path, projection: &Projection) -> Arc<ParquetIndex> {
@@ -155,29 +135,7 @@ fn both(path: &std::path::Path, ranges: &[Range<u64>]) -> (Option<String>, Strin
 }
 
 fn layouts() -> impl Strategy<Value = Layout> {
-    (
-        prop_oneof![
-            Just(WriterVersion::PARQUET_1_0),
-            Just(WriterVersion::PARQUET_2_0)
-        ],
-        any::<bool>(),
-        prop_oneof![
-            Just(Compression::UNCOMPRESSED),
-            Just(Compression::SNAPPY),
-            Just(Compression::ZSTD(ZstdLevel::default())),
-        ],
-        1usize..30,
-        1usize..120,
-    )
-        .prop_map(
-            |(version, dictionary, codec, page_rows, group_rows)| Layout {
-                version,
-                dictionary,
-                codec,
-                page_rows,
-                group_rows,
-            },
-        )
+    page_layouts(1..30, 1..120)
 }
 
 /// Sorted, disjoint ranges of `0..rows`, from cut points.

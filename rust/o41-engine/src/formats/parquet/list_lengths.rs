@@ -358,9 +358,10 @@ mod tests {
     use parquet::arrow::ArrowWriter;
     use parquet::basic::Compression;
     use parquet::file::metadata::ParquetMetaDataReader;
-    use parquet::file::properties::{WriterProperties, WriterVersion};
+    use parquet::file::properties::WriterVersion;
     use proptest::prelude::*;
 
+    use super::super::test_layout::{page_layouts, PageLayout};
     use super::list_lengths;
 
     /// A record: `None` a null list, else its elements (`None` a null id).
@@ -368,12 +369,7 @@ mod tests {
 
     #[derive(Debug, Clone)]
     struct Layout {
-        version: WriterVersion,
-        dictionary: bool,
-        codec: Compression,
-        /// Rows per data page and per row group.
-        page_rows: usize,
-        group_rows: usize,
+        pages: PageLayout,
         large: bool,
         nullable_ids: bool,
     }
@@ -403,19 +399,8 @@ mod tests {
             0..records.len() as i64,
         ));
         let batch = RecordBatch::try_from_iter([("id", other), ("tokens", column)]).unwrap();
-        let properties = WriterProperties::builder()
-            .set_writer_version(layout.version)
-            .set_dictionary_enabled(layout.dictionary)
-            .set_compression(layout.codec)
-            .set_write_batch_size(layout.page_rows)
-            .set_data_page_row_count_limit(layout.page_rows)
-            .set_max_row_group_row_count(Some(layout.group_rows))
-            .build();
         let path = tempfile_path::Path::new("lengths");
-        let file = std::fs::File::create(&path.0).unwrap();
-        let mut writer = ArrowWriter::try_new(file, batch.schema(), Some(properties)).unwrap();
-        writer.write(&batch).unwrap();
-        writer.close().unwrap();
+        layout.pages.write(&batch, &path.0);
         let file = Arc::new(std::fs::File::open(&path.0).unwrap());
         (path, file)
     }
@@ -457,33 +442,13 @@ mod tests {
     }
 
     fn layouts() -> impl Strategy<Value = Layout> {
-        (
-            prop_oneof![
-                Just(WriterVersion::PARQUET_1_0),
-                Just(WriterVersion::PARQUET_2_0)
-            ],
-            any::<bool>(),
-            prop_oneof![
-                Just(Compression::UNCOMPRESSED),
-                Just(Compression::SNAPPY),
-                Just(Compression::ZSTD(parquet::basic::ZstdLevel::default())),
-            ],
-            1usize..40,
-            1usize..200,
-            any::<bool>(),
-            any::<bool>(),
+        (page_layouts(1..40, 1..200), any::<bool>(), any::<bool>()).prop_map(
+            |(pages, large, nullable_ids)| Layout {
+                pages,
+                large,
+                nullable_ids,
+            },
         )
-            .prop_map(
-                |(version, dictionary, codec, page_rows, group_rows, large, nullable_ids)| Layout {
-                    version,
-                    dictionary,
-                    codec,
-                    page_rows,
-                    group_rows,
-                    large,
-                    nullable_ids,
-                },
-            )
     }
 
     fn records(nullable_ids: bool) -> impl Strategy<Value = Vec<Record>> {
@@ -519,11 +484,13 @@ mod tests {
 
     fn plain() -> Layout {
         Layout {
-            version: WriterVersion::PARQUET_1_0,
-            dictionary: true,
-            codec: Compression::SNAPPY,
-            page_rows: 7,
-            group_rows: 50,
+            pages: PageLayout {
+                version: WriterVersion::PARQUET_1_0,
+                dictionary: true,
+                codec: Compression::SNAPPY,
+                page_rows: 7,
+                group_rows: 50,
+            },
             large: false,
             nullable_ids: true,
         }

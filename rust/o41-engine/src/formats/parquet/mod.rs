@@ -22,6 +22,8 @@ mod write;
 #[cfg(test)]
 mod direct_tests;
 #[cfg(test)]
+mod test_layout;
+#[cfg(test)]
 mod tests;
 
 use crate::error::Error;
