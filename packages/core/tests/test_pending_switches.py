@@ -13,42 +13,21 @@ from o41_training_data import (
     Checkpoint,
     CheckpointError,
     FileSource,
-    ProjectedField,
-    Shuffle,
     Stage,
     check_same_place,
     open_batch_stream,
     resolve_batch_stream_config,
     resume_batch_stream,
 )
-
-V = ProjectedField("v", "v", "i64")
+from test_position import curriculum as two_stages
 
 
 def curriculum(shard: ShardWriter, **kwargs) -> BatchStreamConfig:
-    easy = shard("parquet", [{"v": i} for i in range(400)], name="easy")
-    hard = shard("jsonl", [{"v": 10_000 + i} for i in range(400)], name="hard")
+    """test_position's two stages, and a third to switch to after the second."""
+    two = two_stages(shard, **kwargs)
     harder = shard("parquet", [{"v": 20_000 + i} for i in range(400)], name="harder")
-    return BatchStreamConfig(
-        fields=[V],
-        stages=[
-            Stage(
-                sources=[FileSource(files=[easy])],
-                batch_size=4,
-                shuffle=Shuffle(buffer_rows=16),
-                infinite=True,
-            ),
-            Stage(
-                sources=[FileSource(files=[hard])],
-                batch_size=4,
-                shuffle=Shuffle(buffer_rows=8),
-                infinite=True,
-            ),
-            Stage(sources=[FileSource(files=[harder])], batch_size=4, infinite=True),
-        ],
-        seed=5,
-        **kwargs,
-    )
+    third = Stage(sources=[FileSource(files=[harder])], batch_size=4, infinite=True)
+    return dataclasses.replace(two, stages=[*two.stages, third])
 
 
 def seen(batches) -> list[tuple[int, int, list[int]]]:
