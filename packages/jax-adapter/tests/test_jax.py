@@ -489,22 +489,27 @@ def test_the_handler_refuses_an_inexact_move(
     )
     write_world(dataclasses.replace(config, seed=9), tmp_path / "streams", [4, 4])
     (tmp_path / "streams" / "process_1-of-2.json").unlink()
-    write_world(config, tmp_path / "ours", [4])
+    write_world(config, tmp_path / "ours", [4, 4])
     (tmp_path / "streams" / "process_1-of-2.json").write_text(
-        (tmp_path / "ours" / "process_0-of-1.json").read_text()
+        (tmp_path / "ours" / "process_1-of-2.json").read_text()
     )
     for shared in (tmp_path / "ours").glob("resolved-*.json"):  # the split form's document with it
         (tmp_path / "streams" / shared.name).write_text(shared.read_text())
+    write_world(config, tmp_path / "misnamed", [4])  # a world of 1's file under a world of 2's name
+    (tmp_path / "misnamed" / "process_0-of-1.json").rename(tmp_path / "misnamed" / "process_0-of-2.json")
+    write_world(config, tmp_path / "misnamed-1", [4, 4])
+    (tmp_path / "misnamed-1" / "process_1-of-2.json").rename(tmp_path / "misnamed" / "process_1-of-2.json")
     (tmp_path / "empty").mkdir()
     (tmp_path / "corrupt").mkdir()
     (tmp_path / "corrupt" / "process_0-of-1.json").write_text("{")
     cases = {
         "uneven": r"process_0-of-2.json at global batch 8 \(stage 0\), process_1-of-2.json at global batch 6",
         "missing": "lacks process_1-of-2.json",
-        "mixed": "mixes state files of 1, 2 processes",
+        "mixed": "mixes per-rank files of 1, 2 ranks",
         "streams": "belong to different streams",
-        "empty": "no process_<i>-of-<n>.json state file",
-        "corrupt": "process_0-of-1.json: checkpoint refused: not valid JSON",
+        "misnamed": r"misnamed/process_0-of-2.json: it holds rank 0 of 1, not the one its name says",
+        "empty": r"no per-rank checkpoint file \(stream-rank<r>-of-<n>.json or process_<i>-of-<n>.json\)",
+        "corrupt": "checkpoint refused: .*corrupt/process_0-of-1.json: not valid JSON",
     }
     with O41JaxIterator(config, sharding) as iterator:
         for name, message in cases.items():

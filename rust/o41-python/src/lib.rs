@@ -12,6 +12,7 @@ mod objects;
 mod position;
 mod records;
 mod rules;
+mod run_files;
 mod storage;
 mod stream;
 mod trace;
@@ -30,6 +31,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     m.add_class::<stream::Stream>()?;
     m.add_class::<checkpoint::Checkpoint>()?;
+    m.add_class::<run_files::RunFiles>()?;
     m.add_class::<position::Position>()?;
     m.add_class::<position::Segment>()?;
     m.add_class::<position::Drain>()?;
@@ -39,6 +41,10 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(stream::resolve_config, m)?)?;
     m.add_function(wrap_pyfunction!(trace::trace_config, m)?)?;
     m.add_function(wrap_pyfunction!(checkpoint::split_reference, m)?)?;
+    m.add_function(wrap_pyfunction!(run_files::rank_file_name, m)?)?;
+    m.add_function(wrap_pyfunction!(run_files::parse_rank_file_name, m)?)?;
+    m.add_function(wrap_pyfunction!(run_files::check_same_place, m)?)?;
+    m.add_function(wrap_pyfunction!(run_files::check_same_stream, m)?)?;
     m.add_function(wrap_pyfunction!(trace::trace_checkpoint, m)?)?;
     m.add_function(wrap_pyfunction!(rules::limits, m)?)?;
     m.add_function(wrap_pyfunction!(rules::encodings, m)?)?;

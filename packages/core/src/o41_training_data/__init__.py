@@ -27,7 +27,14 @@ from typing import TYPE_CHECKING, Any
 # command that needs a module imports it. Type checkers and IDEs read the imports below.
 if TYPE_CHECKING:
     from ._chat import ROLE_IDS, ChatEncoder, ChatEncoding, ChatTemplate, RenderedChat
-    from ._checkpoint_files import checkpoint_from_text, read_checkpoint, write_checkpoint
+    from ._checkpoint_files import (
+        checkpoint_from_text,
+        read_checkpoint,
+        restore_run_checkpoint,
+        save_run_files,
+        stale_run_files,
+        write_checkpoint,
+    )
     from ._config import (
         DTYPES,
         ENCODINGS,
@@ -71,6 +78,7 @@ if TYPE_CHECKING:
     from ._manifest_build import manifest_from_files
     from ._plan import ReadPlan, plan_reads
     from ._rules import (
+        PROCESS_FILE,
         RANK_FILE,
         DeliveredField,
         StageBatches,
@@ -115,7 +123,14 @@ if TYPE_CHECKING:
 # and the imports above.
 _EXPORTS: dict[str, tuple[str, ...]] = {
     "_chat": ("ChatEncoder", "ChatEncoding", "ChatTemplate", "ROLE_IDS", "RenderedChat"),
-    "_checkpoint_files": ("checkpoint_from_text", "read_checkpoint", "write_checkpoint"),
+    "_checkpoint_files": (
+        "checkpoint_from_text",
+        "read_checkpoint",
+        "restore_run_checkpoint",
+        "save_run_files",
+        "stale_run_files",
+        "write_checkpoint",
+    ),
     "_config": (
         "BatchStreamConfig",
         "DTYPES",
@@ -159,6 +174,7 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
     "_manifest_build": ("manifest_from_files",),
     "_rules": (
         "DeliveredField",
+        "PROCESS_FILE",
         "RANK_FILE",
         "StageBatches",
         "StreamRules",
@@ -205,6 +221,7 @@ __all__ = [
     "DTYPES",
     "ENCODINGS",
     "LIMITS",
+    "PROCESS_FILE",
     "RANK_FILE",
     "RETRY_CAUSES",
     "ROLE_IDS",
@@ -292,9 +309,12 @@ __all__ = [
     "read_checkpoint",
     "read_traced_rows",
     "resolve_batch_stream_config",
+    "restore_run_checkpoint",
     "resume_batch_stream",
     "resume_point",
     "save_manifest",
+    "save_run_files",
+    "stale_run_files",
     "switch_point",
     "tokenize_dataset",
     "trace_batches",

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import os
 import stat
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 
 from . import _core
@@ -28,7 +28,16 @@ from ._rules import (
     write_rank_file,
 )
 
-__all__ = ["MAX_RESHARD_FILES", "checkpoint_from_text", "read_checkpoint", "reshard", "write_checkpoint"]
+__all__ = [
+    "MAX_RESHARD_FILES",
+    "checkpoint_from_text",
+    "read_checkpoint",
+    "reshard",
+    "restore_run_checkpoint",
+    "save_run_files",
+    "stale_run_files",
+    "write_checkpoint",
+]
 
 
 def _located(path: Path, message: str) -> CheckpointError:
@@ -107,15 +116,94 @@ def write_checkpoint(
     if not split:
         write_rank_file(path, checkpoint.to_json(), overwrite=overwrite)
         return path
-    rank_json, shared_name = checkpoint.to_split()
-    shared = path.parent / shared_name
-    document = checkpoint.shared_json()
-    if not _holds(shared, document):
-        # Every rank writes the same bytes, each file whole: replacing another rank's copy (or a
-        # foreign file of the name) at any moment leaves the right document there.
-        write_rank_file(shared, document, overwrite=True)
-    write_rank_file(path, rank_json, overwrite=overwrite)
+
+    def write(name: str, text: str) -> None:
+        # The resolved document: every rank writes the same bytes, each file whole, so replacing
+        # another rank's copy (or a foreign file of the name) at any moment leaves the right one.
+        write_rank_file(path.parent / name, text, overwrite=overwrite or name != path.name)
+
+    save_run_files({path.name: checkpoint}, write, holds=lambda name, text: _holds(path.parent / name, text))
     return path
+
+
+def save_run_files(
+    files: Mapping[str, Checkpoint],
+    write: Callable[[str, str], None],
+    *,
+    holds: Callable[[str, str], bool] | None = None,
+) -> list[str]:
+    """Writes a run's checkpoint files, in the split form, through ``write(name, text)``.
+
+    ``files`` maps each file's name (:func:`rank_file_name`, or the JAX handler's process names)
+    to the checkpoint it holds. The resolved document a rank file names
+    (``resolved-<fingerprint>.json``) is written first, once per stream, so that no rank file is
+    ever there without it; ``holds(name, text)``, when given, says whether a file already holds
+    exactly ``text`` (then it is not written again). Returns the names written, in order. Any
+    file system drives it: ``write`` is the caller's (atomic where the system allows it).
+
+    Examples:
+        >>> write = lambda name, text: (folder / name).write_text(text)  # doctest: +SKIP
+        >>> save_run_files({rank_file_name(0, 1): checkpoint}, write)  # doctest: +SKIP
+
+    """
+    split = {name: checkpoint.to_split() for name, checkpoint in files.items()}
+    written: list[str] = []
+    for name, checkpoint in files.items():
+        shared_name = split[name][1]
+        if shared_name in written:
+            continue
+        document = checkpoint.shared_json()
+        if holds is None or not holds(shared_name, document):
+            write(shared_name, document)
+        written.append(shared_name)
+    for name, (rank_json, _) in split.items():
+        write(name, rank_json)
+        written.append(name)
+    return written
+
+
+def restore_run_checkpoint(
+    names: Iterable[str],
+    read: Callable[[str], str | bytes],
+    rank: int,
+    world_size: int,
+    *,
+    place: str,
+    own: tuple[int, int] | None = None,
+    written_by: int | None = None,
+) -> Checkpoint:
+    """The checkpoint rank ``rank`` of ``world_size`` resumes from, out of one directory's files.
+
+    ``names`` are the directory's entries and ``read(name)`` returns a file's text; ``place``
+    names the directory in errors. The rules are the engine's (docs/checkpoint.md, "A run's
+    files"): the per-rank files (:func:`parse_rank_file_name`) must be one whole save of one
+    world, one file per rank; on that world the rank's own file is read (``own``, this process's
+    ``(index, count)`` in the file names, first: a JAX process's file is named by its process
+    index), on another every old rank's, moved with :func:`move_to_world`'s rule. ``written_by``
+    is the world size an index kept beside the files says wrote them, when there is one (a rank
+    file it implies and the directory lacks is then named). Each resolved document is read and
+    parsed once. :class:`CheckpointError` names the file at fault; an
+    exception ``read`` raises propagates as it is.
+
+    Examples:
+        >>> read = lambda name: (folder / name).read_text()  # doctest: +SKIP
+        >>> restore_run_checkpoint(os.listdir(folder), read, 0, 4, place=str(folder))  # doctest: +SKIP
+
+    """
+    rank, world_size = check_world(rank, world_size)
+    return _core.RunFiles(list(names), place).restore(read, rank, world_size, own, written_by)
+
+
+def stale_run_files(
+    names: Iterable[str], world_size: int | None, fingerprint: str | None, *, place: str
+) -> list[str]:
+    """The names among ``names`` a save of ``world_size`` ranks of stream ``fingerprint`` leaves stale.
+
+    Per-rank files of another world and resolved documents of another stream: a checkpoint name
+    saved again by another world (``last.ckpt``) must not keep the old ranks' files. ``None``
+    for both: the save wrote no rank file (no rank had started), so every one is stale.
+    """
+    return _core.RunFiles(list(names), place).stale(world_size, fingerprint)
 
 
 def _holds(path: Path, text: str) -> bool:

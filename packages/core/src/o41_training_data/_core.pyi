@@ -40,6 +40,39 @@ def trace_checkpoint(
 def split_reference(text: str) -> str | None:
     """The resolved document a split rank file names (``resolved-<fingerprint>.json``), else None."""
 
+def rank_file_name(index: int, count: int, naming: str = "stream") -> str:
+    """``stream-rank{index}-of-{count}.json`` (``naming="stream"``) or ``process_{index}-of-{count}.json``."""
+
+def parse_rank_file_name(name: str) -> tuple[int, int] | None:
+    """``(index, count)`` of either naming's per-rank file name, else None."""
+
+def check_same_place(stops: list[tuple[str, Position | None]], world_size: int) -> None:
+    """Refuses named positions that are not one stream at one place (``CheckpointError``)."""
+
+def check_same_stream(stops: list[tuple[str, Position | None]]) -> None:
+    """Refuses named positions of several streams (``CheckpointError``)."""
+
+class RunFiles:
+    """The per-rank checkpoint files among one directory's entries (the engine's rules)."""
+
+    def __init__(self, names: list[str], place: str) -> None: ...
+    @property
+    def world_size(self) -> int:
+        """The number of ranks that wrote the files; refused unless one whole save is there."""
+    def files(self) -> list[tuple[int, int, str]]:
+        """``(index, count, name)`` of every per-rank file."""
+    def stale(self, world_size: int | None, fingerprint: str | None) -> list[str]:
+        """The names a save of ``world_size`` ranks of stream ``fingerprint`` leaves stale."""
+    def restore(
+        self,
+        read: Callable[[str], str | bytes],
+        rank: int,
+        world_size: int,
+        own: tuple[int, int] | None = None,
+        written_by: int | None = None,
+    ) -> Checkpoint:
+        """The checkpoint rank ``rank`` of ``world_size`` resumes from; ``read(name)`` gives a file's text."""
+
 def load_manifest(uri: str, storage: Storage | None = None) -> str:
     """Reads and checks a data manifest (local, or ``s3://`` given ``storage``); returns it as JSON."""
 

@@ -13,15 +13,14 @@ from __future__ import annotations
 
 import contextlib
 import os
-import re
 import sys
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol, TypeVar
+from typing import TYPE_CHECKING, Literal, Protocol, TypeVar
 
 from . import _core
-from ._core import Checkpoint, Position, Segment
+from ._core import Checkpoint, Position
 from ._errors import CheckpointError, ConfigError
 from ._files import create_beside
 from ._limits import LIMITS
@@ -31,6 +30,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "LIMITS",
+    "PROCESS_FILE",
     "RANK_FILE",
     "DeliveredField",
     "StageBatches",
@@ -346,19 +346,6 @@ def process_ranks(configured: tuple[int, int] | None = None) -> tuple[int, int]:
     return _environment() or (0, 1)
 
 
-def _segment(stop: Position | Checkpoint) -> Segment:
-    return stop.position.segment if isinstance(stop, Checkpoint) else stop.segment
-
-
-def _switches(stop: Position | Checkpoint) -> list[tuple[int, int]]:
-    return stop.position.switches if isinstance(stop, Checkpoint) else stop.switches
-
-
-def _where(stop: Position | Checkpoint) -> str:
-    pending = "".join(f", switching to stage {stage} at {at}" for stage, at in _switches(stop))
-    return f"global batch {stop.next_batch} (stage {_segment(stop).stage}{pending})"
-
-
 def resume_point(checkpoint: Checkpoint, config: BatchStreamConfig | None) -> Checkpoint:
     """The checkpoint a stream over ``config`` resumes from: the rule every adapter applies.
 
@@ -377,21 +364,18 @@ def resume_point(checkpoint: Checkpoint, config: BatchStreamConfig | None) -> Ch
     return checkpoint.with_skipped_batches(config.skip_batches)
 
 
+def _named(stops: Mapping[str, Position | Checkpoint | None]) -> list[tuple[str, Position | None]]:
+    return [(str(name), stop) for name, stop in stops.items()]
+
+
 def check_same_stream(stops: Mapping[str, Position | Checkpoint | None]) -> None:
     """Refuses ``stops`` (named positions or checkpoints; ``None``: not started) of several streams.
 
     Their fingerprints must agree: files of another run, or of the same run with other shards,
     fields or seed, are not one stream's ranks. :class:`CheckpointError` names two that differ.
+    The engine's rule (``checkpoint/run.rs``), which every adapter and the CLI apply.
     """
-    if not stops:
-        raise CheckpointError("checkpoint refused: no checkpoint to move")
-    started = [(name, stop) for name, stop in stops.items() if stop is not None]
-    for name, stop in started[1:]:
-        if stop.fingerprint != started[0][1].fingerprint:
-            raise CheckpointError(
-                f"checkpoint refused: {started[0][0]} and {name} belong to different streams "
-                f"({started[0][1].fingerprint}, {stop.fingerprint})"
-            )
+    _core.check_same_stream(_named(stops))
 
 
 def check_stream_of(
@@ -422,27 +406,7 @@ def check_same_place(stops: Mapping[str, Position | Checkpoint | None], *, world
     :class:`CheckpointError` names two that differ. Used by ``o41 checkpoint reshard``, the JAX
     Orbax handler and the Lightning plugin.
     """
-    check_same_stream(stops)
-    named = list(stops.items())
-    first_name, first = named[0]
-    refused = (
-        f"checkpoint refused: moving it onto {world_size} ranks is exact only when every old rank "
-        "stopped at the same place"
-    )
-    for name, stop in named[1:]:
-        if (stop is None) != (first is None):
-            late = name if stop is None else first_name
-            raise CheckpointError(f"{refused}, but {late} has not started")
-        if stop is None or first is None:
-            continue
-        if (stop.next_batch, _segment(stop), _switches(stop)) != (
-            first.next_batch,
-            _segment(first),
-            _switches(first),
-        ):
-            raise CheckpointError(
-                f"{refused}, and they did not: {first_name} at {_where(first)}, {name} at {_where(stop)}"
-            )
+    _core.check_same_place(_named(stops), world_size)
 
 
 def move_to_world(stops: Mapping[str, Checkpoint], rank: int, world_size: int) -> Checkpoint:
@@ -458,33 +422,31 @@ def move_to_world(stops: Mapping[str, Checkpoint], rank: int, world_size: int) -
 
 RANK_FILE = "stream-rank{rank}-of-{world_size}.json"
 """The name of every per-rank file the packages write (:func:`rank_file_name` fills it in)."""
-
-_RANK_FILE_NAME = re.compile(r"stream-rank(\d+)-of-(\d+)\.json")
-# Names earlier releases wrote, still read: the JAX Orbax handler's (grain's) state files.
-_LEGACY_RANK_FILE_NAMES = (re.compile(r"process_(\d+)-of-(\d+)\.json"),)
+PROCESS_FILE = "process_{index}-of-{count}.json"
+"""The JAX Orbax handler's per-process file name, grain's (``rank_file_name(..., naming="process")``)."""
 
 
-def rank_file_name(rank: int, world_size: int) -> str:
+def rank_file_name(rank: int, world_size: int, *, naming: Literal["stream", "process"] = "stream") -> str:
     """The name of rank ``rank`` of ``world_size``'s file: ``stream-rank{rank}-of-{world_size}.json``.
 
-    ``o41 checkpoint reshard``, the JAX Orbax handler and the Lightning plugin's sidecars all
-    name their per-rank files so; a bad rank or world size raises :class:`ConfigError`.
+    ``o41 checkpoint reshard``, the core's :func:`write_checkpoint` and the Lightning plugin's
+    sidecars name their per-rank files so. ``naming="process"`` gives the JAX Orbax handler's
+    names, ``process_{index}-of-{count}.json`` by JAX process index and count, which grain's
+    handler reads too. A bad rank or world size raises :class:`ConfigError`.
     """
     rank, world_size = check_world(rank, world_size)
-    return RANK_FILE.format(rank=rank, world_size=world_size)
+    if naming not in ("stream", "process"):
+        raise ConfigError(f"invalid naming: {naming!r}; expected 'stream' or 'process'")
+    return _core.rank_file_name(rank, world_size, naming)
 
 
 def parse_rank_file_name(name: str) -> tuple[int, int] | None:
     """``(rank, world_size)`` of a per-rank file's name, or ``None`` for any other name.
 
-    Reads :data:`RANK_FILE`'s names and those earlier releases wrote (``process_{i}-of-{n}.json``,
-    the JAX Orbax handler's).
+    Reads :data:`RANK_FILE`'s names and the JAX Orbax handler's (``process_{i}-of-{n}.json``),
+    written as their writers write them (no sign, no leading zero, an index below the count).
     """
-    for pattern in (_RANK_FILE_NAME, *_LEGACY_RANK_FILE_NAMES):
-        match = pattern.fullmatch(name)
-        if match is not None:
-            return int(match[1]), int(match[2])
-    return None
+    return _core.parse_rank_file_name(name)
 
 
 def rank_files_among(names: Iterable[str], where: object) -> dict[tuple[int, int], str]:
@@ -494,18 +456,8 @@ def rank_files_among(names: Iterable[str], where: object) -> dict[tuple[int, int
     beside ``stream-rank0-of-2.json``) leave it unclear which holds the rank's position, so
     :class:`CheckpointError` names both and ``where`` (the directory).
     """
-    found: dict[tuple[int, int], str] = {}
-    for name in sorted(names):
-        key = parse_rank_file_name(name)
-        if key is None:
-            continue
-        if key in found:
-            raise CheckpointError(
-                f"checkpoint refused: {where} holds two files for rank {key[0]} of {key[1]}, "
-                f"{found[key]} and {name}; remove the one that is not the rank's position"
-            )
-        found[key] = name
-    return found
+    files = _core.RunFiles(list(names), str(where)).files()
+    return {(index, count): name for index, count, name in files}
 
 
 class _Entry(Protocol):

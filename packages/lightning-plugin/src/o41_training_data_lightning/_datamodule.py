@@ -28,7 +28,7 @@ from o41_training_data_torch import POSITION_KEY, O41Batch, O41IterableDataset
 from torch.utils.data import DataLoader
 
 from . import _sidecar
-from ._state import FORMAT, STATE_VERSION, StreamState
+from ._state import FORMAT, STATE_VERSION, StreamState, resumed
 
 # What Lightning's own loader state holds for the train loader (see _TrainLoader.state_dict).
 _LOADER_STATE = {"format": FORMAT, "version": STATE_VERSION, "positions": "in the O41DataModule state"}
@@ -210,8 +210,8 @@ class O41DataModule(LightningDataModule):
             if ckpt_path and ckpt_path != self._restored_from:
                 rank, world_size = self._rank_world()
                 step = _checkpoint_step(trainer)
-                sidecars = _sidecar.read_sidecars(ckpt_path, rank, world_size, step)
-                self._restore(sidecars, f"the sidecars of {ckpt_path}")
+                start = _sidecar.read_sidecars(ckpt_path, rank, world_size, step)
+                self._restore(start, f"the sidecars of {ckpt_path}")
                 self._restored_from = ckpt_path
         self._loader = _TrainLoader(self)
         return self._loader
@@ -277,7 +277,10 @@ class O41DataModule(LightningDataModule):
         trainer = self.trainer
         ckpt_path = trainer.ckpt_path if trainer is not None else None
         source = f"the checkpoint {ckpt_path}" if ckpt_path else "the O41DataModule state"
-        self._restore(StreamState.from_dict(state_dict, source), source)
+        rank, world_size = self._rank_world()
+        self._restore(
+            StreamState.from_dict(state_dict, source).checkpoint_for(rank, world_size, source), source
+        )
         self._restored_from = ckpt_path
 
     # -- Curriculum and positions.
@@ -356,7 +359,7 @@ class O41DataModule(LightningDataModule):
         torch.distributed.all_gather_object(entries, mine)
         return entries
 
-    def _restore(self, state: StreamState, source: str) -> None:
+    def _restore(self, start: Checkpoint | None, source: str) -> None:
         trainer = self.trainer
         loader = self._loader
         if (
@@ -372,7 +375,7 @@ class O41DataModule(LightningDataModule):
                 "max_epochs unset, or read it after the restore"
             )
         rank, world_size = self._rank_world()
-        start = state.start_for(rank, world_size, self._ranked(self._config), source)
+        start = resumed(start, rank, world_size, self._ranked(self._config))
         self._consumed = start.position if start is not None else None
         self._anchor = start
         self._requested = []

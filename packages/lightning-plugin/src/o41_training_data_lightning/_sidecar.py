@@ -38,13 +38,12 @@ from lightning.fabric.utilities.types import _PATH
 from lightning.pytorch.plugins.io import CheckpointIO
 from lightning.pytorch.strategies import Strategy
 from o41_training_data import (
-    RANK_FILE,
+    Checkpoint,
     CheckpointError,
-    Position,
-    checkpoint_from_text,
-    parse_rank_file_name,
     rank_file_name,
-    rank_files_among,
+    restore_run_checkpoint,
+    save_run_files,
+    stale_run_files,
     write_rank_file,
 )
 
@@ -68,20 +67,6 @@ def sidecar_directory(checkpoint_path: _PATH) -> str:
 def _is_local(path: str) -> bool:
     protocol = get_filesystem(path).protocol
     return bool({"file", "local"} & set(protocol if isinstance(protocol, tuple | list) else [protocol]))
-
-
-def rank_file(rank: int, world_size: int) -> str:
-    """The name of rank ``rank``'s stream checkpoint in a sidecar directory.
-
-    It is the core's :func:`~o41_training_data.rank_file_name`, ``stream-rank{rank}-of-{world_size}.json``.
-    """
-    return rank_file_name(rank, world_size)
-
-
-def _is_rank_file(name: str) -> bool:
-    """Whether ``name`` is a per-rank file name this plugin writes (of any world)."""
-    key = parse_rank_file_name(name)
-    return key is not None and name == RANK_FILE.format(rank=key[0], world_size=key[1])
 
 
 def _join(directory: str, name: str) -> str:
@@ -110,34 +95,30 @@ def write_sidecars(checkpoint_path: _PATH, state: StreamState, global_step: Any 
     directory = sidecar_directory(checkpoint_path)
     fs = get_filesystem(directory)
     fs.makedirs(directory, exist_ok=True)
-    files: list[str | None] = []
-    shared: str | None = None
-    for rank in range(state.world_size):
-        checkpoint = state.checkpoint(rank)
-        if checkpoint is None:  # at the beginning of the config: there is no checkpoint to write
-            files.append(None)
-            continue
-        # The split form: each rank's file holds its position, the resolved document goes once.
-        rank_json, shared_name = checkpoint.to_split()
-        if shared != shared_name:
-            _write(directory, shared_name, checkpoint.shared_json())
-            shared = shared_name
-        files.append(rank_file(rank, state.world_size))
-        _write(directory, rank_file(rank, state.world_size), rank_json)
+    # At the beginning of the config a rank has no checkpoint to write (its entry is null).
+    checkpoints = {rank: state.checkpoint(rank) for rank in range(state.world_size)}
+    files = {rank_file_name(r, state.world_size): c for r, c in checkpoints.items() if c is not None}
+    # The core's layout: the resolved document once, then each rank's file naming it.
+    save_run_files(files, lambda name, text: _write(directory, name, text))
+    names = [rank_file_name(r, state.world_size) if c is not None else None for r, c in checkpoints.items()]
     index = {
         "format": FORMAT,
         "version": STATE_VERSION,
         "world_size": state.world_size,
         "global_step": global_step if isinstance(global_step, int) else None,
-        "ranks": [{"file": file} for file in files],
+        "ranks": [{"file": name} for name in names],
     }
     _write(directory, INDEX_FILE, json.dumps(index) + "\n")
-    # A checkpoint name saved again by another world (last.ckpt) must not keep the old ranks' files,
-    # nor another stream's resolved document.
-    for name, entry in _entries(fs, directory).items():
-        stale_rank = _is_rank_file(name) and name not in files
-        if stale_rank or (name.startswith("resolved-") and name != shared):
-            fs.rm(entry)
+    written = next(iter(files.values()), None)
+    entries = _entries(fs, directory)
+    stale = stale_run_files(
+        entries,
+        state.world_size if written is not None else None,
+        written.fingerprint if written is not None else None,
+        place=directory,
+    )
+    for name in stale:
+        fs.rm(entries[name])
 
 
 def remove_sidecars(checkpoint_path: _PATH) -> None:
@@ -157,11 +138,12 @@ def remove_sidecars(checkpoint_path: _PATH) -> None:
 
 def read_sidecars(
     checkpoint_path: _PATH, rank: int, world_size: int, global_step: int | None = None
-) -> StreamState:
-    """The state the sidecars of ``checkpoint_path`` hold, as far as rank ``rank`` of ``world_size`` needs it.
+) -> Checkpoint | None:
+    """Where rank ``rank`` of ``world_size`` resumes, from the sidecars of ``checkpoint_path``.
 
-    With the world size that wrote them, only this rank's file is read; with another, every
-    rank's (an elastic resume compares them). A missing index or rank file raises
+    ``None``: the ranks had not started. With the world size that wrote them, only this rank's
+    file is read; with another, every rank's, moved with the core's rule
+    (:func:`o41_training_data.restore_run_checkpoint`). A missing index or rank file raises
     :class:`CheckpointError` naming it, as does an index written for another ``global_step``
     than the model checkpoint's (the sidecars of an interrupted save under the same name).
     """
@@ -186,42 +168,28 @@ def read_sidecars(
             f"{os.fspath(checkpoint_path)} is at step {global_step}: a save under this name was "
             "interrupted between them; resume from another checkpoint"
         )
-    # One file per rank: a rank file beside another name for the same rank is refused.
-    rank_files_among(_entries(fs, directory), directory)
-    needed = {rank} if old_world == world_size else set(range(old_world))
-    resolved: str | None = None
-    positions: list[Position | None] = []
-    legacy: list[tuple[tuple[int, int], ...]] = []
-    for old_rank, entry in enumerate(listed):
-        where = f"{index_path}: ranks[{old_rank}]"
-        name = entry.get("file")
-        if name is not None and name != rank_file(old_rank, old_world):
-            raise CheckpointError(f"checkpoint refused: {where}.file is {name!r}")
-        position = None
-        # Version 1 kept pending switches in the index; only the ranks read here need them.
-        needs_switches = version == 1 and old_rank in needed
-        legacy.append(read_legacy_switches(entry, where) if needs_switches else ())
-        if name is not None and old_rank in needed:
-            path = _join(directory, name)
-            if not fs.exists(path):
-                raise CheckpointError(
-                    f"checkpoint refused: {path} is missing; every rank of the {old_world} that wrote "
-                    f"{os.fspath(checkpoint_path)} needs its stream checkpoint there"
-                )
-            try:
-                text = fs.cat_file(path).decode()
-                checkpoint = checkpoint_from_text(text, lambda n: fs.cat_file(_join(directory, n)).decode())
-            except CheckpointError as e:
-                raise CheckpointError(f"{path}: {e}") from None
-            if (checkpoint.rank, checkpoint.world_size) != (old_rank, old_world):
-                raise CheckpointError(
-                    f"checkpoint refused: {path} holds rank {checkpoint.rank} of {checkpoint.world_size}"
-                )
-            resolved = resolved or checkpoint.resolved_json()
-            position = checkpoint.position
-        positions.append(position)
-    state = StreamState(world_size=old_world, resolved=resolved, positions=tuple(positions))
-    return state.with_legacy_switches(legacy, index_path) if version == 1 else state
+    if all(entry.get("file") is None for entry in listed):
+        return None
+    names = list(_entries(fs, directory))
+
+    def restore(rank: int, world_size: int) -> Checkpoint:
+        def read(name: str) -> bytes:
+            return bytes(fs.cat_file(_join(directory, name)))
+
+        return restore_run_checkpoint(names, read, rank, world_size, place=directory, written_by=old_world)
+
+    if version == STATE_VERSION:
+        return restore(rank, world_size)
+    # Version 1 kept pending switches in the index: the state with every rank's position moves them.
+    legacy = [read_legacy_switches(entry, f"{index_path}: ranks[{r}]") for r, entry in enumerate(listed)]
+    stops = [restore(r, old_world) for r in range(old_world)]
+    state = StreamState(
+        world_size=old_world,
+        resolved=stops[0].resolved_json(),
+        positions=tuple(stop.position for stop in stops),
+    )
+    source = f"the sidecars of {os.fspath(checkpoint_path)}"
+    return state.with_legacy_switches(legacy, index_path).checkpoint_for(rank, world_size, source)
 
 
 class SidecarCheckpointIO(CheckpointIO):

@@ -125,36 +125,39 @@ class StreamState:
         assert self.resolved is not None  # from_dict and the datamodule guarantee it
         return Checkpoint.from_position(position, self.resolved)
 
-    def start_for(
-        self, rank: int, world_size: int, config: BatchStreamConfig, source: str
-    ) -> Checkpoint | None:
+    def checkpoint_for(self, rank: int, world_size: int, source: str) -> Checkpoint | None:
         """Where rank ``rank`` of ``world_size`` resumes (``None``: the config's beginning).
 
         With the world size that wrote the state, each rank takes its own entry. With another,
-        the positions are moved with the core's rule (``check_same_place``, then
-        ``Checkpoint.for_world``; docs/order.md, "Elastic resume"), which is exact only when every
-        old rank stopped at the same place with the same pending switches. The checkpoint is
-        checked against ``config``: resuming a different stream raises a
-        :class:`CheckpointError` that names the first difference.
+        the positions are moved with the core's rule (:func:`o41_training_data.move_to_world`:
+        docs/order.md, "Elastic resume"), exact only when every old rank stopped at the same
+        place with the same pending switches; ``source`` names the state in its refusal.
         """
         if world_size == self.world_size:
-            checkpoint = self.checkpoint(rank)
-        else:
-            stops = {f"rank {old_rank}": position for old_rank, position in enumerate(self.positions)}
-            try:
-                check_same_place(stops, world_size=world_size)
-            except CheckpointError as error:
-                raise CheckpointError(
-                    f"{error} ({source}, written by {self.world_size} ranks; resume with "
-                    f"{self.world_size} ranks)"
-                ) from None
-            base = self.checkpoint(0)
-            checkpoint = base.for_world(rank, world_size) if base is not None else None
-        if checkpoint is not None:
-            checkpoint.check(rank=rank, world_size=world_size)
-            # The config's skip_batches apply from here on (the core's rule for every adapter).
-            checkpoint = resume_point(checkpoint, config)
-        return checkpoint
+            return self.checkpoint(rank)
+        stops = {f"rank {old_rank}": position for old_rank, position in enumerate(self.positions)}
+        try:
+            check_same_place(stops, world_size=world_size)
+        except CheckpointError as error:
+            raise CheckpointError(
+                f"{error} ({source}, written by {self.world_size} ranks; resume with {self.world_size} ranks)"
+            ) from None
+        base = self.checkpoint(0)
+        return base.for_world(rank, world_size) if base is not None else None
+
+
+def resumed(
+    checkpoint: Checkpoint | None, rank: int, world_size: int, config: BatchStreamConfig
+) -> Checkpoint | None:
+    """``checkpoint`` checked for rank ``rank`` of ``world_size`` of ``config``'s stream.
+
+    The config's ``skip_batches`` become the stream's (the core's
+    :func:`~o41_training_data.resume_point`).
+    """
+    if checkpoint is None:
+        return None
+    checkpoint.check(rank=rank, world_size=world_size)
+    return resume_point(checkpoint, config)
 
 
 def read_header(state: Any, source: str) -> tuple[int, list[Mapping[str, Any]], int]:

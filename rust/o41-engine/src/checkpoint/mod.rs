@@ -15,9 +15,11 @@ use crate::limits::MAX_POSITION;
 use crate::order::Segment;
 
 mod diff;
+mod run;
 mod split;
 
 pub use diff::check_config;
+pub use run::{check_same_place, check_same_stream, Naming, RunFiles};
 pub use split::{shared_name, shared_reference, SPLIT_SWITCHES_VERSION, SPLIT_VERSION};
 
 /// Version of the checkpoint document without pending switches.

@@ -80,7 +80,7 @@ pub fn shared_reference(text: &str) -> Result<Option<String>> {
 }
 
 /// Whether `name` is a shared document's name: one plain path component, nothing to escape to.
-fn is_shared_name(name: &str) -> bool {
+pub(super) fn is_shared_name(name: &str) -> bool {
     name.len() <= 128
         && name.starts_with("resolved-")
         // The exact name writers give it (a fingerprint's), not any casing of it.
@@ -127,7 +127,18 @@ impl Checkpoint {
     /// The checkpoint a split rank file (`rank_text`) and its shared document (`shared_text`)
     /// describe; the document's fingerprint must be the one the rank file names.
     pub fn from_split(rank_text: &str, shared_text: &str) -> Result<Self> {
-        let rank: RankDocument = serde_json::from_str(rank_text)
+        let rank = RankFile::parse(rank_text)?;
+        let shared = SharedDocument::parse(rank.shared_name(), shared_text)?;
+        rank.with_shared(&shared)
+    }
+}
+
+/// A parsed rank file of the split form, waiting for its shared document.
+pub(super) struct RankFile(RankDocument);
+
+impl RankFile {
+    pub(super) fn parse(text: &str) -> Result<Self> {
+        let rank: RankDocument = serde_json::from_str(text)
             .map_err(|e| refuse(format!("malformed rank file of a split checkpoint: {e}")))?;
         if !super::is_split_version(Some(u64::from(rank.version))) {
             return Err(refuse(format!(
@@ -137,23 +148,24 @@ impl Checkpoint {
             )));
         }
         check_switches_version(rank.version, &rank.switches, SPLIT_VERSION)?;
-        let resolved: ResolvedConfig = serde_json::from_str(shared_text).map_err(|e| {
-            refuse(format!(
-                "malformed resolved document {}: {e}",
-                rank.resolved
-            ))
-        })?;
-        let fingerprint = resolved.fingerprint();
-        if fingerprint != rank.fingerprint {
+        Ok(Self(rank))
+    }
+
+    /// The name of the shared document it names.
+    pub(super) fn shared_name(&self) -> &str {
+        &self.0.resolved
+    }
+
+    /// The checkpoint it and `shared` describe; `shared` must be the stream it names.
+    pub(super) fn with_shared(self, shared: &SharedDocument) -> Result<Checkpoint> {
+        let rank = self.0;
+        if shared.fingerprint != rank.fingerprint {
             return Err(refuse(format!(
-                "{} holds stream {fingerprint}, but the rank file belongs to {}; the document \
+                "{} holds stream {}, but the rank file belongs to {}; the document \
                  was altered or is another run's",
-                rank.resolved, rank.fingerprint
+                rank.resolved, shared.fingerprint, rank.fingerprint
             )));
         }
-        resolved
-            .validate()
-            .map_err(|e| refuse(format!("its resolved config is invalid: {e}")))?;
         let position = Position {
             fingerprint: rank.fingerprint,
             rank: rank.rank,
@@ -167,6 +179,28 @@ impl Checkpoint {
         };
         // Checks the counters against each other and against the document.
         let position = Position::from_json(&position.to_json())?;
-        Checkpoint::from_fingerprinted(Arc::new(resolved), &fingerprint, position)
+        Checkpoint::from_fingerprinted(Arc::clone(&shared.resolved), &shared.fingerprint, position)
+    }
+}
+
+/// A parsed and checked shared document: read once however many rank files name it.
+pub(super) struct SharedDocument {
+    resolved: Arc<ResolvedConfig>,
+    fingerprint: String,
+}
+
+impl SharedDocument {
+    /// Parses the document `name` holds (`text`).
+    pub(super) fn parse(name: &str, text: &str) -> Result<Self> {
+        let resolved: ResolvedConfig = serde_json::from_str(text)
+            .map_err(|e| refuse(format!("malformed resolved document {name}: {e}")))?;
+        resolved
+            .validate()
+            .map_err(|e| refuse(format!("its resolved config is invalid: {e}")))?;
+        let fingerprint = resolved.fingerprint();
+        Ok(Self {
+            resolved: Arc::new(resolved),
+            fingerprint,
+        })
     }
 }
