@@ -13,8 +13,8 @@ use std::ops::Range;
 use flate2::write::DeflateEncoder;
 use flate2::{Crc, Decompress, FlushDecompress, Status};
 
-use super::MAX_RECORD_BYTES;
 use crate::error::{Error, Result};
+use crate::formats::MAX_RECORD_BYTES;
 use crate::storage::Object;
 
 /// A member is closed after this many lines...

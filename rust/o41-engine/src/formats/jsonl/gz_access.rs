@@ -22,9 +22,9 @@ use zlib_rs::{Inflate, InflateFlush, Status};
 
 use super::gz_members::{self, BadHeader};
 use super::lines::{for_each_newline, is_blank, too_long};
-use super::page_cache::{CachedReader, PageCache};
 use crate::encoding::Encoding;
 use crate::error::{Error, Result};
+use crate::formats::page_cache::{CachedReader, PageCache};
 use crate::storage::{self, Object};
 
 /// The history a deflate back-reference reaches.

@@ -10,12 +10,15 @@ use std::sync::Arc;
 
 use flate2::Decompress;
 
+// The format's own parts: gzip members this engine writes, access points into any gzip stream,
+// the fast path from JSON text to columns, and line splitting.
+mod gz_access;
+mod gz_members;
+mod json_fast;
+mod lines;
+
 use super::cursor::ObjectCursor;
 use super::format::{wrong_data, EachRecord, RecordInspection, RecordSource, ShardFormat};
-use super::gz_access::{self, AccessIndex, GzStream};
-use super::gz_members::{self, MemberIndex};
-use super::json_fast;
-use super::lines::{first_newline, for_each_newline, is_blank, too_long};
 use super::value::{read_record, Record, RecordRef};
 use super::{
     Encoding, PageCache, RecordCursor, ShardData, ShardIndex, ShardMeta, ShardReader, INDEX_STRIDE,
@@ -26,6 +29,9 @@ use crate::fields::Projection;
 use crate::record::project_record;
 use crate::storage::{self, Object};
 use crate::storage::{Pin, Storage};
+use gz_access::{AccessIndex, GzStream};
+use gz_members::MemberIndex;
+use lines::{first_newline, for_each_newline, is_blank, too_long};
 
 const BUF_BYTES: usize = 1 << 20;
 /// The output a gzip stream's reader inflates at a time.
