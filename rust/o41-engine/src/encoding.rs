@@ -187,29 +187,6 @@ impl Encoding {
             })
     }
 
-    /// The location a shard of this encoding is known by, given the one configured: a
-    /// Megatron dataset configured by its `.idx` or its common prefix is its `.bin` (the file
-    /// its reads, size and version belong to); every other encoding is its file.
-    pub fn shard_location(self, configured: &str) -> String {
-        // Megatron's own names are lower case (`get_bin_path`, `get_idx_path`).
-        if self != Encoding::Megatron || configured.strip_suffix(".bin").is_some() {
-            return configured.to_owned();
-        }
-        let prefix = configured.strip_suffix(".idx").unwrap_or(configured);
-        format!("{prefix}.bin")
-    }
-
-    /// Whether `configured` names a dataset directory of this encoding, whose own listing
-    /// names the shards (a `datasets` `save_to_disk` directory's `state.json`, an MDS
-    /// dataset's `index.json`), rather than one shard.
-    pub fn names_directory(self, configured: &str) -> bool {
-        match self {
-            Encoding::Arrow => configured.strip_suffix(".arrow").is_none(),
-            Encoding::Mds => !configured.contains(".mds"),
-            _ => false,
-        }
-    }
-
     fn names() -> String {
         Self::ALL
             .iter()

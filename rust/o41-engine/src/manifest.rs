@@ -435,7 +435,7 @@ pub fn describe_shard(
     path: &str,
     encoding: Encoding,
 ) -> Result<(String, u64, u64, String)> {
-    let location = encoding.shard_location(path);
+    let location = crate::formats::format_of(encoding).shard_location(path);
     let path = location.as_str();
     let (rows, pin) = if crate::formats::format_of(encoding).reads_records() {
         let meta = crate::formats::inspect(

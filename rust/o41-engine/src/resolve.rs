@@ -257,40 +257,10 @@ fn source_jobs(
                 storage
                     .check(file)
                     .map_err(|e| renamed(e, &format!("{option}.files[{f}]")))?;
-                // A `datasets` save_to_disk directory is the Arrow files its state.json lists,
-                // an MDS dataset directory the shards its index.json lists.
+                // The format decides what the name stands for: itself, another file (a
+                // Megatron `.idx`'s `.bin`) or the shards a dataset directory lists.
                 let named = format!("{option}.files[{f}]");
-                if encoding == Encoding::Megatron && file.strip_suffix(".idx").is_some() {
-                    // Looked for by the name given first: a missing `.idx` is reported as the
-                    // file the config names, not as the `.bin` it stands for.
-                    storage.open(&absolute(file))?;
-                }
-                // An MDS dataset's index.json lists each shard's samples and size, as a
-                // manifest does: its shards are promised by it, not each looked at.
-                let shards: Vec<(String, Option<Promise<'static>>)> = match encoding {
-                    Encoding::Arrow if encoding.names_directory(file) => {
-                        formats::dataset_files(storage, &absolute(file), &named)?
-                            .into_iter()
-                            .map(|path| (path, None))
-                            .collect()
-                    }
-                    Encoding::Mds if encoding.names_directory(file) => {
-                        formats::mds_files(storage, &absolute(file), &named)?
-                            .into_iter()
-                            .map(|shard| {
-                                let promise = Promise {
-                                    origin: PromiseOrigin::Index,
-                                    rows: shard.samples,
-                                    bytes: Some(shard.bytes),
-                                    version: None,
-                                    sha256: None,
-                                };
-                                (shard.path, Some(promise))
-                            })
-                            .collect()
-                    }
-                    _ => vec![(absolute(&encoding.shard_location(file)), None)],
-                };
+                let shards = format_of(encoding).expand(storage, &absolute(file), &named)?;
                 let file = absolute(file);
                 expanded |= shards.len() != 1 || shards[0].0 != file;
                 names.push(NamedFile {
@@ -332,8 +302,7 @@ fn source_jobs(
                     stage: s,
                     source: j,
                     path: Cow::Owned(
-                        manifest
-                            .data_format
+                        format_of(manifest.data_format)
                             .shard_location(&locations.path(&shard.location)),
                     ),
                     encoding: manifest.data_format,

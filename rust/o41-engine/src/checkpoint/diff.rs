@@ -4,6 +4,7 @@
 use crate::config::{ResolvedConfig, ResolvedSource, SourceSpec, StreamConfig};
 use crate::encoding::Encoding;
 use crate::error::{Error, Result};
+use crate::formats::format_of;
 use crate::storage::normalize as absolute;
 
 /// Refuses `resolved` (a checkpoint's) when `config` would not resolve to the same stream,
@@ -181,7 +182,7 @@ fn file_list_difference(
         && files
             .iter()
             .zip(&expected)
-            .all(|(file, encoding)| !encoding.names_directory(file));
+            .all(|(file, &encoding)| !format_of(encoding).names_directory(file));
     if one_each && files.len() != shards.len() {
         return Ok(Some(format!(
             "{changed}: the checkpoint read {} files, the config lists {}",
@@ -202,7 +203,7 @@ fn file_list_difference(
             Some(named) => usize::try_from(named.shards).unwrap_or(usize::MAX),
             // A document from before names were recorded: a directory stands for the shards
             // under it, any other entry for the one shard it is known by.
-            None if expected.names_directory(file) => {
+            None if format_of(expected).names_directory(file) => {
                 let under = format!("{}/", path.trim_end_matches('/'));
                 shards[next.min(shards.len())..]
                     .iter()
@@ -221,8 +222,8 @@ fn file_list_difference(
                 shards.len()
             )));
         };
-        if theirs.named.is_none() && !expected.names_directory(file) {
-            let location = absolute(&expected.shard_location(file));
+        if theirs.named.is_none() && !format_of(expected).names_directory(file) {
+            let location = absolute(&format_of(expected).shard_location(file));
             if group[0].path != location {
                 return Ok(Some(format!(
                     "{changed}: files[{f}] is {location} in the config, {} in the checkpoint",

@@ -24,7 +24,7 @@ use bytes::Bytes;
 use serde::Deserialize;
 
 use super::format::{
-    read_in_place, EachTokens, RecordInspection, RecordSource, ShardFormat, TokenRecords,
+    read_in_place, EachTokens, Listed, RecordInspection, RecordSource, ShardFormat, TokenRecords,
 };
 use super::{PageCache, ReadFailure, RecordChunk, ShardData, ShardIndex, ShardMeta, ShardReader};
 use crate::columns::Chunk;
@@ -349,6 +349,19 @@ pub struct ArrowIpc;
 impl ShardFormat for ArrowIpc {
     fn encoding(&self) -> Encoding {
         Encoding::Arrow
+    }
+
+    fn names_directory(&self, configured: &str) -> bool {
+        configured.strip_suffix(".arrow").is_none()
+    }
+
+    fn expand(&self, storage: &Storage, configured: &str, option: &str) -> Result<Vec<Listed>> {
+        if !self.names_directory(configured) {
+            return Ok(vec![(configured.to_owned(), None)]);
+        }
+        // A `datasets` save_to_disk directory is the Arrow files its state.json lists.
+        let files = dataset_files(storage, configured, option)?;
+        Ok(files.into_iter().map(|path| (path, None)).collect())
     }
 
     fn reads_tokens(&self) -> bool {

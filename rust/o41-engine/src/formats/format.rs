@@ -12,7 +12,7 @@ use std::ops::Range;
 use std::sync::Arc;
 
 use super::value::Record;
-use super::{PageCache, Prefetch, RecordChunk, ShardData, ShardMeta, ShardReader};
+use super::{PageCache, Prefetch, Promise, RecordChunk, ShardData, ShardMeta, ShardReader};
 use crate::encoding::Encoding;
 use crate::error::{Error, Result};
 use crate::fields::Projection;
@@ -35,6 +35,9 @@ pub struct RecordInspection<'a> {
     pub cache: Option<&'a InspectCache>,
 }
 
+/// A shard a configured name stands for, and what a dataset's listing promises of it.
+pub type Listed = (String, Option<Promise<'static>>);
+
 /// A shard format: how its shards are inspected, read whole, and written.
 pub trait ShardFormat: Sync {
     /// The encoding configs and manifests name it by.
@@ -49,6 +52,30 @@ pub trait ShardFormat: Sync {
     /// found by `formats::tokens`, which plans the stage's windows over them.
     fn reads_tokens(&self) -> bool {
         false
+    }
+
+    /// The location the shard a config names `configured` is known by, whose reads, size and
+    /// version belong to it: the name itself, unless the format names a shard by another file
+    /// (a Megatron dataset by its `.idx` or common prefix is its `.bin`).
+    fn shard_location(&self, configured: &str) -> String {
+        configured.to_owned()
+    }
+
+    /// Whether `configured` names a dataset directory whose own listing names its shards (a
+    /// `datasets` `save_to_disk` directory's `state.json`, an MDS dataset's `index.json`)
+    /// rather than one shard.
+    fn names_directory(&self, configured: &str) -> bool {
+        let _ = configured;
+        false
+    }
+
+    /// The shards of the dataset directory `dir` (one [`ShardFormat::names_directory`] names)
+    /// and what its listing promises of each; errors name the config entry `option`. Also the
+    /// place to refuse a configured name early: a file that stands for another is looked for
+    /// under the name given.
+    fn expand(&self, storage: &Storage, configured: &str, option: &str) -> Result<Vec<Listed>> {
+        let _ = (storage, option);
+        Ok(vec![(self.shard_location(configured), None)])
     }
 
     /// Counts the shard's records and indexes it for reads that start mid-shard.

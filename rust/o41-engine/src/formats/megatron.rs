@@ -13,7 +13,9 @@ use std::sync::Arc;
 
 use serde::de::IntoDeserializer;
 
-use super::format::{read_in_place, EachRecord, RecordInspection, RecordSource, ShardFormat};
+use super::format::{
+    read_in_place, EachRecord, Listed, RecordInspection, RecordSource, ShardFormat,
+};
 use super::token_ids::IdType;
 use super::value::{Record, Value};
 use super::{PageCache, ReadFailure, ShardData, ShardIndex, ShardMeta, ShardReader};
@@ -306,6 +308,24 @@ pub struct Megatron;
 impl ShardFormat for Megatron {
     fn encoding(&self) -> Encoding {
         Encoding::Megatron
+    }
+
+    fn shard_location(&self, configured: &str) -> String {
+        // Megatron's own names are lower case (`get_bin_path`, `get_idx_path`).
+        if configured.strip_suffix(".bin").is_some() {
+            return configured.to_owned();
+        }
+        let prefix = configured.strip_suffix(".idx").unwrap_or(configured);
+        format!("{prefix}.bin")
+    }
+
+    fn expand(&self, storage: &Storage, configured: &str, _option: &str) -> Result<Vec<Listed>> {
+        if configured.strip_suffix(".idx").is_some() {
+            // Looked for by the name given first: a missing `.idx` is reported as the file the
+            // config names, not as the `.bin` it stands for.
+            storage.open(configured)?;
+        }
+        Ok(vec![(self.shard_location(configured), None)])
     }
 
     fn reads_tokens(&self) -> bool {

@@ -34,8 +34,9 @@ impl ShardRecords {
         encoding: Encoding,
         chunk_rows: usize,
     ) -> Result<Self> {
-        let object = Arc::new(storage.open(&encoding.shard_location(path))?);
-        let source = format_of(encoding).records(storage, object, chunk_rows)?;
+        let format = format_of(encoding);
+        let object = Arc::new(storage.open(&format.shard_location(path))?);
+        let source = format.records(storage, object, chunk_rows)?;
         Ok(ShardRecords { source })
     }
 

@@ -19,11 +19,13 @@ use serde::de::IntoDeserializer;
 use serde::Deserialize;
 
 use super::format::{
-    read_in_place, EachRecord, EachTokens, RecordInspection, RecordSource, ShardFormat,
+    read_in_place, EachRecord, EachTokens, Listed, RecordInspection, RecordSource, ShardFormat,
     TokenRecords,
 };
 use super::value::{Record, Value};
-use super::{PageCache, ReadFailure, ShardData, ShardIndex, ShardMeta, ShardReader};
+use super::{
+    PageCache, Promise, PromiseOrigin, ReadFailure, ShardData, ShardIndex, ShardMeta, ShardReader,
+};
 use crate::columns::Chunk;
 use crate::encoding::Encoding;
 use crate::error::{Error, Result};
@@ -414,6 +416,32 @@ pub struct Mds;
 impl ShardFormat for Mds {
     fn encoding(&self) -> Encoding {
         Encoding::Mds
+    }
+
+    fn names_directory(&self, configured: &str) -> bool {
+        !configured.contains(".mds")
+    }
+
+    fn expand(&self, storage: &Storage, configured: &str, option: &str) -> Result<Vec<Listed>> {
+        if !self.names_directory(configured) {
+            return Ok(vec![(configured.to_owned(), None)]);
+        }
+        // An MDS dataset's index.json lists each shard's samples and size, as a manifest does:
+        // its shards are promised by it, not each looked at.
+        let listed = dataset_files(storage, configured, option)?;
+        Ok(listed
+            .into_iter()
+            .map(|shard| {
+                let promise = Promise {
+                    origin: PromiseOrigin::Index,
+                    rows: shard.samples,
+                    bytes: Some(shard.bytes),
+                    version: None,
+                    sha256: None,
+                };
+                (shard.path, Some(promise))
+            })
+            .collect())
     }
 
     fn reads_tokens(&self) -> bool {
