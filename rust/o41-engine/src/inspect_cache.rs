@@ -8,12 +8,11 @@
 //! the rows an entry gives are a promise the shard is held to when it is first read.
 //!
 //! One small JSON file per entry, written atomically (temporary file, then rename, not flushed:
-//! a torn entry is a miss); a corrupt or unreadable entry is ignored and rewritten. A Parquet token shard also gets the lengths of its
-//! token lists (`<digest>.lengths`: a header naming the key and column, then one little-endian
-//! `u32` per record), from which a packing or windows stage plans the shard without decoding it.
-//! A gzip stream another writer made gets its access index (`<digest>.gzindex`: access points
-//! and their 32 KiB windows, `formats::gz_access`), from which a reader starts near any row
-//! without inflating the stream from its start. The directory is `$O41_INSPECT_CACHE`, or
+//! a torn entry is a miss); a corrupt or unreadable entry is ignored and rewritten. A format
+//! keeps companion files of its own kinds beside the entries ([`CompanionKind`], defined in the
+//! format's module): a token shard's list lengths (`formats::tokens::lengths`), a gzip stream's
+//! access index (`formats::jsonl::gz_access`). The cache stores, seals and finds their bytes; it
+//! knows no format's layout. The directory is `$O41_INSPECT_CACHE`, or
 //! `o41/inspect` under `$XDG_CACHE_HOME` or `~/.cache`; `O41_INSPECT_CACHE=off` turns it off.
 //! Failing to write an entry never fails a stream: the cache only saves work.
 //!
@@ -39,10 +38,8 @@ const CACHE_VERSION: u32 = 2;
 const SEAL_BYTES: usize = 16;
 /// Entries larger than this are not ours (an entry is a few hundred bytes).
 const MAX_ENTRY_BYTES: u64 = 64 << 10;
-/// The first bytes of a lengths file, its layout's version included.
-const LENGTHS_MAGIC: &[u8; 8] = b"o41len01";
-/// A lengths file's header (the key and column, as JSON) is at most this long.
-const MAX_LENGTHS_HEADER: usize = 64 << 10;
+/// A companion file's header (the key and column, as JSON) is at most this long.
+const MAX_COMPANION_HEADER: usize = 64 << 10;
 
 /// What identifies one object's content.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -107,27 +104,25 @@ struct CompanionHeader {
 }
 
 /// A kind of companion file: its name's suffix and its first bytes (which carry the layout's
-/// version).
+/// version). A format that keeps something of its own beside an entry (a Parquet token
+/// column's list lengths, a gzip stream's access index) defines its kind in its own module;
+/// the cache only stores, seals and finds the bytes.
 #[derive(Debug, Clone, Copy)]
-struct Kind {
-    suffix: &'static str,
-    magic: &'static [u8; 8],
+pub struct CompanionKind {
+    /// The file name's suffix.
+    pub suffix: &'static str,
+    /// The file's first bytes, the payload layout's version included.
+    pub magic: &'static [u8; 8],
 }
 
-const LENGTHS: Kind = Kind {
-    suffix: "lengths",
-    magic: LENGTHS_MAGIC,
-};
-
-const GZ_ACCESS: Kind = Kind {
-    suffix: "gzindex",
-    magic: b"o41gzx01",
-};
+/// Whose companion file: the object's location, encoding and pin, and a column (or another
+/// qualifier; empty for none).
+pub type Subject<'a> = (&'a str, Encoding, &'a Pin, &'a str);
 
 /// A local file's content identity (`formats::identity`). Its header's column is the file's
 /// status-change time, which no copy or `touch` keeps: a file rewritten with its size,
 /// modification time and inode kept misses this entry and is hashed again.
-const CONTENT: Kind = Kind {
+const CONTENT: CompanionKind = CompanionKind {
     suffix: "content",
     magic: b"o41cid01",
 };
@@ -135,7 +130,7 @@ const CONTENT: Kind = Kind {
 /// The longest content identity an entry may hold.
 const MAX_CONTENT_ID: u64 = 256;
 
-fn companion_path(dir: &std::path::Path, header: &[u8], kind: Kind) -> PathBuf {
+fn companion_path(dir: &std::path::Path, header: &[u8], kind: CompanionKind) -> PathBuf {
     let digest = ring::digest::digest(&ring::digest::SHA256, header);
     spread(
         dir,
@@ -145,11 +140,11 @@ fn companion_path(dir: &std::path::Path, header: &[u8], kind: Kind) -> PathBuf {
 }
 
 /// Where a companion file's payload starts, if `bytes` is one of `kind` and is `header`'s.
-fn payload_at(bytes: &[u8], header: &[u8], kind: Kind) -> Option<usize> {
+fn payload_at(bytes: &[u8], header: &[u8], kind: CompanionKind) -> Option<usize> {
     let rest = bytes.strip_prefix(kind.magic)?;
     let (len, rest) = rest.split_first_chunk::<4>()?;
     let len = u32::from_le_bytes(*len) as usize;
-    if len > MAX_LENGTHS_HEADER || rest.get(..len)? != header {
+    if len > MAX_COMPANION_HEADER || rest.get(..len)? != header {
         return None;
     }
     Some(kind.magic.len() + 4 + len)
@@ -164,20 +159,6 @@ pub struct Companion {
     pub payload: Vec<u8>,
     /// The offset in the file where the payload starts.
     pub at: u64,
-}
-
-/// The list lengths a lengths file's payload holds.
-fn parse_lengths(payload: &[u8]) -> Option<Vec<u64>> {
-    let (count, values) = payload.split_first_chunk::<8>()?;
-    if Some(values.len() as u64) != u64::from_le_bytes(*count).checked_mul(4) {
-        return None;
-    }
-    Some(
-        values
-            .chunks_exact(4)
-            .map(|b| u64::from(u32::from_le_bytes([b[0], b[1], b[2], b[3]])))
-            .collect(),
-    )
 }
 
 /// A cache directory.
@@ -350,47 +331,7 @@ impl InspectCache {
         };
         serde_json::to_vec(&header)
             .ok()
-            .filter(|h| h.len() <= MAX_LENGTHS_HEADER)
-    }
-
-    /// The lengths of the lists in column `column` of every record of the object `pin`
-    /// describes, if they were stored; None as well when reading them would take more than
-    /// `max_bytes` (a file is read whole and becomes `u64`s).
-    pub fn lookup_lengths(
-        &self,
-        location: &str,
-        encoding: Encoding,
-        pin: &Pin,
-        column: &str,
-        max_bytes: u64,
-    ) -> Option<Vec<u64>> {
-        let found =
-            self.lookup_companion(LENGTHS, (location, encoding, pin, column), max_bytes / 3)?;
-        parse_lengths(&found.payload)
-    }
-
-    /// The gzip access index stored for the object `pin` describes, if any and if its file is
-    /// at most `max_bytes` long.
-    pub fn lookup_gz_access(
-        &self,
-        location: &str,
-        encoding: Encoding,
-        pin: &Pin,
-        max_bytes: u64,
-    ) -> Option<Companion> {
-        self.lookup_companion(GZ_ACCESS, (location, encoding, pin, ""), max_bytes)
-    }
-
-    /// Stores a gzip access index for the object `pin` describes: the file and where its
-    /// payload starts, or None where it could not be written.
-    pub fn store_gz_access(
-        &self,
-        location: &str,
-        encoding: Encoding,
-        pin: &Pin,
-        payload: &[u8],
-    ) -> Option<(PathBuf, u64)> {
-        self.store_companion(GZ_ACCESS, (location, encoding, pin, ""), payload)
+            .filter(|h| h.len() <= MAX_COMPANION_HEADER)
     }
 
     /// The content identity stored for the local file `pin` describes, whose status changed
@@ -428,10 +369,12 @@ impl InspectCache {
         );
     }
 
-    fn lookup_companion(
+    /// The companion file of `kind` stored for `subject`, if any, its seal and header intact,
+    /// and at most `max_bytes` long.
+    pub fn lookup_companion(
         &self,
-        kind: Kind,
-        (location, encoding, pin, column): (&str, Encoding, &Pin, &str),
+        kind: CompanionKind,
+        (location, encoding, pin, column): Subject<'_>,
         max_bytes: u64,
     ) -> Option<Companion> {
         let header = Self::companion_header(location, encoding, pin, column)?;
@@ -453,11 +396,12 @@ impl InspectCache {
         })
     }
 
-    /// Writes a companion file atomically: its path and where its payload starts.
-    fn store_companion(
+    /// Writes a companion file atomically: its path and where its payload starts, or None
+    /// where it could not be written (best effort, like [`InspectCache::store`]).
+    pub fn store_companion(
         &self,
-        kind: Kind,
-        (location, encoding, pin, column): (&str, Encoding, &Pin, &str),
+        kind: CompanionKind,
+        (location, encoding, pin, column): Subject<'_>,
         payload: &[u8],
     ) -> Option<(PathBuf, u64)> {
         let header = Self::companion_header(location, encoding, pin, column)?;
@@ -470,27 +414,6 @@ impl InspectCache {
         let path = companion_path(&self.dir, &header, kind);
         self.write_sealed(&path, &bytes).ok()?;
         Some((path, at))
-    }
-
-    /// Records the list lengths of column `column` of every record of the object `pin`
-    /// describes. Best effort, like [`InspectCache::store`]; lengths past `u32` are not stored.
-    pub fn store_lengths(
-        &self,
-        location: &str,
-        encoding: Encoding,
-        pin: &Pin,
-        column: &str,
-        lengths: &[u64],
-    ) {
-        let mut payload = Vec::with_capacity(8 + 4 * lengths.len());
-        payload.extend_from_slice(&(lengths.len() as u64).to_le_bytes());
-        for &len in lengths {
-            let Ok(len) = u32::try_from(len) else {
-                return;
-            };
-            payload.extend_from_slice(&len.to_le_bytes());
-        }
-        let _ = self.store_companion(LENGTHS, (location, encoding, pin, column), &payload);
     }
 }
 
@@ -679,7 +602,11 @@ mod tests {
         };
         let (at, parquet) = ("/d/a.parquet", Encoding::Parquet);
         cache.store(at, parquet, &pin(10, "mtime:1"), "p1", cached);
-        cache.store_lengths(at, parquet, &pin(10, "mtime:1"), "t", &[3, 4]);
+        let kind = CompanionKind {
+            suffix: "test",
+            magic: b"o41tst01",
+        };
+        cache.store_companion(kind, (at, parquet, &pin(10, "mtime:1"), "t"), &[3, 4]);
         for file in entry_files(&dir) {
             let path = file;
             std::fs::remove_file(&path).unwrap();
@@ -693,44 +620,14 @@ mod tests {
         let (done, wait) = std::sync::mpsc::channel();
         std::thread::spawn(move || {
             let found = cache.lookup(at, parquet, &pin(10, "mtime:1"), "p1");
-            let lengths = cache.lookup_lengths(at, parquet, &pin(10, "mtime:1"), "t", 1 << 20);
-            done.send((found, lengths)).unwrap();
+            let companion =
+                cache.lookup_companion(kind, (at, parquet, &pin(10, "mtime:1"), "t"), 1 << 20);
+            done.send((found, companion.map(|c| c.payload))).unwrap();
         });
-        let (found, lengths) = wait
+        let (found, companion) = wait
             .recv_timeout(std::time::Duration::from_secs(10))
             .expect("a lookup blocked on a FIFO");
-        assert_eq!((found, lengths), (None, None));
-        let _ = std::fs::remove_dir_all(&dir);
-    }
-
-    #[test]
-    fn list_lengths_are_found_only_for_the_same_object_and_column() {
-        let dir = std::env::temp_dir().join(format!("o41-lengths-test-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        let cache = InspectCache::new(&dir);
-        let lengths = [3, 0, 70_000, 1];
-        let (at, parquet) = ("/d/t.parquet", Encoding::Parquet);
-        cache.store_lengths(at, parquet, &pin(10, "mtime:1"), "tokens", &lengths);
-        let lookup =
-            |pin: &Pin, column: &str, max: u64| cache.lookup_lengths(at, parquet, pin, column, max);
-        assert_eq!(
-            lookup(&pin(10, "mtime:1"), "tokens", 1 << 20),
-            Some(lengths.to_vec())
-        );
-        assert_eq!(lookup(&pin(10, "mtime:1"), "ids", 1 << 20), None);
-        assert_eq!(lookup(&pin(10, "mtime:2"), "tokens", 1 << 20), None);
-        // Within the memory it may take only.
-        assert_eq!(lookup(&pin(10, "mtime:1"), "tokens", 16), None);
-        // A truncated or foreign file is a miss.
-        for file in entry_files(&dir) {
-            let path = file;
-            let bytes = std::fs::read(&path).unwrap();
-            std::fs::write(&path, &bytes[..bytes.len() - 1]).unwrap();
-        }
-        assert_eq!(lookup(&pin(10, "mtime:1"), "tokens", 1 << 20), None);
-        // Lengths past u32 are not stored.
-        cache.store_lengths(at, parquet, &pin(10, "mtime:3"), "tokens", &[1 << 33]);
-        assert_eq!(lookup(&pin(10, "mtime:3"), "tokens", 1 << 20), None);
+        assert_eq!((found, companion), (None, None));
         let _ = std::fs::remove_dir_all(&dir);
     }
 

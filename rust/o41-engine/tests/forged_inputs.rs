@@ -372,7 +372,12 @@ fn forged_cached_list_lengths_are_a_miss() {
             eos_id: None,
         }),
     ] {
-        cache.store_lengths(&shard.uri(), Encoding::Parquet, &pin, "t", &forged);
+        o41_engine::formats::store_list_lengths(
+            &cache,
+            (&shard.uri(), Encoding::Parquet, &pin),
+            "t",
+            &forged,
+        );
         let honest = inspect_tokens(&shard, &layout, None, 256 << 20).unwrap();
         let meta = inspect_tokens(&shard, &layout, Some(&cache), 256 << 20).unwrap();
         assert_eq!(meta.rows, honest.rows);

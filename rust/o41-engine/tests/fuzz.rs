@@ -738,7 +738,7 @@ fn forged_cached_list_lengths() {
     );
     runner
         .run(&lengths, |lengths| {
-            cache.store_lengths(&uri, Encoding::Parquet, &pin, "t", &lengths);
+            formats::store_list_lengths(&cache, (&uri, Encoding::Parquet, &pin), "t", &lengths);
             let _ = formats::inspect_shard(
                 &Storage::local(),
                 &uri,

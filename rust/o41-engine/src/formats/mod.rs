@@ -53,6 +53,7 @@ pub use msgpack::FRAME_HEADER_BYTES;
 pub use page_cache::PageCache;
 pub use records::{RecordChunk, ShardRecords};
 pub use registry::{format_of, token_encodings};
+pub use tokens::lengths::store as store_list_lengths;
 pub use tokens::{
     fill_window, LocatedPiece, TokenIndex, WindowColumn, META_FILE as TOKEN_META_FILE,
 };

@@ -25,7 +25,16 @@ use super::lines::{for_each_newline, is_blank, too_long};
 use crate::encoding::Encoding;
 use crate::error::{Error, Result};
 use crate::formats::page_cache::{CachedReader, PageCache};
+use crate::inspect_cache::CompanionKind;
 use crate::storage::{self, Object};
+
+/// The access index's file in the inspection cache (`<digest>.gzindex`): the points and their
+/// windows, from which a reader starts near any row without inflating the stream from its
+/// start. Its magic carries the layout's version.
+pub const ACCESS_FILE: CompanionKind = CompanionKind {
+    suffix: "gzindex",
+    magic: b"o41gzx01",
+};
 
 /// The history a deflate back-reference reaches.
 const WINDOW: usize = 32 << 10;

@@ -29,7 +29,7 @@ use crate::fields::Projection;
 use crate::record::project_record;
 use crate::storage::{self, Object};
 use crate::storage::{Pin, Storage};
-use gz_access::{AccessIndex, GzStream};
+use gz_access::{AccessIndex, GzStream, ACCESS_FILE};
 use gz_members::MemberIndex;
 use lines::{first_newline, for_each_newline, is_blank, too_long};
 
@@ -480,7 +480,7 @@ fn inspect_stream(object: Arc<Object>, how: &RecordInspection<'_>) -> Result<Sha
     let pin = object.pin();
     let cached = how
         .cache
-        .and_then(|c| c.lookup_gz_access(&path, encoding, &pin, MAX_ACCESS_FILE))
+        .and_then(|c| c.lookup_companion(ACCESS_FILE, (&path, encoding, &pin, ""), MAX_ACCESS_FILE))
         .and_then(|found| AccessIndex::decode(&found.payload, found.path, found.at));
     let (rows, longest, lines) = if let Some(index) = cached {
         let (rows, longest) = (index.rows(), index.longest_line());
@@ -506,7 +506,8 @@ fn inspect_stream(object: Arc<Object>, how: &RecordInspection<'_>) -> Result<Sha
             .filter(|_| scan.has_points())
             .and_then(|c| {
                 let payload = scan.encode();
-                let (file, at) = c.store_gz_access(&path, encoding, &pin, &payload)?;
+                let (file, at) =
+                    c.store_companion(ACCESS_FILE, (&path, encoding, &pin, ""), &payload)?;
                 AccessIndex::decode(&payload, file, at)
             })
             .map_or(Lines::Forward, |index| Lines::Access(Arc::new(index)));

@@ -14,6 +14,7 @@
 //! plans their windows ([`TokenIndex`]).
 
 mod bin;
+pub(crate) mod lengths;
 mod read;
 
 #[cfg(test)]
@@ -584,7 +585,7 @@ pub fn inspect(
             let pin = object.pin();
             let cache = cache.filter(|_| !values);
             let cached = cache
-                .and_then(|c| c.lookup_lengths(&path, encoding, &pin, layout.field(), max_plan))
+                .and_then(|c| lengths::lookup(c, (&path, encoding, &pin), layout.field(), max_plan))
                 // An entry that disagrees with the footer's counts is not this shard's: a miss.
                 .filter(|lengths| parquet::lengths_agree(&index, lengths));
             let from_cache = cached.is_some();
@@ -633,7 +634,7 @@ pub fn inspect(
             record_starts.push(tokens);
             if let (Some(cache), false) = (cache, from_cache) {
                 let lengths: Vec<u64> = record_starts.windows(2).map(|w| w[1] - w[0]).collect();
-                cache.store_lengths(&path, encoding, &pin, layout.field(), &lengths);
+                lengths::store(cache, (&path, encoding, &pin), layout.field(), &lengths);
             }
             if let (Some(documents), Some(_)) = (documents.as_mut(), eos) {
                 if doc_start < tokens {
@@ -741,7 +742,7 @@ fn record_documents(
     let pin = object.pin();
     let cache = cache.filter(|_| !values);
     let cached = cache
-        .and_then(|c| c.lookup_lengths(path, encoding, &pin, layout.field(), max_plan))
+        .and_then(|c| lengths::lookup(c, (path, encoding, &pin), layout.field(), max_plan))
         .filter(|lengths| lengths.len() as u64 == rows);
     let from_cache = cached.is_some();
     let mut record_starts = Vec::with_capacity(rows as usize + 1);
@@ -781,7 +782,7 @@ fn record_documents(
     record_starts.push(tokens);
     if let (Some(cache), false) = (cache, from_cache) {
         let lengths: Vec<u64> = record_starts.windows(2).map(|w| w[1] - w[0]).collect();
-        cache.store_lengths(path, encoding, &pin, layout.field(), &lengths);
+        lengths::store(cache, (path, encoding, &pin), layout.field(), &lengths);
     }
     if let (Some(documents), Some(_)) = (documents, eos) {
         if doc_start < tokens {
