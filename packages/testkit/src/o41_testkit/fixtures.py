@@ -6,26 +6,22 @@ fault proxy before it.
 
 from __future__ import annotations
 
-import gzip
-import json
 import os
 import re
 import secrets
-import struct
 import uuid
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-import msgpack
-import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
 from hypothesis import HealthCheck, settings
-from o41_training_data import _core
 from o41_training_data._local_s3 import LocalS3Server
 
+from .every_format import EVERY_FORMAT, FormatCase, write_format_case
 from .fault_proxy import FaultProxy
+from .moto_server import MotoServer
+from .shards import ENCODINGS, SUFFIX, Records, write_shard
 
 # CI explores the same examples on every run (derandomize) so a landing never depends on luck;
 # HYPOTHESIS_PROFILE=thorough explores many more, freshly drawn.
@@ -38,38 +34,6 @@ settings.register_profile(
 )
 settings.register_profile("thorough", max_examples=500, deadline=None)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
-
-ENCODINGS = ["parquet", "jsonl", "jsonl.gz", "msgpack"]
-# Each encoding's first (longest) suffix in the engine's table, which infers it back.
-SUFFIX = {e: next(s for s, named in _core.encoding_suffixes() if named == e) for e in ENCODINGS}
-
-Records = Sequence[dict[str, Any]]
-
-
-def write_shard(
-    path: Path, encoding: str, records: Records, schema: pa.Schema | None = None, row_group_rows: int = 1000
-) -> Path:
-    """Writes ``records`` to ``path`` in ``encoding``; framed MessagePack is u32-LE length + map."""
-    if encoding == "parquet" and schema is None and not records:
-        raise ValueError("an empty Parquet shard needs a schema")
-    if encoding == "parquet":
-        table = pa.Table.from_pylist(list(records), schema=schema)
-        pq.write_table(table, path, row_group_size=row_group_rows)
-    elif encoding == "jsonl":
-        path.write_text("".join(json.dumps(r) + "\n" for r in records))
-    elif encoding == "jsonl.gz":
-        with gzip.open(path, "wt") as out:
-            out.writelines(json.dumps(r) + "\n" for r in records)
-    elif encoding == "msgpack":
-        with path.open("wb") as out:
-            for r in records:
-                frame = msgpack.packb(r)
-                out.write(struct.pack("<I", len(frame)))
-                out.write(frame)
-    else:  # pragma: no cover - a test bug
-        raise AssertionError(encoding)
-    return path
-
 
 ShardWriter = Callable[..., str]
 
@@ -86,6 +50,12 @@ def shard(tmp_path: Path) -> ShardWriter:
     return write
 
 
+@pytest.fixture(params=EVERY_FORMAT)
+def format_case(request: pytest.FixtureRequest, tmp_path: Path) -> FormatCase:
+    """The small corpus of :mod:`o41_testkit.every_format` in each format the engine reads."""
+    return write_format_case(request.param, tmp_path / "corpus")
+
+
 @pytest.fixture(params=ENCODINGS)
 def encoding(request: pytest.FixtureRequest) -> str:
     """Every shard encoding in turn."""
@@ -98,7 +68,7 @@ S3_BUCKET = "o41"
 
 
 def boto3_client_for(
-    server: LocalS3Server,
+    server: LocalS3Server | MotoServer,
     *,
     endpoint_url: str | None = None,
     access_key_id: str | None = None,
@@ -142,6 +112,13 @@ def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalS3Serve
         yield server
     finally:
         server.stop()
+
+
+@pytest.fixture(scope="session")
+def moto_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MotoServer]:
+    """Moto's S3 server for the whole session (another S3 implementation than ``s3_server``)."""
+    with MotoServer(tmp_path_factory.mktemp("moto")) as server:
+        yield server
 
 
 @pytest.fixture(scope="session")

@@ -18,6 +18,8 @@ from o41_training_data import (
 )
 from o41_training_data._local_s3 import LocalS3Server
 
+from .moto_server import MotoServer
+
 
 def config_for(
     sources: Sequence[FileSource],
@@ -54,7 +56,9 @@ def rows_of(batches: list[dict[str, np.ndarray]], name: str) -> np.ndarray:
 QUICK = RetryPolicy(initial_backoff_s=0.01, max_backoff_s=0.05, read_timeout_s=2.0, connect_timeout_s=2.0)
 
 
-def data_for(server: LocalS3Server, endpoint: str | None = None, retry: RetryPolicy = QUICK) -> TrainingData:
+def data_for(
+    server: LocalS3Server | MotoServer, endpoint: str | None = None, retry: RetryPolicy = QUICK
+) -> TrainingData:
     """Storage settings for ``server`` (or a proxy at ``endpoint`` before it), quick retries."""
     return TrainingData(
         s3_base_url=endpoint or server.endpoint_url,
