@@ -477,7 +477,7 @@ fn open_entry(path: &std::path::Path) -> Option<std::fs::File> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
     /// The files of a cache directory (entries sit one directory down).
@@ -491,7 +491,8 @@ mod tests {
         files
     }
 
-    fn pin(size: u64, version: &str) -> Pin {
+    /// A pin of a local file of `size` bytes at `version`, for tests of cache entries.
+    pub(crate) fn pin(size: u64, version: &str) -> Pin {
         Pin {
             size,
             version: Some(version.to_owned()),

@@ -59,14 +59,7 @@ pub fn store(
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn pin(size: u64, version: &str) -> Pin {
-        Pin {
-            size,
-            version: Some(version.to_owned()),
-            inode: Some(7),
-        }
-    }
+    use crate::inspect_cache::tests::pin;
 
     #[test]
     fn list_lengths_are_found_only_for_the_same_object_and_column() {
