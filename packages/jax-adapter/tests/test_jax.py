@@ -411,6 +411,18 @@ def test_a_ramp_gives_each_step_its_own_global_shape(shard: ShardWriter, shardin
         O41JaxIterator(odd, sharding)
 
 
+def test_the_sharding_decides_the_rank_not_the_launchers_variables(
+    config: BatchStreamConfig, sharding: NamedSharding, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # JAX places rows by the mesh: a process's rank is its block of the batch axis, which a
+    # launcher's RANK/WORLD_SIZE do not change (docs/rules.md, "Ranks"). One process here.
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    with O41JaxIterator(config, sharding) as iterator:
+        assert (iterator.rank, iterator.world_size) == (0, 1)
+        assert values(iterator, 4) == core_batches(config, 4)
+
+
 # -- Orbax and grain -------------------------------------------------------------------------
 
 
