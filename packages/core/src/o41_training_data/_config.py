@@ -74,17 +74,11 @@ little-endian token ids of one document (``array_record:uint16``), read as the f
 DTYPES: tuple[str, ...] = ("i32", "i64", "f32", "f64", "bool", "u8")
 ENCODINGS: tuple[str, ...] = ("parquet", "jsonl", "jsonl.gz", "msgpack")
 """The encodings the dataset saver writes and ``o41 tokenize`` reads."""
-ARRAY_RECORD_ENCODINGS: tuple[str, ...] = (
-    "array_record:json",
-    "array_record:msgpack",
-    *(
-        f"array_record:{t}"
-        for t in ("uint8", "int8", "uint16", "int16", "uint32", "int32", "uint64", "int64")
-    ),
-)
-"""ArrayRecord files, one encoding per payload their records hold."""
-IN_PLACE_ENCODINGS: tuple[str, ...] = ("megatron", "npy", "arrow", "mds", *ARRAY_RECORD_ENCODINGS)
-"""Corpora other tools wrote, read in place (``docs/corpora.md``) and listed in manifests."""
+ARRAY_RECORD_ENCODINGS: tuple[str, ...] = tuple(e for e in _core.encodings() if e.startswith("array_record:"))
+"""ArrayRecord files, one encoding per payload their records hold (the engine's list)."""
+IN_PLACE_ENCODINGS: tuple[str, ...] = tuple(e for e in _core.encodings() if e not in (*ENCODINGS, "bin"))
+"""Corpora other tools wrote, read in place (``docs/corpora.md``) and listed in manifests: every
+encoding of the engine but the saver's own and ``.bin`` token streams."""
 _SOURCE_ENCODINGS: tuple[str, ...] = tuple(_core.encodings())
 """Every encoding a source may name: the engine's list (``Encoding`` above types it)."""
 

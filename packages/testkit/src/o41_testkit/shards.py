@@ -12,11 +12,12 @@ from typing import Any
 import msgpack
 import pyarrow as pa
 import pyarrow.parquet as pq
+from o41_training_data import ENCODINGS as SAVER_ENCODINGS
 from o41_training_data import _core
 
 __all__ = ["ENCODINGS", "SUFFIX", "Records", "write_shard"]
 
-ENCODINGS = ["parquet", "jsonl", "jsonl.gz", "msgpack"]
+ENCODINGS = list(SAVER_ENCODINGS)  # the record encodings the saver writes, as the core lists them
 # Each encoding's first (longest) suffix in the engine's table, which infers it back.
 SUFFIX = {e: next(s for s, named in _core.encoding_suffixes() if named == e) for e in ENCODINGS}
 
