@@ -257,6 +257,21 @@ def test_an_infinite_stage_refuses_a_source_too_small_to_share() -> None:
         assert error.value.option == "stages[0].sources[1]"
 
 
+def test_a_finite_source_smaller_than_the_partitions_is_counted_dropped_and_checkpoints() -> None:
+    # One row and two partitions: each partition's share is no row. A checkpoint of such a stream
+    # panicked (its epochs listed no source); the row is left out and counted, never silently.
+    stage = StageCase([SourceCase([1], "parquet", 1.0)], batch_size=1, shuffle=(1, 1), infinite=False)
+    case = Case(stages=[stage], seed=0, world_size=1, partitions=2)
+    with materialise(case):
+        with open_batch_stream(case.config()) as stream:
+            checkpoint = stream.checkpoint()
+            assert list(stream) == []
+            assert stream.stats.dropped_rows == 1
+        assert checkpoint.epochs == [0]
+        with resume_batch_stream(Checkpoint.from_json(checkpoint.to_json())) as resumed:
+            assert list(resumed) == []
+
+
 def aligned_case() -> Case:
     """One source of 4 x 64 rows in windows of 16 rows: read units of 8 rows never cross one."""
     stage = StageCase([SourceCase([64] * 4, "parquet", 1.0)], batch_size=4, shuffle=(16, 1), infinite=False)

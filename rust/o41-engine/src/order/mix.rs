@@ -145,6 +145,8 @@ struct MixSegment {
 pub struct MixSchedule {
     segments: Vec<MixSegment>,
     total: Option<u64>,
+    /// Sources mixed, so that every count lists each, also for a mix of no rows at all.
+    sources: usize,
 }
 
 impl MixSchedule {
@@ -163,6 +165,7 @@ impl MixSchedule {
                     table,
                 }],
                 total: None,
+                sources: weights.len(),
             });
         };
         let mut segments = Vec::new();
@@ -196,6 +199,7 @@ impl MixSchedule {
         Ok(MixSchedule {
             segments,
             total: Some(start),
+            sources: weights.len(),
         })
     }
 
@@ -222,7 +226,8 @@ impl MixSchedule {
     pub fn counts(&self, p: u64) -> Vec<u64> {
         let p = self.total.map_or(p, |t| p.min(t));
         let Some(seg) = self.segments.iter().rev().find(|s| s.start <= p) else {
-            return Vec::new();
+            // A finite mix of no rows (each partition's share of a source smaller than one row).
+            return vec![0; self.sources];
         };
         let mut out = seg.base.clone();
         let x = p - seg.start;
@@ -246,6 +251,13 @@ mod tests {
 
     fn sequence(s: &MixSchedule, n: u64) -> Vec<(usize, u64)> {
         (0..n).map(|p| s.locate(p)).collect()
+    }
+
+    #[test]
+    fn a_mix_of_no_rows_counts_none_of_each_source() {
+        let empty = MixSchedule::new(&[1.0, 3.0], Some(&[0, 0]), "stages[0]").unwrap();
+        assert_eq!(empty.counts(0), [0, 0]);
+        assert_eq!(empty.counts(5), [0, 0]);
     }
 
     #[test]
