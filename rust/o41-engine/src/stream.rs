@@ -731,15 +731,16 @@ impl BatchStream {
         self.position_in(&state, state.consumed, state.segment)
     }
 
-    /// The checkpoint after the last delivered batch (which counts as consumed).
-    pub fn checkpoint(&self) -> Checkpoint {
+    /// The checkpoint after the last delivered batch (which counts as consumed). A stream's
+    /// own position always fits its document; were it not to, the caller gets the checkpoint
+    /// check's refusal, never a panic.
+    pub fn checkpoint(&self) -> Result<Checkpoint> {
         let position = self.position();
         Checkpoint::from_fingerprinted(
             self.plan.resolved.clone(),
             self.plan.fingerprint(),
             position,
         )
-        .expect("a stream's own position fits its resolved config")
     }
 
     /// The checkpoint at `position`, one of this stream's positions (a batch's, possibly

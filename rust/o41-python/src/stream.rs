@@ -162,7 +162,7 @@ impl Stream {
         // A position names its point itself, so its checkpoint is there after close too (a
         // loop that ends, closes the stream, then saves the last consumed batch's position).
         let inner = match position {
-            None => self.open(py)?.checkpoint(),
+            None => self.open(py)?.checkpoint().map_err(|e| to_py(py, &e))?,
             Some(position) => self
                 .inner
                 .checkpoint_at(&position.inner)
