@@ -240,6 +240,18 @@ def test_moving_needs_one_stream_one_segment_and_one_next_batch(shard: ShardWrit
         move_to_world(stops, 3, 3)
 
 
+def test_positions_move_with_the_document_they_are_in(shard: ShardWriter) -> None:
+    config = two_stages(shard, world_size=2)
+    stops = {"rank 0": stop(config, 0, 3), "rank 1": stop(config, 1, 3)}
+    positions = {name: checkpoint.position for name, checkpoint in stops.items()}
+    moved = move_to_world(positions, 1, 3, resolved=stops["rank 0"].resolved_json())
+    assert moved == move_to_world(stops, 1, 3)
+    with pytest.raises(ConfigError, match="positions need resolved="):
+        move_to_world(positions, 1, 3)
+    with pytest.raises(CheckpointError, match="no old rank had started"):
+        move_to_world({"rank 0": None, "rank 1": None}, 0, 3)
+
+
 # -- Per-rank files.
 
 

@@ -17,7 +17,7 @@ import sys
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeVar
 
 from . import _core
 from ._core import Checkpoint, Position
@@ -409,15 +409,33 @@ def check_same_place(stops: Mapping[str, Position | Checkpoint | None], *, world
     _core.check_same_place(_named(stops), world_size)
 
 
-def move_to_world(stops: Mapping[str, Checkpoint], rank: int, world_size: int) -> Checkpoint:
+def move_to_world(
+    stops: Mapping[str, Checkpoint | Position | None],
+    rank: int,
+    world_size: int,
+    *,
+    resolved: Checkpoint | str | Mapping[str, Any] | None = None,
+) -> Checkpoint:
     """The checkpoint for rank ``rank`` of ``world_size``, moved from the old ranks' ``stops``.
 
     :func:`check_same_place` first, then :meth:`Checkpoint.for_world` on any of them (they are
-    equal but for their rank). ``stops`` maps a name for errors to each old rank's checkpoint.
+    equal but for their rank). ``stops`` maps a name for errors to each old rank's checkpoint,
+    or its position with ``resolved`` (a checkpoint of the stream, or its resolved document)
+    saying which stream it is in; ``None`` is a rank that had not started, refused unless no
+    rank had (then there is nothing to move: :class:`CheckpointError`).
     """
     rank, world_size = check_world(rank, world_size)
     check_same_place(stops, world_size=world_size)
-    return next(iter(stops.values())).for_world(rank, world_size)
+    first = next((stop for stop in stops.values() if stop is not None), None)
+    if first is None:
+        raise CheckpointError("checkpoint refused: no old rank had started, so there is no position to move")
+    if not isinstance(first, Checkpoint):
+        if resolved is None:
+            raise ConfigError(
+                "move_to_world: positions need resolved=, a checkpoint or document of their stream"
+            )
+        first = Checkpoint.from_position(first, resolved)
+    return first.for_world(rank, world_size)
 
 
 RANK_FILE = "stream-rank{rank}-of-{world_size}.json"

@@ -30,7 +30,7 @@ from o41_training_data import (
     CheckpointError,
     Position,
     StreamRules,
-    check_same_place,
+    move_to_world,
     resume_point,
     switch_point,
 )
@@ -135,15 +135,15 @@ class StreamState:
         """
         if world_size == self.world_size:
             return self.checkpoint(rank)
+        if all(position is None for position in self.positions):
+            return None  # no rank had started: the new ones start at the config's beginning
         stops = {f"rank {old_rank}": position for old_rank, position in enumerate(self.positions)}
         try:
-            check_same_place(stops, world_size=world_size)
+            return move_to_world(stops, rank, world_size, resolved=self.resolved)
         except CheckpointError as error:
             raise CheckpointError(
                 f"{error} ({source}, written by {self.world_size} ranks; resume with {self.world_size} ranks)"
             ) from None
-        base = self.checkpoint(0)
-        return base.for_world(rank, world_size) if base is not None else None
 
 
 def resumed(
