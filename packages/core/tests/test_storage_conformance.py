@@ -61,14 +61,17 @@ def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Backend]
     bucket = "o41" if request.param == "seaweedfs" else "o41-moto"
     if request.param == "moto":
         client.create_bucket(Bucket=bucket)  # moto keeps buckets for its life: idempotent there
-    prefix = f"s3://{bucket}/conformance-{uuid.uuid4().hex[:12]}"
+    key_prefix = f"conformance-{uuid.uuid4().hex[:12]}"
+
+    def put(path: Path, name: str) -> None:
+        upload(client, path, f"s3://{bucket}/{key_prefix}/{name}")
+
+    def remove(name: str) -> None:
+        client.delete_object(Bucket=bucket, Key=f"{key_prefix}/{name}")
+
     try:
         yield Backend(
-            request.param,
-            prefix,
-            data_for(server).storage_config,
-            lambda path, name: upload(client, path, f"{prefix}/{name}") and None,
-            lambda name: client.delete_object(Bucket=bucket, Key=f"{prefix}/{name}".split("/", 3)[3]),
+            request.param, f"s3://{bucket}/{key_prefix}", data_for(server).storage_config, put, remove
         )
     finally:
         client.close()

@@ -37,12 +37,6 @@ impl RunFiles {
         Ok(Self { inner })
     }
 
-    /// The number of ranks that wrote the files; refused unless one whole save is there.
-    #[getter]
-    fn world_size(&self, py: Python<'_>) -> PyResult<usize> {
-        self.inner.world_size(None).map_err(|e| to_py(py, &e))
-    }
-
     /// `(index, count, name)` of every per-rank file.
     fn files(&self) -> Vec<(usize, usize, String)> {
         self.inner

@@ -56,9 +56,6 @@ class RunFiles:
     """The per-rank checkpoint files among one directory's entries (the engine's rules)."""
 
     def __init__(self, names: list[str], place: str) -> None: ...
-    @property
-    def world_size(self) -> int:
-        """The number of ranks that wrote the files; refused unless one whole save is there."""
     def files(self) -> list[tuple[int, int, str]]:
         """``(index, count, name)`` of every per-rank file."""
     def stale(self, world_size: int | None, fingerprint: str | None) -> list[str]:

@@ -113,13 +113,6 @@ impl RunFiles {
         })
     }
 
-    /// The name of the file of `index` of `count`, if there is one.
-    pub fn name(&self, index: usize, count: usize) -> Option<&str> {
-        self.files
-            .get(&(index, count))
-            .map(|(_, name)| name.as_str())
-    }
-
     /// Every per-rank file's name, by `(index, count)`.
     pub fn names(&self) -> impl Iterator<Item = (usize, usize, &str)> {
         self.files

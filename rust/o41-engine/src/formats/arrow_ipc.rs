@@ -355,12 +355,9 @@ impl ShardFormat for ArrowIpc {
         configured.strip_suffix(".arrow").is_none()
     }
 
-    fn expand(&self, storage: &Storage, configured: &str, option: &str) -> Result<Vec<Listed>> {
-        if !self.names_directory(configured) {
-            return Ok(vec![(configured.to_owned(), None)]);
-        }
+    fn directory_shards(&self, storage: &Storage, dir: &str, option: &str) -> Result<Vec<Listed>> {
         // A `datasets` save_to_disk directory is the Arrow files its state.json lists.
-        let files = dataset_files(storage, configured, option)?;
+        let files = dataset_files(storage, dir, option)?;
         Ok(files.into_iter().map(|path| (path, None)).collect())
     }
 

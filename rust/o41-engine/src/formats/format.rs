@@ -69,13 +69,22 @@ pub trait ShardFormat: Sync {
         false
     }
 
-    /// The shards of the dataset directory `dir` (one [`ShardFormat::names_directory`] names)
-    /// and what its listing promises of each; errors name the config entry `option`. Also the
-    /// place to refuse a configured name early: a file that stands for another is looked for
-    /// under the name given.
+    /// The shards the configured name `configured` stands for: a dataset directory's
+    /// ([`ShardFormat::directory_shards`]), else the one shard at its location. Errors name the
+    /// config entry `option`. A format whose name stands for another file overrides it to look
+    /// for the name given first (a Megatron `.idx`).
     fn expand(&self, storage: &Storage, configured: &str, option: &str) -> Result<Vec<Listed>> {
-        let _ = (storage, option);
+        if self.names_directory(configured) {
+            return self.directory_shards(storage, configured, option);
+        }
         Ok(vec![(self.shard_location(configured), None)])
+    }
+
+    /// The shards of the dataset directory `dir` (one [`ShardFormat::names_directory`] names)
+    /// and what its listing promises of each; errors name the config entry `option`.
+    fn directory_shards(&self, storage: &Storage, dir: &str, option: &str) -> Result<Vec<Listed>> {
+        let _ = (storage, option);
+        Ok(vec![(dir.to_owned(), None)])
     }
 
     /// Counts the shard's records and indexes it for reads that start mid-shard.

@@ -422,13 +422,10 @@ impl ShardFormat for Mds {
         !configured.contains(".mds")
     }
 
-    fn expand(&self, storage: &Storage, configured: &str, option: &str) -> Result<Vec<Listed>> {
-        if !self.names_directory(configured) {
-            return Ok(vec![(configured.to_owned(), None)]);
-        }
+    fn directory_shards(&self, storage: &Storage, dir: &str, option: &str) -> Result<Vec<Listed>> {
         // An MDS dataset's index.json lists each shard's samples and size, as a manifest does:
         // its shards are promised by it, not each looked at.
-        let listed = dataset_files(storage, configured, option)?;
+        let listed = dataset_files(storage, dir, option)?;
         Ok(listed
             .into_iter()
             .map(|shard| {
