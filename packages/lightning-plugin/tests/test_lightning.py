@@ -658,7 +658,7 @@ def test_a_resume_with_another_stream_or_state_version_is_refused(data: Path, tm
     with pytest.raises(CheckpointError, match="seed is 1 in the checkpoint, 2 in the config"):
         fit(O41DataModule(make_config(data, seed=2)), tmp_path, 8, ckpt_path=saved)
     state = torch.load(saved, weights_only=True)["O41DataModule"]
-    with pytest.raises(CheckpointError, match=f"{FORMAT} state version 3; this plugin reads versions 1, 2"):
+    with pytest.raises(CheckpointError, match=f"{FORMAT} state version 3; this release reads versions 1, 2"):
         O41DataModule(make_config(data)).load_state_dict({**state, "version": 3})
     with pytest.raises(CheckpointError, match="expected 1 rank entries, found 2"):
         O41DataModule(make_config(data)).load_state_dict({**state, "ranks": state["ranks"] * 2})

@@ -39,7 +39,7 @@ impl Checkpoint {
 
 /// The resolved document `resolved` names: a checkpoint's, or a resolved config as a dict or
 /// its JSON text.
-fn resolved_of(py: Python<'_>, resolved: &Bound<'_, PyAny>) -> PyResult<Arc<ResolvedConfig>> {
+pub fn resolved_of(py: Python<'_>, resolved: &Bound<'_, PyAny>) -> PyResult<Arc<ResolvedConfig>> {
     if let Ok(checkpoint) = resolved.cast::<Checkpoint>() {
         return Ok(checkpoint.get().inner.resolved.clone());
     }

@@ -13,6 +13,7 @@ mod position;
 mod records;
 mod rules;
 mod run_files;
+mod run_state;
 mod storage;
 mod stream;
 mod trace;
@@ -32,6 +33,14 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<stream::Stream>()?;
     m.add_class::<checkpoint::Checkpoint>()?;
     m.add_class::<run_files::RunFiles>()?;
+    m.add_class::<run_state::RunState>()?;
+    m.add_class::<run_state::RunIndex>()?;
+    m.add_function(wrap_pyfunction!(run_state::switch_at, m)?)?;
+    m.add("RUN_STATE_FORMAT", o41_engine::checkpoint::RUN_STATE_FORMAT)?;
+    m.add(
+        "RUN_STATE_VERSION",
+        o41_engine::checkpoint::RUN_STATE_VERSION,
+    )?;
     m.add_class::<position::Position>()?;
     m.add_class::<position::Segment>()?;
     m.add_class::<position::Drain>()?;

@@ -26,7 +26,7 @@ fn naming_of(name: &str) -> PyResult<Naming> {
 /// any world resumes from. Pure over names and texts, so any file system drives it.
 #[pyclass(module = "o41_training_data", frozen)]
 pub struct RunFiles {
-    inner: EngineRunFiles,
+    pub inner: EngineRunFiles,
 }
 
 #[pymethods]
@@ -65,28 +65,40 @@ impl RunFiles {
         own: Option<(usize, usize)>,
         written_by: Option<usize>,
     ) -> PyResult<Py<Checkpoint>> {
-        let mut failure: Option<PyErr> = None;
-        let mut reader = |name: &str| -> o41_engine::Result<String> {
-            let text = read.call1((name,)).and_then(|value| {
-                if let Ok(bytes) = value.cast::<PyBytes>() {
-                    return String::from_utf8(bytes.as_bytes().to_vec())
-                        .map_err(|_| to_py(py, &refused(format!("{name} is not UTF-8 text"))));
-                }
-                Ok(value.cast::<PyString>()?.to_str()?.to_owned())
-            });
-            text.map_err(|error| {
-                failure = Some(error);
-                refused(format!("{name} could not be read"))
-            })
-        };
-        let restored = self
-            .inner
-            .restore(rank, world_size, own, written_by, &mut reader);
-        if let Some(error) = failure {
-            return Err(error);
-        }
-        Checkpoint::wrap(py, restored.map_err(|e| to_py(py, &e))?)
+        let restored = with_reader(py, read, |reader| {
+            self.inner
+                .restore(rank, world_size, own, written_by, reader)
+        })?;
+        Checkpoint::wrap(py, restored)
     }
+}
+
+/// Runs `restore` with a reader calling `read(name)` for a file's text (or bytes); an exception
+/// `read` raises propagates as it is, whatever the engine made of the failed read.
+pub fn with_reader<T>(
+    py: Python<'_>,
+    read: &Bound<'_, PyAny>,
+    restore: impl FnOnce(&mut dyn FnMut(&str) -> o41_engine::Result<String>) -> o41_engine::Result<T>,
+) -> PyResult<T> {
+    let mut failure: Option<PyErr> = None;
+    let mut reader = |name: &str| -> o41_engine::Result<String> {
+        let text = read.call1((name,)).and_then(|value| {
+            if let Ok(bytes) = value.cast::<PyBytes>() {
+                return String::from_utf8(bytes.as_bytes().to_vec())
+                    .map_err(|_| to_py(py, &refused(format!("{name} is not UTF-8 text"))));
+            }
+            Ok(value.cast::<PyString>()?.to_str()?.to_owned())
+        });
+        text.map_err(|error| {
+            failure = Some(error);
+            refused(format!("{name} could not be read"))
+        })
+    };
+    let restored = restore(&mut reader);
+    if let Some(error) = failure {
+        return Err(error);
+    }
+    restored.map_err(|e| to_py(py, &e))
 }
 
 fn refused(message: String) -> Error {

@@ -50,7 +50,17 @@ if TYPE_CHECKING:
         Stage,
         TokenWindows,
     )
-    from ._core import Checkpoint, Drain, Position, Segment, __version__
+    from ._core import (
+        RUN_STATE_FORMAT,
+        RUN_STATE_VERSION,
+        Checkpoint,
+        Drain,
+        Position,
+        RunIndex,
+        RunState,
+        Segment,
+        __version__,
+    )
     from ._errors import (
         AccessDeniedError,
         CheckpointError,
@@ -146,7 +156,17 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
         "Stage",
         "TokenWindows",
     ),
-    "_core": ("Checkpoint", "Drain", "Position", "Segment", "__version__"),
+    "_core": (
+        "Checkpoint",
+        "Drain",
+        "Position",
+        "RUN_STATE_FORMAT",
+        "RUN_STATE_VERSION",
+        "RunIndex",
+        "RunState",
+        "Segment",
+        "__version__",
+    ),
     "_errors": (
         "AccessDeniedError",
         "CheckpointError",
@@ -225,6 +245,8 @@ __all__ = [
     "RANK_FILE",
     "RETRY_CAUSES",
     "ROLE_IDS",
+    "RUN_STATE_FORMAT",
+    "RUN_STATE_VERSION",
     "AccessDeniedError",
     "Batch",
     "BatchStream",
@@ -264,6 +286,8 @@ __all__ = [
     "ReadStats",
     "RenderedChat",
     "RetryPolicy",
+    "RunIndex",
+    "RunState",
     "SavedShard",
     "Segment",
     "Shuffle",

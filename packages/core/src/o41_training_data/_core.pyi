@@ -1,6 +1,6 @@
 """Type stubs for the compiled engine module ``o41_training_data._core``."""
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Protocol
 
 import pyarrow as pa
@@ -69,6 +69,98 @@ class RunFiles:
         written_by: int | None = None,
     ) -> Checkpoint:
         """The checkpoint rank ``rank`` of ``world_size`` resumes from; ``read(name)`` gives a file's text."""
+
+RUN_STATE_FORMAT: str
+"""The ``format`` marker of a :class:`RunState` and a :class:`RunIndex` (``"o41-training-data-lightning"``,
+the name its first writer gave it, kept so every state written since reads)."""
+RUN_STATE_VERSION: int
+"""The version of :class:`RunState` and :class:`RunIndex` documents written (version 1 is read too)."""
+
+class RunState:
+    """A run's place in one document: every rank's position, the world that took them and the
+    stream's resolved document (docs/checkpoint.md, "A run in one document").
+
+    For a framework that saves one checkpoint for every rank (the Lightning plugin keeps it in
+    the model checkpoint). ``to_dict()`` is plain JSON data, so it loads under
+    ``torch.load(weights_only=True)``. States of version 1, which kept each rank's pending
+    curriculum switches beside its position in the rank's own batches, are read and their
+    switches moved into the positions.
+
+    Examples:
+        >>> state = RunState(2, checkpoint, [position0, position1])  # doctest: +SKIP
+        >>> read = RunState.from_dict(state.to_dict(), "the state")  # doctest: +SKIP
+        >>> read.checkpoint_for(0, 4, "the state")  # rank 0 of 4 ranks  # doctest: +SKIP
+
+    """
+
+    def __init__(
+        self,
+        world_size: int,
+        resolved: Checkpoint | str | Mapping[str, Any] | None,
+        positions: Sequence[Position | None],
+        source: str = "the run state",
+    ) -> None:
+        """The state of ``world_size`` ranks; ``positions[r]`` is rank ``r``'s (None: not started).
+
+        ``resolved`` is a checkpoint of the stream or its resolved document (needed once a rank
+        has started). Raises :class:`CheckpointError` naming ``source`` unless there is one
+        position per rank, each the rank's own.
+        """
+    @staticmethod
+    def from_dict(state: Any, source: str) -> RunState:
+        """Reads a state ``to_dict()`` (or an earlier release) wrote; ``source`` names it in errors."""
+    def to_dict(self) -> dict[str, Any]:
+        """The state as plain JSON data: format, version, world size, resolved document, ranks."""
+    @property
+    def world_size(self) -> int:
+        """The number of ranks that took the positions."""
+    @property
+    def positions(self) -> list[Position | None]:
+        """Each rank's position; None: the rank is at the beginning of the config."""
+    @property
+    def resolved_json(self) -> str | None:
+        """The stream's resolved document (JSON), when the state has one."""
+    def checkpoint(self, rank: int) -> Checkpoint | None:
+        """Rank ``rank``'s checkpoint in the world that took the state; None at the beginning."""
+    def checkpoint_for(self, rank: int, world_size: int, source: str) -> Checkpoint | None:
+        """Where rank ``rank`` of ``world_size`` resumes (None: the config's beginning).
+
+        Its own entry on the world that took the state; on another the positions are moved
+        (:func:`move_to_world`'s rule), exact only when every old rank stopped at the same place,
+        else :class:`CheckpointError` naming ``source``.
+        """
+
+class RunIndex:
+    """The index beside a directory of per-rank files: the world that wrote them, each rank's file
+    (None: not started) and the step the save was taken at (docs/checkpoint.md)."""
+
+    def __init__(self, files: Sequence[str | None], global_step: int | None = None) -> None: ...
+    @staticmethod
+    def from_json(text: str, source: str) -> RunIndex:
+        """Parses an index document; ``source`` names it in errors."""
+    def to_json(self) -> str:
+        """The index as a document of the current version."""
+    @property
+    def world_size(self) -> int:
+        """The number of ranks that wrote the files."""
+    @property
+    def global_step(self) -> int | None:
+        """The step the save was taken at, when its writer said."""
+    def restore(
+        self,
+        names: Sequence[str],
+        place: str,
+        read: Callable[[str], str | bytes],
+        rank: int,
+        world_size: int,
+        source: str,
+    ) -> Checkpoint | None:
+        """Where rank ``rank`` of ``world_size`` resumes from the files among ``names`` (the entries
+        of the directory ``place``); ``read(name)`` gives a file's text. None: no rank had started."""
+
+def switch_at(ramped: Sequence[bool], position: Position, stage: int, batches_ahead: int) -> int:
+    """The global batch a switch to ``stage`` requested ``batches_ahead`` local batches after
+    ``position`` takes effect at (``ramped[s]``: whether stage ``s`` has a ramp)."""
 
 def load_manifest(uri: str, storage: Storage | None = None) -> str:
     """Reads and checks a data manifest (local, or ``s3://`` given ``storage``); returns it as JSON."""

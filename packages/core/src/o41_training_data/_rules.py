@@ -210,14 +210,16 @@ def switch_point(
     count = len(rules.stages)
     if isinstance(stage, bool) or not isinstance(stage, int) or not 0 <= stage < count:
         raise ConfigError(f"invalid stage: there is no stage {stage!r}; the stream has {count} stages")
-    if isinstance(batches_ahead, bool) or not isinstance(batches_ahead, int) or batches_ahead < 0:
+    if (
+        isinstance(batches_ahead, bool)
+        or not isinstance(batches_ahead, int)
+        or not 0 <= batches_ahead < 1 << 64
+    ):
         raise ConfigError(f"invalid batches_ahead: expected a whole number >= 0, got {batches_ahead!r}")
     if not isinstance(position, Position):
         raise ConfigError(f"invalid position: expected a Position, got {type(position).__name__}")
-    if not 0 <= position.stage < count:
-        raise ConfigError(f"invalid position: it is in stage {position.stage}, the stream has {count} stages")
-    per_round = rules.stages[position.stage].batches_per_round(position.world_size)
-    return SwitchPoint(stage=stage, at=position.next_batch + batches_ahead * per_round)
+    ramped = [batches.ramp is not None for batches in rules.stages]
+    return SwitchPoint(stage=stage, at=_core.switch_at(ramped, position, stage, batches_ahead))
 
 
 def _whole(name: str, value: object, *, minimum: int, maximum: int) -> int:

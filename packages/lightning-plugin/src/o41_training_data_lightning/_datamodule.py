@@ -15,12 +15,14 @@ from o41_training_data import (
     CheckpointError,
     ConfigError,
     Position,
+    RunState,
     StreamStats,
     SwitchPoint,
     TrainingData,
     check_adapter_options,
     process_ranks,
     resolve_batch_stream_config,
+    resume_point,
     switch_point,
     with_ranks,
 )
@@ -28,7 +30,7 @@ from o41_training_data_torch import POSITION_KEY, O41Batch, O41IterableDataset
 from torch.utils.data import DataLoader
 
 from . import _sidecar
-from ._state import FORMAT, STATE_VERSION, StreamState, resumed
+from ._state import FORMAT, STATE_VERSION
 
 # What Lightning's own loader state holds for the train loader (see _TrainLoader.state_dict).
 _LOADER_STATE = {"format": FORMAT, "version": STATE_VERSION, "positions": "in the O41DataModule state"}
@@ -249,24 +251,12 @@ class O41DataModule(LightningDataModule):
         rank at once, as ``trainer.save_checkpoint`` requires anyway.
         """
         _, world_size = self._rank_world()
-        mine = {"position": self._consumed.to_json() if self._consumed is not None else None}
-        entries = self._gather(mine, world_size)
-        first = next((entry["position"] for entry in entries if entry["position"] is not None), None)
-        resolved = None
-        if first is not None:
-            anchor = self._anchor
-            if anchor is None:  # this rank has not started while another has
-                anchor = Checkpoint.from_position(
-                    Position.from_json(first), self._resolved(self._ranked(self._config))
-                )
-            resolved = anchor.resolved_json()
-        return {
-            "format": FORMAT,
-            "version": STATE_VERSION,
-            "world_size": world_size,
-            "resolved": resolved,
-            "ranks": entries,
-        }
+        mine = self._consumed.to_json() if self._consumed is not None else None
+        positions = [Position.from_json(p) if p is not None else None for p in self._gather(mine, world_size)]
+        resolved: Checkpoint | dict[str, Any] | None = self._anchor
+        if resolved is None and any(p is not None for p in positions):
+            resolved = self._resolved(self._ranked(self._config))  # this rank has not started
+        return RunState(world_size, resolved, positions).to_dict()
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Puts this rank back at its own position from ``state_dict`` (see :meth:`state_dict`).
@@ -278,9 +268,7 @@ class O41DataModule(LightningDataModule):
         ckpt_path = trainer.ckpt_path if trainer is not None else None
         source = f"the checkpoint {ckpt_path}" if ckpt_path else "the O41DataModule state"
         rank, world_size = self._rank_world()
-        self._restore(
-            StreamState.from_dict(state_dict, source).checkpoint_for(rank, world_size, source), source
-        )
+        self._restore(RunState.from_dict(state_dict, source).checkpoint_for(rank, world_size, source), source)
         self._restored_from = ckpt_path
 
     # -- Curriculum and positions.
@@ -347,7 +335,7 @@ class O41DataModule(LightningDataModule):
             return self._training_data.resolve_batch_stream_config(config)
         return resolve_batch_stream_config(config)
 
-    def _gather(self, mine: dict[str, Any], world_size: int) -> list[dict[str, Any]]:
+    def _gather(self, mine: str | None, world_size: int) -> list[str | None]:
         if world_size == 1:
             return [mine]
         if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
@@ -375,7 +363,10 @@ class O41DataModule(LightningDataModule):
                 "max_epochs unset, or read it after the restore"
             )
         rank, world_size = self._rank_world()
-        start = resumed(start, rank, world_size, self._ranked(self._config))
+        if start is not None:
+            start.check(rank=rank, world_size=world_size)
+            # The config's skip_batches become the stream's (the core's rule for every adapter).
+            start = resume_point(start, self._ranked(self._config))
         self._consumed = start.position if start is not None else None
         self._anchor = start
         self._requested = []

@@ -27,7 +27,6 @@ resume reads; these files are for tools, and for a resume whose model checkpoint
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Mapping
 from pathlib import Path
@@ -38,16 +37,16 @@ from lightning.fabric.utilities.types import _PATH
 from lightning.pytorch.plugins.io import CheckpointIO
 from lightning.pytorch.strategies import Strategy
 from o41_training_data import (
+    RUN_STATE_FORMAT,
     Checkpoint,
     CheckpointError,
+    RunIndex,
+    RunState,
     rank_file_name,
-    restore_run_checkpoint,
     save_run_files,
     stale_run_files,
     write_rank_file,
 )
-
-from ._state import FORMAT, STATE_VERSION, StreamState, read_header, read_legacy_switches
 
 SIDECAR_SUFFIX = ".o41"
 """Appended to a model checkpoint's path to name the directory of its stream checkpoints."""
@@ -90,25 +89,23 @@ def _write(directory: str, name: str, text: str) -> None:
     write_rank_file(Path(path), text, overwrite=True)
 
 
-def write_sidecars(checkpoint_path: _PATH, state: StreamState, global_step: Any = None) -> None:
+def write_sidecars(checkpoint_path: _PATH, state: RunState, global_step: Any = None) -> None:
     """Writes every rank's stream checkpoint and the index beside ``checkpoint_path``."""
     directory = sidecar_directory(checkpoint_path)
     fs = get_filesystem(directory)
     fs.makedirs(directory, exist_ok=True)
     # At the beginning of the config a rank has no checkpoint to write (its entry is null).
-    checkpoints = {rank: state.checkpoint(rank) for rank in range(state.world_size)}
-    files = {rank_file_name(r, state.world_size): c for r, c in checkpoints.items() if c is not None}
+    checkpoints = [state.checkpoint(rank) for rank in range(state.world_size)]
+    names = [
+        rank_file_name(r, state.world_size) if c is not None else None for r, c in enumerate(checkpoints)
+    ]
+    files = {
+        name: c for name, c in zip(names, checkpoints, strict=True) if name is not None and c is not None
+    }
     # The core's layout: the resolved document once, then each rank's file naming it.
     save_run_files(files, lambda name, text: _write(directory, name, text))
-    names = [rank_file_name(r, state.world_size) if c is not None else None for r, c in checkpoints.items()]
-    index = {
-        "format": FORMAT,
-        "version": STATE_VERSION,
-        "world_size": state.world_size,
-        "global_step": global_step if isinstance(global_step, int) else None,
-        "ranks": [{"file": name} for name in names],
-    }
-    _write(directory, INDEX_FILE, json.dumps(index) + "\n")
+    step = global_step if isinstance(global_step, int) else None
+    _write(directory, INDEX_FILE, RunIndex(names, step).to_json() + "\n")
     written = next(iter(files.values()), None)
     entries = _entries(fs, directory)
     stale = stale_run_files(
@@ -156,40 +153,20 @@ def read_sidecars(
             f"{index_path} does not exist, so this run cannot tell where each rank's stream stopped; "
             "resume with the datamodule class that wrote the checkpoint, or start a new run"
         )
-    try:
-        index = json.loads(fs.cat_file(index_path))
-    except ValueError as e:
-        raise CheckpointError(f"checkpoint refused: {index_path} is not JSON: {e}") from None
-    old_world, listed, version = read_header(index, index_path)
-    written_at = index.get("global_step")
-    if global_step is not None and isinstance(written_at, int) and written_at != global_step:
+    index = RunIndex.from_json(bytes(fs.cat_file(index_path)).decode(errors="replace"), index_path)
+    written_at = index.global_step
+    if global_step is not None and written_at is not None and written_at != global_step:
         raise CheckpointError(
             f"checkpoint refused: {index_path} was written for global step {written_at}, but "
             f"{os.fspath(checkpoint_path)} is at step {global_step}: a save under this name was "
             "interrupted between them; resume from another checkpoint"
         )
-    if all(entry.get("file") is None for entry in listed):
-        return None
+
+    def read(name: str) -> bytes:
+        return bytes(fs.cat_file(_join(directory, name)))
+
     names = list(_entries(fs, directory))
-
-    def restore(rank: int, world_size: int) -> Checkpoint:
-        def read(name: str) -> bytes:
-            return bytes(fs.cat_file(_join(directory, name)))
-
-        return restore_run_checkpoint(names, read, rank, world_size, place=directory, written_by=old_world)
-
-    if version == STATE_VERSION:
-        return restore(rank, world_size)
-    # Version 1 kept pending switches in the index: the state with every rank's position moves them.
-    legacy = [read_legacy_switches(entry, f"{index_path}: ranks[{r}]") for r, entry in enumerate(listed)]
-    stops = [restore(r, old_world) for r in range(old_world)]
-    state = StreamState(
-        world_size=old_world,
-        resolved=stops[0].resolved_json(),
-        positions=tuple(stop.position for stop in stops),
-    )
-    source = f"the sidecars of {os.fspath(checkpoint_path)}"
-    return state.with_legacy_switches(legacy, index_path).checkpoint_for(rank, world_size, source)
+    return index.restore(names, directory, read, rank, world_size, index_path)
 
 
 class SidecarCheckpointIO(CheckpointIO):
@@ -209,8 +186,8 @@ class SidecarCheckpointIO(CheckpointIO):
     ) -> None:
         """Saves the stream checkpoints, then the model checkpoint: the commit marker."""
         for key, value in checkpoint.items():
-            if isinstance(value, Mapping) and value.get("format") == FORMAT:
-                state = StreamState.from_dict(value, f"the {key!r} state of {os.fspath(path)}")
+            if isinstance(value, Mapping) and value.get("format") == RUN_STATE_FORMAT:
+                state = RunState.from_dict(value, f"the {key!r} state of {os.fspath(path)}")
                 write_sidecars(path, state, checkpoint.get("global_step"))
         self.checkpoint_io.save_checkpoint(checkpoint, path, storage_options=storage_options)
 

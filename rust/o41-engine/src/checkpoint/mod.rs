@@ -16,10 +16,14 @@ use crate::order::Segment;
 
 mod diff;
 mod run;
+mod run_state;
 mod split;
 
 pub use diff::check_config;
 pub use run::{check_same_place, check_same_stream, Naming, RunFiles};
+pub use run_state::{
+    switch_at, RunIndex, RunState, RUN_STATE_FORMAT, RUN_STATE_READ_VERSIONS, RUN_STATE_VERSION,
+};
 pub use split::{shared_name, shared_reference, SPLIT_SWITCHES_VERSION, SPLIT_VERSION};
 
 /// Version of the checkpoint document without pending switches.
