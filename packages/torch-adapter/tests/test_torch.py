@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import gc
 import json
@@ -15,6 +14,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
 import pytest
 import torch
 import torch.distributed as dist
@@ -679,18 +679,24 @@ def test_a_larger_stage_batch_gets_larger_slots(shard: ShardWriter) -> None:
     assert {len(v) for _, v in got} == {4, 64}
 
 
+def _put(ring: WorkerRing, array: np.ndarray) -> torch.Tensor:
+    """Puts one column holding ``array`` (rows of fixed shape) into ``ring``."""
+    column = pa.array(array.reshape(-1))
+    for size in reversed(array.shape[1:]):
+        column = pa.FixedSizeListArray.from_arrays(column, size)
+    return ring.put(pa.record_batch({"x": column}), {"x": array}, frozenset())["x"]
+
+
 def test_worker_tensors_pickle_as_plain_tensors_outside_the_queue() -> None:
     ring = WorkerRing()
     try:
-        tensors = ring.put({"x": np.arange(6, dtype=np.int32).reshape(2, 3)}, frozenset())
-        restored = pickle.loads(pickle.dumps(tensors["x"]))
+        tensor = _put(ring, np.arange(6, dtype=np.int32).reshape(2, 3))
+        restored = pickle.loads(pickle.dumps(tensor))
         assert type(restored) is torch.Tensor
         assert restored.tolist() == [[0, 1, 2], [3, 4, 5]]
-        assert type(tensors["x"] + 1) is torch.Tensor
+        assert type(tensor + 1) is torch.Tensor
     finally:
-        for segment in ring.segments:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(segment.path)
+        ring.close()
 
 
 def test_a_slot_is_reused_only_after_every_tensor_of_it_is_gone() -> None:
@@ -698,27 +704,25 @@ def test_a_slot_is_reused_only_after_every_tensor_of_it_is_gone() -> None:
 
     ring = WorkerRing()  # this process plays both the worker and the main process
     try:
-        first = ring.put({"x": np.arange(4, dtype=np.int64)}, frozenset())["x"]
-        assert first._o41_slot[1] == 0
+        first = _put(ring, np.arange(4, dtype=np.int64))
+        assert first._o41_slot[0].index == 0
         payload = bytes(ForkingPickler.dumps(first))
         assert len(payload) < 512
         del first  # the worker's own tensor is gone, but the handle is on its way
-        assert ring.put({"x": np.arange(4, dtype=np.int64)}, frozenset())["x"]._o41_slot[1] == 1
+        assert _put(ring, np.arange(4, dtype=np.int64))._o41_slot[0].index == 1
         received = pickle.loads(payload)  # maps the segment, views slot 0
         assert type(received) is torch.Tensor
         assert segment_of(received) is not None
         tail = received[2:]
         del received
         # slot 1 was released with its tensor; slot 0 is still viewed through `tail`
-        assert ring.put({"x": np.arange(4, dtype=np.int64)}, frozenset())["x"]._o41_slot[1] == 1
+        assert _put(ring, np.arange(4, dtype=np.int64))._o41_slot[0].index == 1
         assert tail.tolist() == [2, 3]
         del tail
         gc.collect()
-        assert ring.put({"x": np.arange(4, dtype=np.int64)}, frozenset())["x"]._o41_slot[1] == 0
+        assert _put(ring, np.arange(4, dtype=np.int64))._o41_slot[0].index == 0
     finally:
-        for segment in ring.segments:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(segment.path)
+        ring.close()
 
 
 class _Tagged(O41IterableDataset):

@@ -27,6 +27,7 @@ pub mod pool;
 pub mod record;
 pub mod resolve;
 pub mod shards;
+pub mod shared_slots;
 pub mod skips;
 pub mod storage;
 pub mod stream;

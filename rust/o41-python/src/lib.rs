@@ -14,6 +14,7 @@ mod records;
 mod rules;
 mod run_files;
 mod run_state;
+mod shared_slots;
 mod storage;
 mod stream;
 mod trace;
@@ -36,6 +37,18 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<run_state::RunState>()?;
     m.add_class::<run_state::RunIndex>()?;
     m.add_function(wrap_pyfunction!(run_state::switch_at, m)?)?;
+    m.add_class::<shared_slots::SlotRing>()?;
+    m.add_class::<shared_slots::BatchSlot>()?;
+    m.add_function(wrap_pyfunction!(shared_slots::receive_slot, m)?)?;
+    m.add_function(wrap_pyfunction!(shared_slots::shared_segment_of, m)?)?;
+    m.add_function(wrap_pyfunction!(
+        shared_slots::shared_segment_directories,
+        m
+    )?)?;
+    m.add(
+        "SHARED_SEGMENT_PREFIX",
+        o41_engine::shared_slots::SEGMENT_PREFIX,
+    )?;
     m.add("RUN_STATE_FORMAT", o41_engine::checkpoint::RUN_STATE_FORMAT)?;
     m.add(
         "RUN_STATE_VERSION",

@@ -162,6 +162,44 @@ def switch_at(ramped: Sequence[bool], position: Position, stage: int, batches_ah
     """The global batch a switch to ``stage`` requested ``batches_ahead`` local batches after
     ``position`` takes effect at (``ramped[s]``: whether stage ``s`` has a ramp)."""
 
+SHARED_SEGMENT_PREFIX: str
+"""Shared batch segments are files named ``o41-ring-<worker pid>-<random>``."""
+
+class SlotRing:
+    """A worker process's shared-memory batch segments (the engine's ``shared_slots``)."""
+
+    def __init__(self) -> None: ...
+    @property
+    def pid(self) -> int:
+        """The process that created the ring."""
+    def put(self, columns: pa.RecordBatch) -> BatchSlot:
+        """Copies fixed-shape columns into a free slot, leased while the slot or a view of it lives."""
+    def unlink_unreceived(self) -> None:
+        """Unlinks the segments no receiver mapped."""
+
+class BatchSlot:
+    """A filled slot in a worker."""
+
+    @property
+    def index(self) -> int:
+        """The slot's number in its segment."""
+    @property
+    def offsets(self) -> list[int]:
+        """Each column's offset in the slot."""
+    def view(self) -> pa.Array:
+        """The slot's bytes as a uint8 array (no copy)."""
+    def handle(self) -> tuple[str, int, int, int, int]:
+        """The handle another process receives it by; held until that process's view is gone."""
+
+def receive_slot(handle: tuple[str, int, int, int, int]) -> pa.Array:
+    """The slot a handle names, viewed in this process as a uint8 array (no copy)."""
+
+def shared_segment_of(address: int) -> str | None:
+    """The received segment whose memory holds ``address``, if any."""
+
+def shared_segment_directories() -> list[str]:
+    """Where segments are created, in order of preference."""
+
 def load_manifest(uri: str, storage: Storage | None = None) -> str:
     """Reads and checks a data manifest (local, or ``s3://`` given ``storage``); returns it as JSON."""
 

@@ -326,7 +326,7 @@ class O41IterableDataset(IterableDataset[O41Batch]):
                 self._last_position = batch.position
                 arrays = batch.arrays()
                 if ring is not None:
-                    fields = ring.put(arrays, bool_fields)
+                    fields = ring.put(batch.columns, arrays, bool_fields)
                 else:
                     fields = {name: _tensor(array, name in bool_fields) for name, array in arrays.items()}
                 item = O41Batch(fields)
