@@ -87,6 +87,7 @@ if TYPE_CHECKING:
     )
     from ._manifest_build import manifest_from_files
     from ._plan import ReadPlan, plan_reads
+    from ._rank_stream import RankStream
     from ._rules import (
         PROCESS_FILE,
         RANK_FILE,
@@ -141,6 +142,7 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
         "stale_run_files",
         "write_checkpoint",
     ),
+    "_rank_stream": ("RankStream",),
     "_config": (
         "BatchStreamConfig",
         "DTYPES",
@@ -282,6 +284,7 @@ __all__ = [
     "ProjectedField",
     "ProjectionError",
     "Ramp",
+    "RankStream",
     "ReadPlan",
     "ReadStats",
     "RenderedChat",

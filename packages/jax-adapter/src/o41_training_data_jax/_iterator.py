@@ -20,20 +20,16 @@ from o41_training_data import (
     CheckpointError,
     ConfigError,
     Position,
+    RankStream,
     StreamClosedError,
     StreamRules,
     TrainingData,
     check_adapter_options,
-    check_stream_of,
     checkpoint_from_text,
-    open_batch_stream,
-    resume_batch_stream,
-    resume_point,
     switch_point,
-    with_ranks,
 )
 
-from ._layout import Layout, check_divisible, process_layout
+from ._layout import check_divisible, process_layout
 from ._prefetch import End, Failure, Producer
 
 __all__ = ["DEFAULT_PREFETCH", "O41JaxIterator"]
@@ -170,9 +166,7 @@ class O41JaxIterator(Iterator[dict[str, jax.Array]]):
         if isinstance(prefetch, bool) or not isinstance(prefetch, int) or prefetch < 0:
             raise ConfigError(f"invalid prefetch: expected a whole number of batches >= 0, got {prefetch!r}")
         self._sharding = sharding
-        self._storage = training_data.storage_config if training_data is not None else None
         self._prefetch = prefetch
-        self._config: BatchStreamConfig | None = None
         # The engine's schema (a validation pass's `valid` mask included) and batch shapes.
         rules = StreamRules.of(source)
         fields = [(f.name, f.dtype, f.shape) for f in rules.fields]
@@ -198,24 +192,14 @@ class O41JaxIterator(Iterator[dict[str, jax.Array]]):
             x64 if any(dtype in ("i64", "f64") for _, dtype, _ in fields) else None,
             jax.process_count() == 1,
         )
-        if isinstance(source, Checkpoint):
-            source.check(rank=self.rank, world_size=self.world_size)
-            self._fingerprint = source.fingerprint
-            stream = resume_batch_stream(source, storage=self._storage)
-        else:
-            self._config = self._with_layout(source, self._layout)
-            stream = open_batch_stream(self._config, storage=self._storage)
-            self._fingerprint = stream.position.fingerprint
+        # The process's block of the batch axis is its rank (see _layout).
+        ranks = (self._layout.rank, self._layout.world_size)
+        decided_by = "the sharding (its block of the batch axis)"
+        self._source = RankStream(source, training_data, ranks=ranks, decided_by=decided_by)
+        stream = self._source.open()
         self._closed = False
         self._finalizer: weakref.finalize[[], O41JaxIterator] | None = None
         self._install(stream)
-
-    @staticmethod
-    def _with_layout(config: BatchStreamConfig, layout: Layout) -> BatchStreamConfig:
-        # The process's block of the batch axis is its rank (see _layout).
-        return with_ranks(
-            config, (layout.rank, layout.world_size), "the sharding (its block of the batch axis)"
-        )
 
     def _install(self, stream: BatchStream) -> None:
         """Makes ``stream`` current and its position the one reported.
@@ -313,14 +297,8 @@ class O41JaxIterator(Iterator[dict[str, jax.Array]]):
         # over as it is) names the stream's resolved document: this iterator's own stream's,
         # when it is the same stream (the fingerprint decides).
         checkpoint = checkpoint_from_text(text, lambda _name: self.checkpoint().shared_json())
-        self._check_stream(checkpoint)
-        checkpoint.check(rank=self.rank, world_size=self.world_size)
-        # A config's skip_batches apply from here on (the core's rule for every adapter).
-        checkpoint = resume_point(checkpoint, self._config)
-        self._install(resume_batch_stream(checkpoint, storage=self._storage))
-
-    def _check_stream(self, checkpoint: Checkpoint) -> None:
-        check_stream_of(checkpoint, self._config, self._fingerprint, "iterator")
+        # The core's rules: this stream, this rank; the config's skip_batches apply from here on.
+        self._install(self._source.open(self._source.accept(checkpoint, "iterator")))
 
     def advance(self, stage: int) -> None:
         """Switches to curriculum ``stage`` from the next batch handed out.
@@ -343,7 +321,7 @@ class O41JaxIterator(Iterator[dict[str, jax.Array]]):
             pipeline.stream.advance(point.stage, at=point.at)
             self._position = pipeline.stream.position
             return
-        stream = resume_batch_stream(self.checkpoint(), storage=self._storage)
+        stream = self._source.open(self.checkpoint())
         try:
             stream.advance(point.stage, at=point.at)
         except BaseException:

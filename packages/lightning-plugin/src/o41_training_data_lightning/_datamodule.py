@@ -15,14 +15,13 @@ from o41_training_data import (
     CheckpointError,
     ConfigError,
     Position,
+    RankStream,
     RunState,
     StreamStats,
     SwitchPoint,
     TrainingData,
     check_adapter_options,
     process_ranks,
-    resolve_batch_stream_config,
-    resume_point,
     switch_point,
     with_ranks,
 )
@@ -255,7 +254,7 @@ class O41DataModule(LightningDataModule):
         positions = [Position.from_json(p) if p is not None else None for p in self._gather(mine, world_size)]
         resolved: Checkpoint | dict[str, Any] | None = self._anchor
         if resolved is None and any(p is not None for p in positions):
-            resolved = self._resolved(self._ranked(self._config))  # this rank has not started
+            resolved = self._source().document()  # this rank has not started
         return RunState(world_size, resolved, positions).to_dict()
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
@@ -293,7 +292,7 @@ class O41DataModule(LightningDataModule):
         handed = self._handed[1] if self._handed is not None else None
         consumed = self._consumed or self._start_checkpoint().position
         # The core's switch point: the round after the last batch handed out, on every rank.
-        point = switch_point(self._anchor or self._ranked(self._config), handed or consumed, stage)
+        point = switch_point(self._anchor or self._source().rules, handed or consumed, stage)
         self._consumed = consumed.with_switch(point.stage, point.at)
         if self._handed is not None and handed is not None:
             placed = handed.with_switch(point.stage, point.at)
@@ -314,7 +313,7 @@ class O41DataModule(LightningDataModule):
     def _start_checkpoint(self) -> Checkpoint:
         """The checkpoint at the config's beginning, which becomes the anchor when there is none."""
         if self._anchor is None:
-            self._anchor = Checkpoint.at_start(self._resolved(self._ranked(self._config)))
+            self._anchor = self._source().at_start()
         return Checkpoint.at_start(self._anchor)
 
     # -- Internals.
@@ -330,10 +329,11 @@ class O41DataModule(LightningDataModule):
         rank, world_size = self._rank_world()
         return with_ranks(config, (rank, world_size), "the trainer")
 
-    def _resolved(self, config: BatchStreamConfig) -> dict[str, Any]:
-        if self._training_data is not None:
-            return self._training_data.resolve_batch_stream_config(config)
-        return resolve_batch_stream_config(config)
+    def _source(self) -> RankStream:
+        """The training stream of this rank, under the core's rules (ranks: the trainer's)."""
+        return RankStream(
+            self._config, self._training_data, ranks=self._rank_world(), decided_by="the trainer"
+        )
 
     def _gather(self, mine: str | None, world_size: int) -> list[str | None]:
         if world_size == 1:
@@ -362,11 +362,9 @@ class O41DataModule(LightningDataModule):
                 "read in configure_optimizers, fetches a batch first); set max_steps and leave "
                 "max_epochs unset, or read it after the restore"
             )
-        rank, world_size = self._rank_world()
         if start is not None:
-            start.check(rank=rank, world_size=world_size)
-            # The config's skip_batches become the stream's (the core's rule for every adapter).
-            start = resume_point(start, self._ranked(self._config))
+            # The core's rules: this stream, this rank; the config's skip_batches become the stream's.
+            start = self._source().accept(start, "datamodule")
         self._consumed = start.position if start is not None else None
         self._anchor = start
         self._requested = []

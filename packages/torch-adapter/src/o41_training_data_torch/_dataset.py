@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import multiprocessing.context
 import multiprocessing.sharedctypes
 import os
@@ -20,18 +19,11 @@ from o41_training_data import (
     CheckpointError,
     ConfigError,
     Position,
-    StreamRules,
+    RankStream,
     StreamStats,
     SwitchPoint,
     TrainingData,
     check_adapter_options,
-    check_stream_of,
-    observed_ranks,
-    open_batch_stream,
-    process_ranks,
-    resolve_batch_stream_config,
-    resume_batch_stream,
-    resume_point,
     switch_point,
 )
 from torch.utils.data import IterableDataset, get_worker_info
@@ -170,30 +162,16 @@ class O41IterableDataset(IterableDataset[O41Batch]):
         switch: SwitchPoint | None = None,
     ) -> None:
         check_adapter_options(training_data, bool_as)
-        # Pickled into DataLoader workers without credentials (see StorageConfig).
-        self._storage = training_data.storage_config if training_data is not None else None
         self._bool_as = bool_as
         if not isinstance(split_workers, bool):
             raise ConfigError(f"invalid split_workers: expected a bool, got {split_workers!r}")
         self._split_workers = split_workers
         if switch is not None and not isinstance(switch, SwitchPoint):
             raise ConfigError(f"invalid switch: expected a SwitchPoint, got {type(switch).__name__}")
-        self._config: BatchStreamConfig | None = None
-        self._start: Checkpoint | None = None  # the checkpoint to resume from
-        if isinstance(source, Checkpoint):
-            observed = observed_ranks()
-            if observed is not None:
-                source.check(rank=observed[0], world_size=observed[1])
-            self._start = source
-        elif isinstance(source, BatchStreamConfig):
-            self._config = self._with_ranks(source)
-        else:
-            raise ConfigError(
-                f"source: expected a BatchStreamConfig or a Checkpoint, got {type(source).__name__}"
-            )
-        self._resolved: dict[str, Any] | None = None
+        # The rank's stream and its rules (pickled into DataLoader workers without credentials).
+        self._source = RankStream(source, training_data)
         # The engine's schema and batch shapes (the `valid` mask of a validation pass included).
-        self._rules = StreamRules.of(self._config if self._config is not None else source)
+        self._rules = self._source.rules
         self._bool_fields = self._rules.field_names("bool")
         if switch is not None and not 0 <= switch.stage < len(self._rules.stages):
             raise ConfigError(
@@ -218,28 +196,15 @@ class O41IterableDataset(IterableDataset[O41Batch]):
         self._last_position: Position | None = None
         self._loaded: dict[str, Any] | None = None
 
-    @staticmethod
-    def _with_ranks(config: BatchStreamConfig) -> BatchStreamConfig:
-        rank, world_size = process_ranks((config.rank, config.world_size))
-        if (rank, world_size) == (config.rank, config.world_size):
-            return config
-        return dataclasses.replace(config, rank=rank, world_size=world_size)
-
     @property
     def rank(self) -> int:
         """The rank whose batches the dataset yields."""
-        if self._config is not None:
-            return self._config.rank
-        assert self._start is not None
-        return self._start.rank
+        return self._source.rank
 
     @property
     def world_size(self) -> int:
         """The number of ranks sharing the global batch sequence."""
-        if self._config is not None:
-            return self._config.world_size
-        assert self._start is not None
-        return self._start.world_size
+        return self._source.world_size
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
@@ -274,8 +239,8 @@ class O41IterableDataset(IterableDataset[O41Batch]):
         offset, stride, _ = self._worker_share()
         if self._loaded is not None:
             loaded = self._loaded
-            return Checkpoint.from_json(loaded["checkpoint"]), int(loaded["offset"]), int(loaded["stride"])
-        return self._start, offset, stride
+            return loaded["checkpoint"], int(loaded["offset"]), int(loaded["stride"])
+        return self._source.start, offset, stride
 
     def _open(self) -> BatchStream | None:
         """The stream of this process's share, or None for a worker that yields nothing."""
@@ -289,10 +254,7 @@ class O41IterableDataset(IterableDataset[O41Batch]):
         checkpoint, offset, stride = self._start_checkpoint()
         if stride == 0:
             return None
-        if checkpoint is not None:
-            return resume_batch_stream(checkpoint, share=(offset, stride), storage=self._storage)
-        assert self._config is not None
-        return open_batch_stream(self._config, share=(offset, stride), storage=self._storage)
+        return self._source.open(checkpoint, share=(offset, stride))
 
     def __iter__(self) -> Iterator[O41Batch]:
         _, _, workers = self._worker_share()
@@ -384,16 +346,7 @@ class O41IterableDataset(IterableDataset[O41Batch]):
         """
         if self._stream is not None and self._stream_pid == os.getpid() and not self._stream.closed:
             return self._stream.checkpoint(position)
-        return self._with_latest(Checkpoint.from_position(position, self._document()))
-
-    def _document(self) -> Checkpoint | dict[str, Any]:
-        """The stream's resolved document: the start checkpoint's, or the config's, resolved once."""
-        if self._start is not None:
-            return self._start
-        if self._resolved is None:
-            assert self._config is not None
-            self._resolved = resolve_batch_stream_config(self._config, storage=self._storage)
-        return self._resolved
+        return self._with_latest(self._source.checkpoint_at(position))
 
     def _with_latest(self, checkpoint: Checkpoint) -> Checkpoint:
         """``checkpoint`` with the latest switch this dataset placed (the engine keeps it if due)."""
@@ -502,11 +455,6 @@ class O41IterableDataset(IterableDataset[O41Batch]):
             )
         return values
 
-    def _check_same_stream(self, checkpoint: Checkpoint) -> None:
-        """Refuses a checkpoint of another stream than this dataset's (naming the difference)."""
-        start = self._start.fingerprint if self._start is not None else None
-        check_stream_of(checkpoint, self._config, start, "dataset")
-
     def state_dict(self) -> dict[str, Any]:
         """The position after the last batch this process yielded.
 
@@ -527,11 +475,11 @@ class O41IterableDataset(IterableDataset[O41Batch]):
             }
         start, offset, stride = self._start_checkpoint()
         share = {"offset": offset, "stride": stride, "workers": workers}
-        if start is None and self._latest_switch()[0] is None:
-            assert self._config is not None
-            return {"version": STATE_VERSION, "config": self._config.to_json(), **share}
+        config = self._source.config
+        if start is None and self._latest_switch()[0] is None and config is not None:
+            return {"version": STATE_VERSION, "config": config.to_json(), **share}
         if start is None:
-            start = Checkpoint.at_start(self._document())
+            start = self._source.at_start()
         return {"version": STATE_VERSION, "checkpoint": self._with_latest(start).to_json(), **share}
 
     @staticmethod
@@ -562,30 +510,22 @@ class O41IterableDataset(IterableDataset[O41Batch]):
         if "checkpoint" in state:
             if not isinstance(state["checkpoint"], str):
                 raise CheckpointError("state refused: its checkpoint is not checkpoint JSON text")
-            checkpoint = Checkpoint.from_json(state["checkpoint"])
-            checkpoint.check(rank=self.rank, world_size=self.world_size)
-            self._check_same_stream(checkpoint)
+            # The core's rules: this stream, this rank; the config's skip_batches apply from here on.
+            checkpoint = self._source.accept(Checkpoint.from_json(state["checkpoint"]), "dataset")
         else:
             if "config" not in state:
                 raise CheckpointError("state refused: it has neither a 'checkpoint' nor a 'config'")
-            if self._config is None or state["config"] != self._config.to_json():
+            config = self._source.config
+            if config is None or state["config"] != config.to_json():
                 raise CheckpointError(
                     "state refused: it is the start of another stream than this dataset's "
                     "(its config differs)"
                 )
             checkpoint = None
-        text = state.get("checkpoint")
         if state.get("switch") is not None:
             # Earlier releases kept a pending switch beside the checkpoint; it is the position's now.
-            checkpoint = self._legacy_switch(
-                checkpoint or Checkpoint.at_start(self._document()), state["switch"]
-            )
-            text = None
+            checkpoint = self._legacy_switch(checkpoint or self._source.at_start(), state["switch"])
         self._loaded = None
         if checkpoint is not None:
-            # A config's skip_batches apply from here on (the core's rule for every adapter).
-            resumed = resume_point(checkpoint, self._config)
-            if text is None or resumed.fingerprint != checkpoint.fingerprint:
-                text = resumed.to_json()
-            self._loaded = {"checkpoint": text, **share}
+            self._loaded = {"checkpoint": checkpoint, **share}
         self._last_position = None
