@@ -221,6 +221,18 @@ def test_a_local_stream_counts_no_retries_and_its_bytes(tmp_path: Path) -> None:
     assert set(stats.decode) == {"parquet"}
 
 
+def test_a_closed_stream_answers_with_the_counters_it_ended_with(tmp_path: Path) -> None:
+    path = write_shard(tmp_path / "a.parquet", "parquet", records(0, 100), row_group_rows=10)
+    with open_batch_stream(single_stage([FileSource([str(path)])], batch_size=10)) as stream:
+        for _ in range(3):
+            next(stream)
+        before = stream.stats
+    assert stream.closed
+    after = stream.stats  # a trainer's loop that broke out still reads what the stream did
+    assert (after.batches_delivered, after.rows_yielded) == (before.batches_delivered, 30)
+    assert after.sources[0].bytes_read == before.sources[0].bytes_read
+
+
 # -- Resume.
 
 

@@ -397,7 +397,7 @@ def test_advance_before_fit_starts_the_run_in_that_stage(data: Path, tmp_path: P
     assert checkpoint is not None
     assert checkpoint.stage == 1
     assert checkpoint.batches_yielded == 3
-    with pytest.raises(ConfigError, match="advance: stage 2 does not exist; the config has stages 0 to 1"):
+    with pytest.raises(ConfigError, match="invalid stage: there is no stage 2; the stream has 2 stages"):
         datamodule.advance(2)
 
 

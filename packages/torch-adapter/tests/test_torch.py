@@ -696,7 +696,7 @@ def test_worker_tensors_pickle_as_plain_tensors_outside_the_queue() -> None:
         assert restored.tolist() == [[0, 1, 2], [3, 4, 5]]
         assert type(tensor + 1) is torch.Tensor
     finally:
-        ring.close()
+        ring.slots.unlink_unreceived()
 
 
 def test_a_slot_is_reused_only_after_every_tensor_of_it_is_gone() -> None:
@@ -722,7 +722,7 @@ def test_a_slot_is_reused_only_after_every_tensor_of_it_is_gone() -> None:
         gc.collect()
         assert _put(ring, np.arange(4, dtype=np.int64))._o41_slot[0].index == 0
     finally:
-        ring.close()
+        ring.slots.unlink_unreceived()
 
 
 class _Tagged(O41IterableDataset):

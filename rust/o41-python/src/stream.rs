@@ -201,9 +201,10 @@ impl Stream {
     /// `batches_delivered`, `batches_waited`, `consumer_wait_seconds`, `consumer_seconds`,
     /// `prefetch_depth`, `prefetch_capacity`, `sources` (a list of dicts), `open` (a dict) and
     /// `decode` (encoding name to `(rows, seconds)`). The engine counts with atomics; this
-    /// reads them without waiting for any batch.
+    /// reads them without waiting for any batch, also once the stream is closed (the counters it
+    /// ended with).
     fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
-        let stats = self.open(py)?.stats();
+        let stats = self.inner.stats();
         let d = PyDict::new(py);
         d.set_item("batches_yielded", stats.batches_yielded)?;
         d.set_item("rows_yielded", stats.rows_yielded)?;

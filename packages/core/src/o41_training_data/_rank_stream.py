@@ -87,6 +87,16 @@ class RankStream:
         return self.config.world_size if self.config is not None else self._checkpoint.world_size
 
     @property
+    def origin(self) -> BatchStreamConfig | Checkpoint:
+        """Where the rank's stream starts: the checkpoint it resumes, else the config at its rank."""
+        return self.start if self.start is not None else self._config
+
+    @property
+    def _config(self) -> BatchStreamConfig:
+        assert self.config is not None
+        return self.config
+
+    @property
     def _checkpoint(self) -> Checkpoint:
         assert self.start is not None
         return self.start

@@ -524,7 +524,10 @@ class BatchStream:
 
     @property
     def stats(self) -> StreamStats:
-        """Counters and timings (:class:`StreamStats`), read without waiting for any batch."""
+        """Counters and timings (:class:`StreamStats`), read without waiting for any batch.
+
+        A closed stream answers with the counters it ended with.
+        """
         return StreamStats._from_core(self._core.stats())
 
     @property

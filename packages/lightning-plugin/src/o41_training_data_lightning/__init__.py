@@ -20,9 +20,8 @@ from o41_training_data import __version__ as core_version
 from o41_training_data import rank_file_name as rank_file  # the sidecars' names are the core's
 
 from ._curriculum import O41Curriculum
-from ._datamodule import O41DataModule
+from ._datamodule import FORMAT, STATE_VERSION, O41DataModule
 from ._sidecar import INDEX_FILE, SIDECAR_SUFFIX, SidecarCheckpointIO, sidecar_directory
-from ._state import FORMAT, STATE_VERSION
 from ._stats import O41StatsLogger
 
 __all__ = [

@@ -10,6 +10,8 @@ from lightning.pytorch import LightningDataModule, Trainer
 from lightning.pytorch.utilities.model_helpers import is_overridden
 from lightning.pytorch.utilities.signature_utils import is_param_in_hook_signature
 from o41_training_data import (
+    RUN_STATE_FORMAT,
+    RUN_STATE_VERSION,
     BatchStreamConfig,
     Checkpoint,
     CheckpointError,
@@ -23,13 +25,16 @@ from o41_training_data import (
     check_adapter_options,
     process_ranks,
     switch_point,
-    with_ranks,
 )
 from o41_training_data_torch import POSITION_KEY, O41Batch, O41IterableDataset
 from torch.utils.data import DataLoader
 
 from . import _sidecar
-from ._state import FORMAT, STATE_VERSION
+
+FORMAT = RUN_STATE_FORMAT
+"""The ``format`` marker of the state (the core's ``RunState``) and of the sidecar index."""
+STATE_VERSION = RUN_STATE_VERSION
+"""Version of the state ``O41DataModule.state_dict()`` returns and of the sidecar index."""
 
 # What Lightning's own loader state holds for the train loader (see _TrainLoader.state_dict).
 _LOADER_STATE = {"format": FORMAT, "version": STATE_VERSION, "positions": "in the O41DataModule state"}
@@ -220,7 +225,7 @@ class O41DataModule(LightningDataModule):
     def _val_dataloader(self) -> Iterable[O41Batch]:
         assert self._val_config is not None
         dataset = O41IterableDataset(
-            self._ranked(self._val_config), self._training_data, bool_as=self._bool_as
+            self._rank_stream(self._val_config).origin, self._training_data, bool_as=self._bool_as
         )
         return _EvalLoader(DataLoader(dataset, batch_size=None, num_workers=self._num_workers))
 
@@ -254,7 +259,7 @@ class O41DataModule(LightningDataModule):
         positions = [Position.from_json(p) if p is not None else None for p in self._gather(mine, world_size)]
         resolved: Checkpoint | dict[str, Any] | None = self._anchor
         if resolved is None and any(p is not None for p in positions):
-            resolved = self._source().document()  # this rank has not started
+            resolved = self._rank_stream().document()  # this rank has not started
         return RunState(world_size, resolved, positions).to_dict()
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
@@ -284,15 +289,10 @@ class O41DataModule(LightningDataModule):
         the position as ``Position.switches``); in a partitioned stream the engine moves it to the
         first round where every partition has read the same rows (docs/order.md).
         """
-        stages = len(self._config.stages)
-        if type(stage) is not int or not 0 <= stage < stages:
-            raise ConfigError(
-                f"advance: stage {stage!r} does not exist; the config has stages 0 to {stages - 1}"
-            )
         handed = self._handed[1] if self._handed is not None else None
         consumed = self._consumed or self._start_checkpoint().position
         # The core's switch point: the round after the last batch handed out, on every rank.
-        point = switch_point(self._anchor or self._source().rules, handed or consumed, stage)
+        point = switch_point(self._anchor or self._rank_stream().rules, handed or consumed, stage)
         self._consumed = consumed.with_switch(point.stage, point.at)
         if self._handed is not None and handed is not None:
             placed = handed.with_switch(point.stage, point.at)
@@ -313,7 +313,7 @@ class O41DataModule(LightningDataModule):
     def _start_checkpoint(self) -> Checkpoint:
         """The checkpoint at the config's beginning, which becomes the anchor when there is none."""
         if self._anchor is None:
-            self._anchor = self._source().at_start()
+            self._anchor = self._rank_stream().at_start()
         return Checkpoint.at_start(self._anchor)
 
     # -- Internals.
@@ -325,15 +325,10 @@ class O41DataModule(LightningDataModule):
         # Outside a trainer, the core's rule: torch.distributed, then RANK and WORLD_SIZE.
         return process_ranks()
 
-    def _ranked(self, config: BatchStreamConfig) -> BatchStreamConfig:
-        rank, world_size = self._rank_world()
-        return with_ranks(config, (rank, world_size), "the trainer")
-
-    def _source(self) -> RankStream:
-        """The training stream of this rank, under the core's rules (ranks: the trainer's)."""
-        return RankStream(
-            self._config, self._training_data, ranks=self._rank_world(), decided_by="the trainer"
-        )
+    def _rank_stream(self, config: BatchStreamConfig | None = None) -> RankStream:
+        """The training stream of this rank (or ``config``'s) under the core's rules, trainer's ranks."""
+        ranks = self._rank_world()
+        return RankStream(config or self._config, self._training_data, ranks=ranks, decided_by="the trainer")
 
     def _gather(self, mine: str | None, world_size: int) -> list[str | None]:
         if world_size == 1:
@@ -364,7 +359,7 @@ class O41DataModule(LightningDataModule):
             )
         if start is not None:
             # The core's rules: this stream, this rank; the config's skip_batches become the stream's.
-            start = self._source().accept(start, "datamodule")
+            start = self._rank_stream().accept(start, "datamodule")
         self._consumed = start.position if start is not None else None
         self._anchor = start
         self._requested = []
@@ -394,9 +389,7 @@ class O41DataModule(LightningDataModule):
                 # A pass starts at a checkpoint holding every switch requested so far: its stream
                 # (or each worker's) applies them (the engine's rule), so no stream of our own.
                 self._handed = (token, start.position if start is not None else None)
-                source: BatchStreamConfig | Checkpoint = (
-                    start if start is not None else self._ranked(self._config)
-                )
+                source = start if start is not None else self._rank_stream().origin
                 dataset = O41IterableDataset(source, self._training_data, bool_as=self._bool_as)
                 self._train_dataset = dataset
                 batches = iter(DataLoader(dataset, batch_size=None, num_workers=self._num_workers))

@@ -65,21 +65,12 @@ class O41Batch(dict[str, Any]):
 
     Keys: the projected fields, ``stage``, ``batch_index``, ``o41_position`` and ``o41_workers``.
     ``DataLoader`` passes it through ``default_convert`` (``batch_size=None``) untouched; a
-    ``DataLoader`` with a ``batch_size`` would collate several batches into one, which this type
-    detects and refuses.
+    ``DataLoader`` with a ``batch_size`` would collate several batches into one, which the
+    position's collate function refuses.
     """
 
     def __copy__(self) -> O41Batch:
         return O41Batch(self)
-
-    def update(self, *args: Any, **kwargs: Any) -> None:
-        """Refuses an update that carries collated values (``DataLoader`` with a batch size)."""
-        values = (
-            args[0] if len(args) == 1 and not kwargs and isinstance(args[0], dict) else dict(*args, **kwargs)
-        )
-        if isinstance(values.get("batch_index"), torch.Tensor):
-            raise ConfigError(_WHOLE_BATCHES)
-        super().update(values)
 
 
 def _reduce_batch(batch: O41Batch) -> Any:
@@ -190,9 +181,6 @@ class O41IterableDataset(IterableDataset[O41Batch]):
             self._publish(switch)
         self._stream: BatchStream | None = None
         self._stream_pid = 0  # a forked worker inherits the parent's stream object, not its threads
-        # The counters of this process's last stream, read as it closed (a finished pass, a loop
-        # that broke out), so `stats` still answers after the loop.
-        self._final_stats: tuple[int, StreamStats] | None = None
         self._last_position: Position | None = None
         self._loaded: dict[str, Any] | None = None
 
@@ -209,7 +197,6 @@ class O41IterableDataset(IterableDataset[O41Batch]):
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
         state["_stream"] = None  # engine threads never cross a process boundary
-        state["_final_stats"] = None  # this process's counters, not another's
         if multiprocessing.context.get_spawning_popen() is None:
             # Shared memory travels only to processes being started; a plain pickle drops it.
             state["_requests"] = None
@@ -259,7 +246,7 @@ class O41IterableDataset(IterableDataset[O41Batch]):
     def __iter__(self) -> Iterator[O41Batch]:
         _, _, workers = self._worker_share()
         if self._stream is not None and self._stream_pid == os.getpid():
-            self._close(self._stream)
+            self._stream.close()
         stream = self._open()
         if stream is None:
             return  # the first worker streams the rank's batches; this one has none
@@ -270,7 +257,7 @@ class O41IterableDataset(IterableDataset[O41Batch]):
             if latest is not None and latest.due(stream.position):
                 stream.advance(latest.stage, at=latest.at)
         except BaseException:
-            self._close(stream)
+            stream.close()
             raise
         # In a DataLoader worker, batches go through the shared-memory ring so that only small
         # handles cross the DataLoader's queue (see _ring); in-process, tensors view the engine's
@@ -291,16 +278,8 @@ class O41IterableDataset(IterableDataset[O41Batch]):
                     fields = ring.put(batch.columns, arrays, bool_fields)
                 else:
                     fields = {name: _tensor(array, name in bool_fields) for name, array in arrays.items()}
-                item = O41Batch(fields)
-                dict.update(
-                    item,
-                    {
-                        "stage": batch.stage,
-                        "batch_index": batch.batch_index,
-                        POSITION_KEY: self._last_position,
-                        WORKERS_KEY: workers,
-                    },
-                )
+                metadata = {"stage": batch.stage, "batch_index": batch.batch_index, WORKERS_KEY: workers}
+                item = O41Batch(fields, **metadata, **{POSITION_KEY: self._last_position})
                 # Nothing here keeps the batch alive while the consumer holds it: with the ring,
                 # the engine's buffers go back as soon as they are copied, and the slot is
                 # released as soon as the item's tensors are gone.
@@ -308,15 +287,7 @@ class O41IterableDataset(IterableDataset[O41Batch]):
                 yield item
                 del item
         finally:
-            self._close(stream)
-
-    def _close(self, stream: BatchStream) -> None:
-        """Closes ``stream``, keeping its final counters for :attr:`stats`."""
-        try:
-            if not stream.closed:
-                self._final_stats = (os.getpid(), stream.stats)
-        finally:
-            stream.close()
+            stream.close()  # its counters stay readable (stats)
 
     @property
     def stats(self) -> StreamStats | None:
@@ -332,11 +303,7 @@ class O41IterableDataset(IterableDataset[O41Batch]):
         loop breaks out of it, this is the counters that stream ended with, until the next pass.
         """
         stream = self._stream
-        if stream is not None and self._stream_pid == os.getpid() and not stream.closed:
-            return stream.stats
-        if self._final_stats is not None and self._final_stats[0] == os.getpid():
-            return self._final_stats[1]
-        return None
+        return stream.stats if stream is not None and self._stream_pid == os.getpid() else None
 
     def _checkpoint_at(self, position: Position) -> Checkpoint:
         """The checkpoint at ``position`` with the curriculum switches it has not reached.

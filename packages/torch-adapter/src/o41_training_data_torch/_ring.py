@@ -50,9 +50,8 @@ warnings.filterwarnings(
 )
 
 
-def segment_directories() -> list[str]:
-    """Where segments are created: ``/dev/shm`` when writable, then the temporary directory."""
-    return _core.shared_segment_directories()
+segment_directories = _core.shared_segment_directories
+"""Where segments are created: ``/dev/shm`` when writable, then the temporary directory."""
 
 
 class RingTensor(torch.Tensor):
@@ -116,10 +115,6 @@ class WorkerRing:
             tensor._o41_slot = (slot, *spec, tensor.data_ptr(), tensor.stride())
             out[name] = tensor
         return out
-
-    def close(self) -> None:
-        """Unlinks the segments no receiver mapped."""
-        self.slots.unlink_unreceived()
 
 
 _worker_ring: WorkerRing | None = None
