@@ -22,6 +22,7 @@ from o41_training_data import (
     ProjectedField,
     Ramp,
     Stage,
+    StageBatches,
     StreamRules,
     SwitchPoint,
     check_same_place,
@@ -102,6 +103,9 @@ def test_a_ramped_stage_gives_each_rank_its_share_of_every_size(shard: ShardWrit
     assert rules.local_batch_rows() == (1, 2, 3, 4)
     # Four ranks split only the sizes that divide by four; the unramped stage gives whole batches.
     assert rules.local_batch_rows(4) == (1, 2, 4)
+    # The rule is the engine's; a ramp no config would hold is refused, never a crash.
+    with pytest.raises(ConfigError, match="is not below the stage's batch_size 4"):
+        StageBatches(batch_size=4, ramp=(8, 1, 10), sizes=(4,)).local_batch_rows(2)
     # What ranks receive in the ramp, and the sizes the rules list, agree.
     seen = set()
     with open_batch_stream(replace(config, stages=[ramped], rank=1)) as stream:

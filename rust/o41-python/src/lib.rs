@@ -37,6 +37,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<run_state::RunState>()?;
     m.add_class::<run_state::RunIndex>()?;
     m.add_function(wrap_pyfunction!(run_state::switch_at, m)?)?;
+    m.add_function(wrap_pyfunction!(rules::stage_batch_rows, m)?)?;
     m.add_class::<shared_slots::SlotRing>()?;
     m.add_class::<shared_slots::BatchSlot>()?;
     m.add_function(wrap_pyfunction!(shared_slots::receive_slot, m)?)?;

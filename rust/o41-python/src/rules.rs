@@ -52,6 +52,30 @@ fn stage_tuple(batch_size: usize, ramp: Option<RampSpec>) -> StageTuple {
     (batch_size as u64, ramp, sizes)
 }
 
+/// A stage's batch rows on `world_size` ranks, by the engine's ramp rule: every row count a
+/// rank's batch can have (smallest first) and the global batches one round covers.
+/// A ramp that does not grow to `batch_size` in whole steps is refused, as a config's is.
+#[pyfunction]
+#[pyo3(signature = (batch_size, ramp, world_size))]
+pub fn stage_batch_rows(
+    py: Python<'_>,
+    batch_size: usize,
+    ramp: Option<(u64, u64, u64)>,
+    world_size: u64,
+) -> PyResult<(Vec<u64>, u64)> {
+    let ramp = ramp.map(|(start, increment, rows)| RampSpec {
+        start,
+        increment,
+        rows,
+    });
+    o41_engine::config::validate_ramp("stage", batch_size, ramp, 1).map_err(|e| to_py(py, &e))?;
+    let batching = o41_engine::order::Batching::new(batch_size as u64, ramp);
+    Ok((
+        batching.local_rows(world_size),
+        batching.batches_per_round(world_size),
+    ))
+}
+
 /// The rows a rank of `config` plans together and the bytes of one row as declared: what a
 /// rank holds decoded ahead of its consumer (two such groups at most).
 #[pyfunction]

@@ -158,6 +158,12 @@ class RunIndex:
         """Where rank ``rank`` of ``world_size`` resumes from the files among ``names`` (the entries
         of the directory ``place``); ``read(name)`` gives a file's text. None: no rank had started."""
 
+def stage_batch_rows(
+    batch_size: int, ramp: tuple[int, int, int] | None, world_size: int
+) -> tuple[list[int], int]:
+    """A stage's batch rows on ``world_size`` ranks (the engine's ramp rule): every row count a
+    rank's batch can have, smallest first, and the global batches one round covers."""
+
 def switch_at(ramped: Sequence[bool], position: Position, stage: int, batches_ahead: int) -> int:
     """The global batch a switch to ``stage`` requested ``batches_ahead`` local batches after
     ``position`` takes effect at (``ramped[s]``: whether stage ``s`` has a ramp)."""

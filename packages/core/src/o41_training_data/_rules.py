@@ -86,15 +86,14 @@ class StageBatches:
 
         Without a ramp each rank receives whole global batches in turn; a ramped stage's global
         batches are shared, each rank receiving ``size / world_size`` rows of every one (a size
-        that does not split is refused by the engine at open, naming the stage).
+        that does not split is refused by the engine at open, naming the stage). The engine's
+        rule (``order/ramp.rs``).
         """
-        if self.ramp is None:
-            return (self.batch_size,)
-        return tuple(size // world_size for size in self.global_sizes() if size % world_size == 0)
+        return tuple(_core.stage_batch_rows(self.batch_size, self.ramp, world_size)[0])
 
     def batches_per_round(self, world_size: int) -> int:
         """Global batches one round of local batches covers: ``world_size``, or 1 in a ramp."""
-        return 1 if self.ramp is not None else world_size
+        return _core.stage_batch_rows(self.batch_size, self.ramp, world_size)[1]
 
 
 @dataclass(frozen=True)

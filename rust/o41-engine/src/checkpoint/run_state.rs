@@ -253,7 +253,7 @@ pub fn switch_at(
             ),
         ));
     };
-    let per_round = if ramp { 1 } else { position.world_size as u64 };
+    let per_round = crate::order::batches_per_round(ramp, position.world_size as u64);
     batches_ahead
         .checked_mul(per_round)
         .and_then(|ahead| ahead.checked_add(position.cursor.next_batch))

@@ -24,4 +24,4 @@ pub use schema::{
     WindowColumn, WindowsSpec, LABELS, LABELS_PREFIX, LENGTH_PREFIX, MAX_BINS, MAX_SEQ_LEN,
     PARTITION_LAYOUT, POSITIONS, SEGMENT_IDS, SEGMENT_LENGTHS,
 };
-pub use validate::{MAX_RAMP_STEPS, VALID_COLUMN};
+pub use validate::{validate_ramp, MAX_RAMP_STEPS, VALID_COLUMN};

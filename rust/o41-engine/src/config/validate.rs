@@ -416,7 +416,7 @@ use crate::limits::{MAX_THREADS, MAX_WORLD_SIZE};
 
 /// Checks a ramp against its stage's batch size and the world it is split over: every ramp
 /// step's global batch is shared by all ranks, so each must divide by `world_size`.
-pub(super) fn validate_ramp(
+pub fn validate_ramp(
     option: &str,
     batch_size: usize,
     ramp: Option<RampSpec>,

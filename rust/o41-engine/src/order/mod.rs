@@ -26,7 +26,7 @@ use std::sync::Arc;
 use serde::{Deserialize, Serialize};
 
 pub use keyed::{key, mix64};
-pub use ramp::Batching;
+pub use ramp::{batches_per_round, Batching};
 pub use source::{EpochLayout, SourceRow};
 pub use stage::{
     default_unit_rows, partition_window_rows, window_rows, StageOrder, StageRow, DEFAULT_UNIT_ROWS,

@@ -18,6 +18,17 @@ struct Step {
     size: u64,
 }
 
+/// Global batches one round of local batches covers on `world_size` ranks: `world_size` (each
+/// rank takes whole global batches in turn), or one in a ramp (whose global batches the ranks
+/// share, each taking its part of every one).
+pub fn batches_per_round(ramped: bool, world_size: u64) -> u64 {
+    if ramped {
+        1
+    } else {
+        world_size
+    }
+}
+
 /// The batch sizes of a stage.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Batching {
@@ -85,6 +96,28 @@ impl Batching {
         (t - s.batch).checked_mul(s.size)?.checked_add(s.row)
     }
 
+    /// Global batches one round of local batches covers on `world_size` ranks
+    /// ([`batches_per_round`]).
+    pub fn batches_per_round(&self, world_size: u64) -> u64 {
+        batches_per_round(self.is_ramp(), world_size)
+    }
+
+    /// Every row count a rank's batch can have on `world_size` ranks, smallest first: the
+    /// stage's `batch_size` (each rank takes whole global batches in turn), or in a ramp each
+    /// size's share (`size / world_size`; a size that does not split is left out, as open
+    /// refuses it).
+    pub fn local_rows(&self, world_size: u64) -> Vec<u64> {
+        if !self.is_ramp() {
+            return vec![self.max_size()];
+        }
+        let world = world_size.max(1);
+        self.sizes()
+            .into_iter()
+            .filter(|size| size % world == 0)
+            .map(|size| size / world)
+            .collect()
+    }
+
     /// Complete batches within the first `rows` rows of the segment.
     pub fn whole_batches(&self, rows: u64) -> u64 {
         let i = self.steps.partition_point(|s| s.row <= rows);
@@ -103,6 +136,24 @@ impl Batching {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_ramp_is_shared_by_the_ranks_and_a_stage_without_one_is_not() {
+        let ramp = RampSpec {
+            start: 8,
+            increment: 8,
+            rows: 100,
+        };
+        let ramped = Batching::new(32, Some(ramp));
+        assert_eq!(ramped.local_rows(4), [2, 4, 6, 8]);
+        assert_eq!(ramped.local_rows(16), [1, 2]); // 8 and 24 do not split over 16
+        assert_eq!(ramped.batches_per_round(4), 1);
+        let plain = Batching::new(32, None);
+        assert_eq!(
+            (plain.local_rows(4), plain.batches_per_round(4)),
+            (vec![32], 4)
+        );
+    }
 
     #[test]
     fn a_ramp_reads_about_rows_over_k_rows_per_step() {
