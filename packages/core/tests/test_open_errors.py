@@ -8,14 +8,19 @@ from pathlib import Path
 import pytest
 from o41_testkit import ShardWriter, config_for
 from o41_training_data import (
+    BatchStreamConfig,
     ConfigError,
     FileSource,
     MalformedShardError,
     O41Error,
     ObjectNotFoundError,
+    Packing,
     ProjectedField,
     ProjectionError,
     Shuffle,
+    Stage,
+    StreamRules,
+    TokenWindows,
     open_batch_stream,
 )
 
@@ -103,6 +108,23 @@ def test_config_errors_name_the_option(shard: ShardWriter, kwargs: dict, option:
     assert info.value.option == option
     assert option in str(info.value)
 
+
+
+def test_a_rule_between_options_is_the_engines_and_names_the_option(shard: ShardWriter) -> None:
+    # The config objects check types and ranges; packing with windows is refused by the engine
+    # (the one place the rule lives), at open and wherever the engine reads the config.
+    tokens = ProjectedField("tokens", "ids", "i32", length=8)
+    stage = Stage(
+        sources=[FileSource(files=[shard("jsonl", [{"ids": [1, 2, 3]}])])],
+        batch_size=2,
+        packing=Packing(field="ids", seq_len=8),
+        windows=TokenWindows(field="ids", seq_len=8),
+    )
+    config = BatchStreamConfig(fields=[tokens], stages=[stage])
+    for read in (open_batch_stream, StreamRules.of):
+        with pytest.raises(ConfigError, match="either packs documents or cuts windows") as info:
+            read(config)
+        assert info.value.option == "stages[0].windows"
 
 def test_field_config_errors(shard: ShardWriter) -> None:
     with pytest.raises(ConfigError, match="unknown dtype"):

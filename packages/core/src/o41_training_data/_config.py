@@ -252,8 +252,8 @@ def _check_stage(option: str, stage: Stage) -> None:
 
 
 def _check_tokens(option: str, stage: Stage) -> None:
-    if stage.packing is not None and stage.windows is not None:
-        raise _invalid(f"{option}.windows", "a stage either packs documents or cuts windows, not both")
+    # Types and ranges only: rules between options (packing with windows, ramps, validation
+    # passes, partitions) are the engine's alone, refused at open with the option's path.
     if stage.packing is not None:
         packing = stage.packing
         if not isinstance(packing, Packing):
@@ -763,7 +763,7 @@ class BatchStreamConfig:
         object.__setattr__(self, "fields", tuple(_sequence("fields", self.fields)))
         object.__setattr__(self, "stages", tuple(_sequence("stages", self.stages)))
         # Types and ranges are checked here, with each option's path, so that a wrong value is
-        # named before it reaches the engine (whose checks repeat the rules for JSON configs).
+        # named where the config is built; rules between options are the engine's alone.
         _integer("seed", self.seed, minimum=0)
         _integer("threads", self.threads, minimum=1, maximum=LIMITS["max_threads"])
         _integer("prefetch_batches", self.prefetch_batches, minimum=0, maximum=2**32)
