@@ -109,7 +109,6 @@ def test_config_errors_name_the_option(shard: ShardWriter, kwargs: dict, option:
     assert option in str(info.value)
 
 
-
 def test_a_rule_between_options_is_the_engines_and_names_the_option(shard: ShardWriter) -> None:
     # The config objects check types and ranges; packing with windows is refused by the engine
     # (the one place the rule lives), at open and wherever the engine reads the config.
@@ -125,6 +124,7 @@ def test_a_rule_between_options_is_the_engines_and_names_the_option(shard: Shard
         with pytest.raises(ConfigError, match="either packs documents or cuts windows") as info:
             read(config)
         assert info.value.option == "stages[0].windows"
+
 
 def test_field_config_errors(shard: ShardWriter) -> None:
     with pytest.raises(ConfigError, match="unknown dtype"):

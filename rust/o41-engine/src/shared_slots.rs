@@ -542,8 +542,14 @@ pub fn receive(handle: &Handle) -> io::Result<UInt8Array> {
 }
 
 fn map_received(path: &str) -> io::Result<Mapped> {
-    let owner = Path::new(path)
-        .file_name()
+    // Only a segment file where workers create them is mapped (and unlinked): a handle is
+    // a name, and the receiver removes what it names.
+    let inside = Path::new(path)
+        .parent()
+        .is_some_and(|parent| segment_directories().iter().any(|d| d == parent));
+    let owner = inside
+        .then(|| Path::new(path).file_name())
+        .flatten()
         .and_then(|name| name.to_str())
         .and_then(|name| name.strip_prefix(SEGMENT_PREFIX))
         .and_then(|rest| rest.split('-').next())
@@ -551,7 +557,7 @@ fn map_received(path: &str) -> io::Result<Mapped> {
         .ok_or_else(|| {
             io::Error::new(
                 io::ErrorKind::InvalidInput,
-                format!("{path} is not a ring segment"),
+                format!("{path} is not a ring segment in a segment directory"),
             )
         })?;
     let file = OpenOptions::new()
@@ -654,12 +660,22 @@ mod tests {
         let mut handle = slot.handle();
         handle.len = 1 << 40;
         assert!(receive(&handle).is_err());
+        let directory = segment_directories()[0].clone();
         let gone = Handle {
-            path: format!("/nonexistent/{SEGMENT_PREFIX}1-0"),
-            ..handle
+            path: directory
+                .join(format!("{SEGMENT_PREFIX}1-0"))
+                .to_string_lossy()
+                .into_owned(),
+            ..handle.clone()
         };
         let error = receive(&gone).unwrap_err().to_string();
         assert!(error.contains("is gone"), "{error}");
+        let elsewhere = Handle {
+            path: format!("/nonexistent/{SEGMENT_PREFIX}1-0"),
+            ..handle
+        };
+        let error = receive(&elsewhere).unwrap_err().to_string();
+        assert!(error.contains("not a ring segment"), "{error}");
         ring.unlink_unreceived();
     }
 }
