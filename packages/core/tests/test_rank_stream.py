@@ -34,6 +34,8 @@ def test_a_config_is_placed_at_the_decided_rank_and_a_conflict_is_refused(shard:
         RankStream(replace(config, world_size=3), ranks=(1, 2), decided_by="the trainer")
     with pytest.raises(ConfigError, match="source: expected a BatchStreamConfig or a Checkpoint, got str"):
         RankStream("config.json")  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match="invalid training_data: expected a TrainingData, got str"):
+        RankStream(config, "s3://bucket")  # type: ignore[arg-type]
 
 
 def test_without_a_framework_the_environment_decides(

@@ -15,7 +15,15 @@ from typing import TYPE_CHECKING, Any
 
 from ._core import Checkpoint, Position
 from ._errors import ConfigError
-from ._rules import StreamRules, check_stream_of, observed_ranks, process_ranks, resume_point, with_ranks
+from ._rules import (
+    StreamRules,
+    check_adapter_options,
+    check_stream_of,
+    observed_ranks,
+    process_ranks,
+    resume_point,
+    with_ranks,
+)
 
 if TYPE_CHECKING:
     from ._config import BatchStreamConfig
@@ -52,6 +60,7 @@ class RankStream:
     ) -> None:
         from ._config import BatchStreamConfig
 
+        check_adapter_options(training_data)
         self.storage: StorageConfig | None = training_data.storage_config if training_data else None
         """The storage every stream of this rank reads through."""
         self.config: BatchStreamConfig | None = None

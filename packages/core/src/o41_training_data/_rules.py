@@ -229,7 +229,7 @@ def _whole(name: str, value: object, *, minimum: int, maximum: int) -> int:
     return value
 
 
-def check_adapter_options(training_data: object, bool_as: object) -> None:
+def check_adapter_options(training_data: object, bool_as: object = "bool") -> None:
     """Checks the options every framework adapter takes, one way for all of them.
 
     ``training_data`` is a :class:`TrainingData` or ``None``; ``bool_as`` is ``"bool"`` or
