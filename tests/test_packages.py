@@ -36,3 +36,26 @@ def test_the_core_tests_import_no_adapter_nor_framework() -> None:
     for path in tests:
         found = imported_roots(path) & {*ADAPTERS, "torch", "jax", "lightning", "flax", "orbax"}
         assert not found, f"{path.relative_to(ROOT)} imports {sorted(found)}"
+
+
+def private_core_imports(path: Path) -> list[str]:
+    """The core's private names (``_core``, ``_rules``, ...) ``path`` imports."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            modules = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            modules = [f"{node.module}.{alias.name}" for alias in node.names]
+        else:
+            continue
+        found += [
+            m for m in modules if m.startswith("o41_training_data.") and m.split(".")[1].startswith("_")
+        ]
+    return [name for name in found if not name.endswith(".__version__")]
+
+
+def test_adapters_use_the_cores_public_names_only() -> None:
+    sources = sorted((ROOT / "packages").glob("*/src/o41_training_data_*/*.py"))
+    assert len({path.parent for path in sources}) == len(ADAPTERS)
+    for path in sources:
+        assert not private_core_imports(path), f"{path.relative_to(ROOT)}: {private_core_imports(path)}"

@@ -3,7 +3,7 @@
 Torch sends a worker's tensors to the main process by moving each one into a fresh shared-memory
 block and passing its file descriptor; for whole batches of tokens that costs more than decoding
 them. Here a worker's batch is copied, off the GIL, into a slot of a shared-memory segment the
-worker owns (the engine's ``shared_slots``, docs/torch.md "Workers"); the tensors the worker
+worker owns (``o41_training_data.shared_slots``, docs/torch.md "Workers"); the tensors the worker
 yields view the slot (:class:`RingTensor`, ordinary tensors to the worker's own code), and when
 they cross a multiprocessing queue they pickle to the slot's handle, a few dozen bytes. The main
 process views the same memory. A whole ``O41Batch`` crosses as one handle (:func:`split_mapping`,
@@ -12,7 +12,7 @@ process views the same memory. A whole ``O41Batch`` crosses as one handle (:func
 A slot is reused only once the worker's own tensors of it are gone (a ``collate_fn`` may drop a
 batch without sending it) and every handle sent for it was received and its tensors dropped:
 the engine counts both, so nobody ever sees a batch change under them. Segment files never
-outlive their use (see the engine's module).
+outlive their use (see ``shared_slots``).
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import torch
-from o41_training_data import _core
+from o41_training_data import shared_slots
 
 __all__ = [
     "SEGMENT_PREFIX",
@@ -40,7 +40,7 @@ __all__ = [
     "worker_ring",
 ]
 
-SEGMENT_PREFIX: str = _core.SHARED_SEGMENT_PREFIX
+SEGMENT_PREFIX: str = shared_slots.SEGMENT_PREFIX
 """Segment files are named ``o41-ring-<worker pid>-<random>``."""
 
 # Slot views are read-only NumPy arrays over engine memory that the protocol keeps unchanged;
@@ -50,7 +50,7 @@ warnings.filterwarnings(
 )
 
 
-segment_directories = _core.shared_segment_directories
+segment_directories = shared_slots.segment_directories
 """Where segments are created: ``/dev/shm`` when writable, then the temporary directory."""
 
 
@@ -96,7 +96,7 @@ class WorkerRing:
 
     def __init__(self) -> None:
         self.pid = os.getpid()
-        self.slots = _core.SlotRing()
+        self.slots = shared_slots.SlotRing()
         # Runs when the worker exits, after DataLoader stopped reading its queue; the main
         # process unlinks every segment it mapped, so only never-mapped ones are left.
         util.Finalize(None, self.slots.unlink_unreceived, exitpriority=-10)
@@ -187,7 +187,7 @@ def split_mapping(values: Mapping[str, Any]) -> tuple[Any, dict[str, Any]] | Non
 def join_mapping(handle: Any, others: dict[str, Any]) -> dict[str, Any]:
     """The inverse of :func:`split_mapping` in the main process: a dict in the original key order."""
     slot, fields, order = handle
-    base = _bytes_of(_core.receive_slot(slot))
+    base = _bytes_of(shared_slots.receive(slot))
     return {name: _field(base, *fields[name]) if name in fields else others[name] for name in order}
 
 
@@ -196,9 +196,9 @@ def join_mapping(handle: Any, others: dict[str, Any]) -> dict[str, Any]:
 
 def _rebuild(slot: tuple[str, int, int, int, int], field: tuple[Any, ...]) -> torch.Tensor:
     """Unpickles a ring handle: a tensor viewing the slot in this process, without a copy."""
-    return _field(_bytes_of(_core.receive_slot(slot)), *field)
+    return _field(_bytes_of(shared_slots.receive(slot)), *field)
 
 
 def segment_of(tensor: torch.Tensor) -> str | None:
     """The path of the ring segment whose memory ``tensor`` views in this process, if any."""
-    return _core.shared_segment_of(tensor.data_ptr())
+    return shared_slots.segment_of(tensor.data_ptr())
