@@ -306,7 +306,7 @@ impl SlotRing {
     fn create(&self, slots: usize, slot_bytes: usize) -> io::Result<Segment> {
         let mut failure = None;
         for directory in segment_directories() {
-            let name = format!("{SEGMENT_PREFIX}{}-{:016x}", self.pid, random_u64());
+            let name = format!("{SEGMENT_PREFIX}{}-{:016x}", self.pid, random_u64()?);
             let path = directory.join(name);
             // Recorded first: an exit midway still unlinks it.
             self.created.lock().expect("ring lock").push(path.clone());
@@ -363,15 +363,12 @@ fn fixed_shape_bytes(column: &ArrayData) -> Option<&[u8]> {
     }
 }
 
-fn random_u64() -> u64 {
-    use std::hash::{BuildHasher, Hasher};
-    let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
-    hasher.write_u128(
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_nanos()),
-    );
-    hasher.finish()
+/// A name no other segment has: the system's randomness, as the inspection cache's key uses.
+fn random_u64() -> io::Result<u64> {
+    let mut bytes = [0u8; 8];
+    ring::rand::SecureRandom::fill(&ring::rand::SystemRandom::new(), &mut bytes)
+        .map_err(|_| io::Error::other("the system has no randomness for a segment name"))?;
+    Ok(u64::from_le_bytes(bytes))
 }
 
 /// A worker's lease of a slot: free again once the last [`Slot`] and view of it are gone.
@@ -428,7 +425,7 @@ impl Slot {
     /// The slot as an Arrow array; the lease lives while it is viewed.
     pub fn view(&self) -> UInt8Array {
         let segment = &self.lease.segment;
-        let owner: Arc<dyn arrow_buffer::alloc::Allocation> = Arc::new(self.lease.clone());
+        let owner: Arc<dyn arrow_buffer::alloc::Allocation> = self.lease.clone();
         segment
             .map
             .view(segment.start(self.lease.slot), segment.slot_bytes, owner)

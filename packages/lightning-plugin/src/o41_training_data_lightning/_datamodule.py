@@ -328,7 +328,8 @@ class O41DataModule(LightningDataModule):
     def _rank_stream(self, config: BatchStreamConfig | None = None) -> RankStream:
         """The training stream of this rank (or ``config``'s) under the core's rules, trainer's ranks."""
         ranks = self._rank_world()
-        return RankStream(config or self._config, self._training_data, ranks=ranks, decided_by="the trainer")
+        config = config if config is not None else self._config
+        return RankStream(config, self._training_data, ranks=ranks, decided_by="the trainer")
 
     def _gather(self, mine: str | None, world_size: int) -> list[str | None]:
         if world_size == 1:

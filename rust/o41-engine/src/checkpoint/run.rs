@@ -230,17 +230,40 @@ impl RunFiles {
                 }
             }
         }
-        let mut stops = Vec::with_capacity(old);
-        for key in self.files.keys().copied().collect::<Vec<_>>() {
-            let checkpoint = reader.checkpoint(key)?;
-            stops.push((self.files[&key].1.clone(), checkpoint));
-        }
+        let stops = self.read_all(&mut reader)?;
         let named: Vec<(&str, Option<&Position>)> = stops
             .iter()
             .map(|(name, checkpoint)| (name.as_str(), Some(&checkpoint.position)))
             .collect();
         check_same_place(&named, world_size)?;
         stops[0].1.for_world(rank, world_size)
+    }
+}
+
+impl RunFiles {
+    /// Every rank's checkpoint of one whole save (refused as [`RunFiles::world_size`] refuses),
+    /// by rank; each resolved document is read and parsed once.
+    pub fn checkpoints(
+        &self,
+        written_by: Option<usize>,
+        read: &mut dyn FnMut(&str) -> Result<String>,
+    ) -> Result<Vec<Checkpoint>> {
+        self.world_size(written_by)?;
+        let mut all: Vec<Checkpoint> = self
+            .read_all(&mut Reader::new(self, read))?
+            .into_iter()
+            .map(|(_, checkpoint)| checkpoint)
+            .collect();
+        all.sort_by_key(Checkpoint::rank);
+        Ok(all)
+    }
+
+    /// Every file's checkpoint with the file's name, in name order.
+    fn read_all(&self, reader: &mut Reader<'_>) -> Result<Vec<(String, Checkpoint)>> {
+        let keys: Vec<(usize, usize)> = self.files.keys().copied().collect();
+        keys.into_iter()
+            .map(|key| Ok((self.files[&key].1.clone(), reader.checkpoint(key)?)))
+            .collect()
     }
 }
 

@@ -362,10 +362,7 @@ impl RunIndex {
         }
         // Version 1 kept pending switches here: every old rank's position takes its own, then
         // the state moves them.
-        let mut stops = Vec::with_capacity(old);
-        for old_rank in 0..old {
-            stops.push(files.restore(old_rank, old, None, Some(old), read)?);
-        }
+        let stops = files.checkpoints(Some(old), read)?;
         let resolved = Some(stops[0].resolved.clone());
         let positions = stops.into_iter().map(|c| Some(c.position)).collect();
         RunState::new(old, resolved, positions, source)?
@@ -657,6 +654,43 @@ mod tests {
             .restore(&files, 0, 3, &mut read_nothing, "i")
             .unwrap()
             .is_none());
+    }
+
+    #[test]
+    fn a_version_one_index_reads_the_shared_document_once_and_moves_its_switches() {
+        let resolved = resolved(false);
+        let mut texts = std::collections::BTreeMap::new();
+        let mut ranks = Vec::new();
+        for rank in 0..2 {
+            let checkpoint =
+                Checkpoint::from_position(resolved.clone(), after(&resolved, rank, 3)).unwrap();
+            let name = super::super::Naming::Stream.file_name(rank, 2);
+            texts.insert(name.clone(), checkpoint.to_split_json());
+            let shared = super::super::shared_name(&checkpoint.position.fingerprint);
+            texts.insert(shared, checkpoint.shared_json());
+            ranks.push(json!({"file": name, "switches": [[1, 5]]}));
+        }
+        let text = json!({"format": RUN_STATE_FORMAT, "version": 1, "world_size": 2,
+            "global_step": 7, "ranks": ranks})
+        .to_string();
+        let index = RunIndex::parse(&text, "i").unwrap();
+        let files = RunFiles::among(texts.keys().cloned().collect(), "d").unwrap();
+        let mut reads = Vec::new();
+        let mut read = |name: &str| -> Result<String> {
+            reads.push(name.to_owned());
+            Ok(texts[name].clone())
+        };
+        let moved = index
+            .restore(&files, 1, 4, &mut read, "i")
+            .unwrap()
+            .unwrap();
+        assert_eq!((moved.rank(), moved.world_size()), (1, 4));
+        assert_eq!(
+            moved.position.switches,
+            [super::super::Switch { stage: 1, at: 10 }]
+        );
+        let shared = reads.iter().filter(|n| n.starts_with("resolved-")).count();
+        assert_eq!(shared, 1, "{reads:?}");
     }
 
     #[test]
