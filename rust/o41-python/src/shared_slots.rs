@@ -10,8 +10,12 @@ use pyo3::prelude::*;
 /// A handle as it crosses a queue: `(path, slot, generation, start, len)`.
 type HandleTuple = (String, usize, u64, usize, usize);
 
+/// The system's errors keep their errno; the slots' own refusals are messages alone.
 fn os_error(error: &std::io::Error) -> PyErr {
-    PyOSError::new_err((error.raw_os_error().unwrap_or(0), error.to_string()))
+    match error.raw_os_error() {
+        Some(errno) => PyOSError::new_err((errno, error.to_string())),
+        None => PyOSError::new_err(error.to_string()),
+    }
 }
 
 /// A worker process's shared-memory segments.
